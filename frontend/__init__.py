@@ -1,0 +1,1 @@
+"""The browser console: server-rendered Django pages over the same selectors the API uses."""

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class FrontendConfig(AppConfig):
+    name = "frontend"
+    label = "frontend"
+    verbose_name = "Console"

@@ -1,0 +1,13 @@
+"""Console routes."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from frontend import views
+
+app_name = "console"
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.overview, name="overview"),
+]

@@ -1,0 +1,1 @@
+"""Inference deployments: SLA-aware model services with revisions and a state timeline."""

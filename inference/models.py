@@ -1,0 +1,88 @@
+"""Deployments (desired spec + observed status), their revisions and state timeline."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from controlplane.common.lifecycle import LifecycleEvent
+from controlplane.quotas.models import LocalQueue, PriorityClass
+from controlplane.tenancy.models import SLUG_VALIDATOR, Team
+from inference.states import DEPLOYMENT_MACHINE, DeploymentState
+from jobs.models import TrainingJob
+
+
+class Deployment(models.Model):
+    # --- spec (desired) ---
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="deployments")
+    name = models.SlugField(max_length=63, validators=[SLUG_VALIDATOR],
+                            help_text="also the model name clients ask for")
+    local_queue = models.ForeignKey(LocalQueue, on_delete=models.PROTECT, related_name="deployments")
+    priority_class = models.ForeignKey(PriorityClass, on_delete=models.PROTECT, null=True, blank=True,
+                                       related_name="deployments")
+    source_job = models.ForeignKey(TrainingJob, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="deployments", help_text="training job whose checkpoint is served")
+    model_uri = models.CharField(max_length=1000, blank=True, help_text="checkpoint or uploaded artifact")
+    accelerator_types = models.JSONField(help_text="accepted accelerator type slugs, in preference order")
+    devices_per_replica = models.FloatField(default=1.0, validators=[MinValueValidator(0)])
+    replicas_min = models.PositiveIntegerField(default=1)
+    replicas_max = models.PositiveIntegerField(default=1)
+    sla_ttft_p95_ms = models.PositiveIntegerField(help_text="p95 time to first token, milliseconds")
+    sla_tpot_p95_ms = models.PositiveIntegerField(help_text="p95 time per output token, milliseconds")
+    sla_min_throughput_tps = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    # --- status (observed) ---
+    state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in DeploymentState],
+                             default=DeploymentState.PENDING, db_index=True)
+    state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    compute_handle = models.CharField(max_length=128, blank=True)
+    replicas_ready = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                                   blank=True, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    machine = DEPLOYMENT_MACHINE
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(replicas_max__gte=models.F("replicas_min")),
+                                   name="deployment_replicas_max_gte_min"),
+            models.UniqueConstraint(fields=["team", "name"],
+                                    condition=~models.Q(state__in=["DELETED", "FAILED"]),
+                                    name="deployment_live_name_unique_per_team"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team}/{self.name}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return DEPLOYMENT_MACHINE.is_terminal(self.state)
+
+
+class DeploymentRevision(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    spec = models.JSONField()
+    reason = models.CharField(max_length=200)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
+                                   blank=True, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["deployment", "-number"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "number"], name="revision_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} r{self.number}"
+
+
+class DeploymentEvent(LifecycleEvent):
+    subject = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+
+    class Meta(LifecycleEvent.Meta):
+        pass

@@ -1,0 +1,1 @@
+"""Training jobs: spec + status + event timeline, submitted to team LocalQueues."""

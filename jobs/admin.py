@@ -1,0 +1,22 @@
+"""Django admin for training jobs (status is written by workflows, so it is read-only here)."""
+
+from django.contrib import admin
+
+from jobs.models import TrainingJob, TrainingJobEvent
+
+
+class TrainingJobEventInline(admin.TabularInline):
+    model = TrainingJobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ["from_state", "to_state", "reason", "actor_label", "created_at"]
+
+
+@admin.register(TrainingJob)
+class TrainingJobAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "team", "local_queue", "state", "created_at"]
+    list_filter = ["state", "team"]
+    search_fields = ["name"]
+    readonly_fields = ["state", "state_reason", "state_changed_at", "compute_handle", "restarts", "started_at",
+                       "finished_at"]
+    inlines = [TrainingJobEventInline]

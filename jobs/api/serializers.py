@@ -1,0 +1,87 @@
+"""Serializers for training jobs: the submitted spec in, spec + status + timeline out."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from jobs.models import Trainer, TrainingJob, TrainingJobEvent
+from jobs.states import JobState
+
+
+class CheckpointPolicySerializer(serializers.Serializer):
+    interval_steps = serializers.IntegerField(min_value=1, default=100)
+    keep_last = serializers.IntegerField(min_value=1, max_value=1000, default=3)
+
+
+class TrainingJobCreateSerializer(serializers.Serializer):
+    team = serializers.CharField(required=False, allow_blank=True)
+    name = serializers.SlugField(max_length=63)
+    queue = serializers.SlugField(max_length=63, help_text="a LocalQueue of the team")
+    priority = serializers.SlugField(max_length=63, required=False, allow_blank=True, default="")
+    accelerator_types = serializers.ListField(child=serializers.SlugField(), min_length=1, max_length=16)
+    workers_min = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    workers_max = serializers.IntegerField(min_value=1, max_value=4096, required=False, allow_null=True,
+                                           default=None)
+    devices_per_worker = serializers.IntegerField(min_value=0, max_value=64, default=1)
+    cpus_per_worker = serializers.FloatField(min_value=0, max_value=512, default=1.0)
+    trainer = serializers.ChoiceField(choices=Trainer.choices, default=Trainer.BUILTIN_LM)
+    entrypoint = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    working_dir = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+    hyperparameters = serializers.DictField(required=False, default=dict)
+    envs = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    dataset = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
+                                    help_text="dataset://name@version")
+    checkpoint = CheckpointPolicySerializer(required=False, default=dict)
+    max_restarts = serializers.IntegerField(min_value=0, max_value=1000, default=3)
+    max_duration_seconds = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+
+
+class TrainingJobSpecSerializer(serializers.ModelSerializer):
+    queue = serializers.CharField(source="local_queue.name")
+    priority = serializers.CharField(source="priority_class.name", allow_null=True, default=None)
+    dataset = serializers.SerializerMethodField()
+    checkpoint = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TrainingJob
+        fields = ["queue", "priority", "accelerator_types", "workers_min", "workers_max", "devices_per_worker",
+                  "cpus_per_worker", "trainer", "entrypoint", "working_dir", "hyperparameters", "envs", "dataset",
+                  "checkpoint", "max_restarts", "max_duration_seconds"]
+
+    def get_dataset(self, obj) -> str | None:
+        version = obj.dataset_version
+        return f"dataset://{version.dataset.name}@{version.version}" if version else None
+
+    def get_checkpoint(self, obj) -> dict:
+        return {"interval_steps": obj.checkpoint_interval_steps, "keep_last": obj.checkpoint_keep_last}
+
+
+class TrainingJobStatusSerializer(serializers.ModelSerializer):
+    state = serializers.ChoiceField(choices=[s.value for s in JobState])
+    reason = serializers.CharField(source="state_reason")
+    changed_at = serializers.DateTimeField(source="state_changed_at")
+
+    class Meta:
+        model = TrainingJob
+        fields = ["state", "reason", "changed_at", "compute_handle", "restarts", "started_at", "finished_at"]
+
+
+class TrainingJobSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.name")
+    spec = TrainingJobSpecSerializer(source="*")
+    status = TrainingJobStatusSerializer(source="*")
+    created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
+
+    class Meta:
+        model = TrainingJob
+        fields = ["id", "team", "name", "spec", "status", "created_by", "created_at"]
+
+
+class TrainingJobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TrainingJobEvent
+        fields = ["id", "from_state", "to_state", "reason", "actor_label", "data", "created_at"]
+
+
+class CancelSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")

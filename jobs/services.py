@@ -1,0 +1,103 @@
+"""Writes about training jobs: create, cancel, delete, and state transitions made by workflows."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from controlplane.common.errors import ConflictError, ValidationFailed
+from controlplane.common.lifecycle import record_event, transition
+from controlplane.datasets.models import DatasetVersion
+from controlplane.quotas.models import LocalQueue, PriorityClass
+from controlplane.quotas.selectors import check_workload_request
+from controlplane.tenancy.models import Team
+from controlplane.tenancy.services import audit_record
+from jobs.models import Trainer, TrainingJob, TrainingJobEvent
+from jobs.states import JobState
+
+
+@transaction.atomic
+def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue,
+                        accelerator_types: list[str], workers_min: int = 1, workers_max: int | None = None,
+                        devices_per_worker: int = 1, cpus_per_worker: float = 1.0,
+                        priority_class: PriorityClass | None = None, trainer: str = Trainer.BUILTIN_LM,
+                        entrypoint: str = "", working_dir: str = "", hyperparameters: dict | None = None,
+                        envs: dict | None = None, dataset_version: DatasetVersion | None = None,
+                        checkpoint_interval_steps: int = 100, checkpoint_keep_last: int = 3,
+                        max_restarts: int = 3, max_duration_seconds: int | None = None) -> TrainingJob:
+    if local_queue.team_id != team.pk:
+        raise ValidationFailed(f"queue {local_queue.name} does not belong to team {team.name}",
+                               field="local_queue")
+    if dataset_version is not None and dataset_version.dataset.team_id != team.pk:
+        raise ValidationFailed("dataset not found in this team", field="dataset")
+    workers_max = workers_min if workers_max is None else workers_max
+    if workers_min < 1:
+        raise ValidationFailed("must be at least 1", field="workers_min")
+    if workers_max < workers_min:
+        raise ValidationFailed(f"must be at least workers_min ({workers_min})", field="workers_max")
+    if trainer == Trainer.ENTRYPOINT and not entrypoint.strip():
+        raise ValidationFailed("an entrypoint trainer needs a command to run", field="entrypoint")
+    if trainer not in Trainer.values:
+        raise ValidationFailed(f"{trainer!r} is not a trainer (choose {', '.join(Trainer.values)})",
+                               field="trainer")
+    check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
+    if any(slug != "cpu" for slug in accelerator_types) and devices_per_worker < 1:
+        raise ValidationFailed("accelerator workers need at least 1 device each", field="devices_per_worker")
+    for key, value in (envs or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValidationFailed("environment variables must map names to strings", field="envs")
+    job = TrainingJob(
+        team=team, name=name, local_queue=local_queue, priority_class=priority_class,
+        accelerator_types=list(accelerator_types), workers_min=workers_min, workers_max=workers_max,
+        devices_per_worker=devices_per_worker, cpus_per_worker=cpus_per_worker, trainer=trainer,
+        entrypoint=entrypoint, working_dir=working_dir, hyperparameters=hyperparameters or {},
+        envs=envs or {}, dataset_version=dataset_version,
+        checkpoint_interval_steps=checkpoint_interval_steps, checkpoint_keep_last=checkpoint_keep_last,
+        max_restarts=max_restarts, max_duration_seconds=max_duration_seconds, created_by=actor,
+        state=JobState.PENDING, state_reason="submitted",
+    )
+    job.full_clean()
+    job.save()
+    record_event(obj=job, event_model=TrainingJobEvent, from_state="", to_state=JobState.PENDING,
+                 reason="submitted", actor=actor)
+    audit_record(actor=actor, team=team, action="training_job.create", target=job,
+                 data={"name": name, "queue": local_queue.name, "accelerator_types": accelerator_types,
+                       "workers": [workers_min, workers_max], "devices_per_worker": devices_per_worker})
+    from jobs.tasks import enqueue_training_job
+
+    transaction.on_commit(lambda: enqueue_training_job.delay(job.pk))
+    return job
+
+
+@transaction.atomic
+def training_job_enqueue(*, job_id: int) -> TrainingJob | None:
+    """PENDING -> QUEUED: the job now waits in its LocalQueue. Idempotent: other states are left alone."""
+    job = TrainingJob.objects.select_for_update().select_related("local_queue").filter(pk=job_id).first()
+    if job is None or job.state != JobState.PENDING:
+        return job
+    return transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.QUEUED,
+                      reason=f"waiting in queue {job.local_queue.name} for admission", system="queue")
+
+
+@transaction.atomic
+def training_job_cancel(*, actor, job: TrainingJob, reason: str = "") -> TrainingJob:
+    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    if job.is_terminal:
+        raise ConflictError(f"job {job.pk} already ended ({job.state}); nothing to cancel", field="state")
+    job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent,
+                     to=JobState.CANCELLED, reason=reason or f"cancelled by {actor.get_username()}",
+                     actor=actor)
+    if job.compute_handle:
+        from jobs.tasks import stop_training_job
+
+        transaction.on_commit(lambda: stop_training_job.delay(job.pk))
+    return job
+
+
+@transaction.atomic
+def training_job_delete(*, actor, job: TrainingJob) -> None:
+    job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+    if not job.is_terminal:
+        raise ConflictError(f"job {job.pk} is {job.state}; cancel it before deleting it", field="state")
+    audit_record(actor=actor, team=job.team_id, action="training_job.delete", target=job,
+                 data={"name": job.name, "state": job.state})
+    job.delete()

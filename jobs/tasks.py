@@ -1,0 +1,34 @@
+"""Celery tasks of the training job lifecycle: thin, idempotent, ids in, state in the database row."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from controlplane.compute.registry import get_compute_backend
+from jobs import services
+from jobs.models import TrainingJob
+
+log = logging.getLogger(__name__)
+
+TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True, "max_retries": 5,
+                "retry_backoff": True, "retry_backoff_max": 60}
+
+
+@shared_task(name="jobs.enqueue_training_job", **TASK_OPTIONS)
+def enqueue_training_job(job_id: int) -> str | None:
+    job = services.training_job_enqueue(job_id=job_id)
+    return job.state if job else None
+
+
+@shared_task(name="jobs.stop_training_job", bind=True, **TASK_OPTIONS)
+def stop_training_job(self, job_id: int) -> str | None:
+    job = TrainingJob.objects.filter(pk=job_id).only("compute_handle").first()
+    if job is None or not job.compute_handle:
+        return None
+    try:
+        return get_compute_backend().stop_gang(job.compute_handle).state
+    except Exception as exc:  # the backend may be briefly unreachable; the next try repairs it
+        log.warning("stopping gang %s of job %s failed: %s", job.compute_handle, job_id, exc)
+        raise self.retry(exc=exc) from exc

@@ -1,0 +1,25 @@
+"""Django admin for accelerator types, node pools and observed nodes."""
+
+from django.contrib import admin
+
+from controlplane.cluster.models import AcceleratorType, Node, NodePool
+
+
+@admin.register(AcceleratorType)
+class AcceleratorTypeAdmin(admin.ModelAdmin):
+    list_display = ["slug", "vendor", "model", "bf16_dense_tflops", "memory_gb", "price_per_hour_usd"]
+    search_fields = ["slug", "vendor", "model"]
+
+
+@admin.register(NodePool)
+class NodePoolAdmin(admin.ModelAdmin):
+    list_display = ["name", "accelerator_type", "devices_per_node", "simulated"]
+    list_filter = ["simulated", "accelerator_type"]
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "pool", "leaf_group", "health", "cordoned", "capacity_devices", "free_devices",
+                    "simulated", "last_seen_at"]
+    list_filter = ["pool", "health", "cordoned"]
+    readonly_fields = ["ray_node_id", "address", "labels", "last_seen_at"]

@@ -1,0 +1,69 @@
+"""REST endpoints for the cluster inventory: readable by everyone signed in, written by operators."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from controlplane.cluster import selectors, services
+from controlplane.cluster.api import serializers as s
+from controlplane.tenancy.api.scoping import IsStaffOrReadOnly
+
+
+class AcceleratorTypeViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.AcceleratorTypeSerializer
+    lookup_field = "slug"
+    filterset_fields = ["vendor"]
+    ordering_fields = ["slug", "bf16_dense_tflops", "memory_gb", "price_per_hour_usd"]
+    search_fields = ["slug", "vendor", "model"]
+
+    def get_queryset(self):
+        return selectors.accelerator_type_list()
+
+
+class NodePoolViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.NodePoolSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    lookup_field = "name"
+    filterset_fields = ["simulated", "accelerator_type__slug"]
+    ordering_fields = ["name", "created_at"]
+
+    def get_queryset(self):
+        return selectors.node_pool_list()
+
+    def create(self, request):
+        data = s.NodePoolSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        pool = services.node_pool_create(actor=request.user, **data.validated_data)
+        return Response(s.NodePoolSerializer(self.get_queryset().get(pk=pool.pk)).data,
+                        status=status.HTTP_201_CREATED)
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = s.NodeSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    filterset_fields = ["pool__name", "health", "cordoned", "leaf_group", "simulated"]
+    ordering_fields = ["name", "free_devices", "last_seen_at"]
+    search_fields = ["name", "leaf_group"]
+
+    def get_queryset(self):
+        return selectors.node_list()
+
+    @extend_schema(request=s.NodeCordonSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, pk=None):
+        return self._set_cordoned(request, cordoned=True)
+
+    @extend_schema(request=s.NodeCordonSerializer, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, pk=None):
+        return self._set_cordoned(request, cordoned=False)
+
+    def _set_cordoned(self, request, *, cordoned: bool):
+        data = s.NodeCordonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.node_set_cordoned(actor=request.user, node=self.get_object(), cordoned=cordoned,
+                                          reason=data.validated_data["reason"])
+        return Response(s.NodeSerializer(selectors.node_list().get(pk=node.pk)).data)

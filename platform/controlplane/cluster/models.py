@@ -1,0 +1,78 @@
+"""Accelerator types (chip facts with sources), node pools, and nodes as observed from the cluster."""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from controlplane.tenancy.models import SLUG_VALIDATOR
+
+
+class AcceleratorType(models.Model):
+    slug = models.SlugField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    vendor = models.CharField(max_length=100)
+    model = models.CharField(max_length=200)
+    bf16_dense_tflops = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    fp8_dense_tflops = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    memory_gb = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    memory_bandwidth_gbps = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    interconnect = models.CharField(max_length=200, blank=True)
+    price_per_hour_usd = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True,
+                                             validators=[MinValueValidator(0)])
+    sources = models.JSONField(default=dict, blank=True, help_text="figure name -> citation")
+    notes = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class NodePool(models.Model):
+    name = models.SlugField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    accelerator_type = models.ForeignKey(AcceleratorType, on_delete=models.PROTECT, related_name="node_pools")
+    devices_per_node = models.PositiveIntegerField(default=8)
+    simulated = models.BooleanField(
+        default=True,
+        help_text="true when the chips are logical Ray resources on a host that does not have them",
+    )
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeHealth(models.TextChoices):
+    HEALTHY = "healthy", "Healthy"
+    UNREACHABLE = "unreachable", "Unreachable"
+
+
+class Node(models.Model):
+    """A Ray node of a pool, as last observed by the node reconciler (never edited by hand)."""
+
+    pool = models.ForeignKey(NodePool, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=200, unique=True)
+    ray_node_id = models.CharField(max_length=64, blank=True, db_index=True)
+    address = models.CharField(max_length=100, blank=True)
+    leaf_group = models.CharField(max_length=100, blank=True, db_index=True)
+    health = models.CharField(max_length=16, choices=NodeHealth.choices, default=NodeHealth.HEALTHY)
+    cordoned = models.BooleanField(default=False)
+    capacity_devices = models.FloatField(default=0)
+    free_devices = models.FloatField(default=0)
+    capacity_cpus = models.FloatField(default=0)
+    free_cpus = models.FloatField(default=0)
+    labels = models.JSONField(default=dict, blank=True)
+    simulated = models.BooleanField(default=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["pool__name", "name"]
+
+    def __str__(self) -> str:
+        return self.name

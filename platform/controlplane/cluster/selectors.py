@@ -1,0 +1,25 @@
+"""Reads about the cluster inventory."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Q, QuerySet, Sum
+
+from controlplane.cluster.models import AcceleratorType, Node, NodeHealth, NodePool
+
+
+def accelerator_type_list() -> QuerySet[AcceleratorType]:
+    return AcceleratorType.objects.all()
+
+
+def node_pool_list() -> QuerySet[NodePool]:
+    healthy = Q(nodes__health=NodeHealth.HEALTHY)
+    return NodePool.objects.select_related("accelerator_type").annotate(
+        node_count=Count("nodes"),
+        healthy_node_count=Count("nodes", filter=healthy),
+        capacity_devices=Sum("nodes__capacity_devices", filter=healthy, default=0.0),
+        free_devices=Sum("nodes__free_devices", filter=healthy, default=0.0),
+    )
+
+
+def node_list() -> QuerySet[Node]:
+    return Node.objects.select_related("pool", "pool__accelerator_type")

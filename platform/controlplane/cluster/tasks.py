@@ -1,0 +1,22 @@
+"""Beat reconciler: observe the cluster's nodes through the compute backend and record them."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from controlplane.cluster.services import nodes_sync
+from controlplane.compute.registry import get_compute_backend
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="cluster.sync_nodes", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def sync_nodes() -> dict | None:
+    try:
+        observed = get_compute_backend().list_nodes()
+    except Exception as exc:  # a reconciler never dies: log, and the next beat tries again
+        log.warning("cannot observe nodes: %s", exc)
+        return None
+    return nodes_sync(observed=observed)

@@ -1,0 +1,63 @@
+"""Moves a stateful object (training job, deployment) through its state machine.
+
+One function for both so every transition is checked against the table, timestamped, recorded as
+an event with its reason and cause, and audited — in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+from controlplane.common.state_machine import StateMachine
+from controlplane.tenancy.services import audit_record
+
+
+def transition(*, obj: models.Model, machine: StateMachine, event_model: type[models.Model], to: str,
+               reason: str, actor=None, system: str | None = None, data: dict | None = None) -> models.Model:
+    """Lock `obj`, move it to `to`, and append an event. Raises InvalidTransition if the table forbids it."""
+    locked = type(obj).objects.select_for_update().get(pk=obj.pk)
+    current = locked.state
+    machine.check_transition(current, to)
+    now = timezone.now()
+    locked.state = to
+    locked.state_reason = reason
+    locked.state_changed_at = now
+    update = ["state", "state_reason", "state_changed_at"]
+    if machine.is_terminal(to) and hasattr(locked, "finished_at"):
+        locked.finished_at = now
+        update.append("finished_at")
+    locked.save(update_fields=update)
+    record_event(obj=locked, event_model=event_model, from_state=current, to_state=to, reason=reason,
+                 actor=actor, system=system, data=data)
+    return locked
+
+
+def record_event(*, obj, event_model, from_state: str, to_state: str, reason: str, actor=None,
+                 system: str | None = None, data: dict | None = None):
+    label = actor.get_username() if actor is not None else f"system:{system or 'fleetyard'}"
+    event = event_model.objects.create(
+        subject=obj, from_state=from_state, to_state=to_state, reason=reason, actor_label=label,
+        data=data or {},
+    )
+    audit_record(actor=actor, team=obj.team_id, action=f"{obj._meta.model_name}.transition", target=obj,
+                 data={"from": from_state, "to": to_state, "reason": reason}, system=system)
+    return event
+
+
+class LifecycleEvent(models.Model):
+    """Abstract base of a state timeline entry; concrete models add `subject` as a foreign key."""
+
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    reason = models.TextField()
+    actor_label = models.CharField(max_length=150)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '-'} -> {self.to_state}: {self.reason}"

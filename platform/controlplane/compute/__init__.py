@@ -1,0 +1,1 @@
+"""The compute backend: the only control-plane code that talks to Ray (DESIGN.md, layer 4)."""

@@ -1,0 +1,397 @@
+"""Starts and stops a local multi-node Ray cluster on this host, one Ray node per node-pool node.
+
+The embedded profile and the integration tests run the node pools of `deploy/node_pools.yaml` as
+several Ray nodes on one machine: a head (GCS, no work) plus one `ray start --block` process per
+NodeSpec, each advertising its pool's chips as custom resources (`accel:<type>`), its CPUs and its
+topology labels. Chips are logical on a host without them; the work itself runs on CPU.
+
+Everything it starts it stops by process id, never with `ray stop` (which would also kill other
+people's Ray on the same host): each node runs in its own session / process group, and a stop
+signals those groups plus any straggler whose command line names this cluster's private temp dir.
+
+The cluster gets its own auth token (a file in the state dir), its own free GCS port, its own Ray
+temp dir, no dashboard unless asked, small object stores, and GCS health checks tuned so that a
+dead node is noticed within a few seconds. No Ray import here: it drives the `ray` CLI, so any
+process (web, Celery, scripts) can call it cheaply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from controlplane.compute.topology import NodeSpec, Topology
+
+STATE_FILE = "ray-cluster.json"
+TOKEN_FILE = "ray-auth-token"
+HEAD_NAME = "head"
+HOST = "127.0.0.1"
+
+OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; 7 nodes share one small host
+START_TIMEOUT_S = 90.0
+STOP_GRACE_S = 4.0
+
+# GCS health checks of the raylets (Ray reads RAY_<config name> from the environment). Defaults
+# notice a dead node after ~15-30 s; these after ~3-4 s, with enough slack that a busy 2-core host
+# does not declare a live node dead (a node declared dead kills itself).
+HEALTH_CHECK_ENV = {
+    "RAY_health_check_initial_delay_ms": "2000",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "3",
+}
+
+
+class LocalClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class LocalCluster:
+    """A running local cluster as recorded in `state_dir/ray-cluster.json`."""
+
+    address: str  # GCS address host:port, for ray.init(address=...)
+    state_dir: Path
+    temp_dir: Path
+    token_path: Path
+    pids: dict[str, int]  # node name ("head" or NodeSpec.name) -> pid of its `ray start --block`
+    node_names: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+    dashboard_url: str = ""
+    started_at: float = 0.0
+
+    def client_env(self) -> dict[str, str]:
+        """Environment another process needs to connect with ray.init(address=...)."""
+        return {
+            "RAY_ADDRESS": self.address,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.token_path),
+        }
+
+    def node_pid(self, name: str) -> int:
+        return self.pids[name]
+
+    def kill_node(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Fault injection: kill one node's whole process group (raylet, agents, workers)."""
+        _signal_group(self.pids[name], sig)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for key in ("state_dir", "temp_dir", "token_path"):
+            data[key] = str(data[key])
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> LocalCluster:
+        return cls(address=data["address"], state_dir=Path(data["state_dir"]),
+                   temp_dir=Path(data["temp_dir"]), token_path=Path(data["token_path"]),
+                   pids={str(k): int(v) for k, v in data["pids"].items()},
+                   node_names=list(data.get("node_names", [])), fingerprint=data.get("fingerprint", ""),
+                   dashboard_url=data.get("dashboard_url", ""), started_at=float(data.get("started_at", 0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def start_local_cluster(*, topology: Topology, state_dir: Path, port: int | None = None,
+                        include_dashboard: bool = False, timeout_s: float = START_TIMEOUT_S) -> LocalCluster:
+    """Start the head and one Ray node per NodeSpec; reuse the recorded cluster if it is healthy.
+
+    A recorded cluster that is half dead or was started from another topology is stopped first.
+    """
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    specs = topology.node_specs()
+    fingerprint = _fingerprint(topology)
+    running = load_running_cluster(state_dir=state_dir)
+    if running is not None and running.fingerprint == fingerprint:
+        return running
+    stop_local_cluster(state_dir=state_dir)
+
+    token_path = state_dir / TOKEN_FILE
+    _write_private(token_path, secrets.token_hex(32))
+    # Short on purpose: Ray puts unix sockets under it (108-byte path limit).
+    temp_dir = Path(tempfile.mkdtemp(prefix="fy-ray-", dir="/tmp"))  # noqa: S108
+    log_dir = state_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    gcs_port = port or _free_port()
+    cluster = LocalCluster(address=f"{HOST}:{gcs_port}", state_dir=state_dir, temp_dir=temp_dir,
+                           token_path=token_path, pids={}, node_names=[s.name for s in specs],
+                           fingerprint=fingerprint, started_at=time.time())
+    env = _node_env(cluster)
+    try:
+        head_cmd = _ray_cmd() + [
+            "start", "--head", "--block", f"--port={gcs_port}", f"--node-ip-address={HOST}",
+            f"--temp-dir={temp_dir}", f"--num-cpus={node_cpus(topology.head_cpus)}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
+            f"--ray-client-server-port={_free_port()}", "--dashboard-agent-listen-port=0",
+            f"--include-dashboard={'true' if include_dashboard else 'false'}",
+        ]
+        if include_dashboard:
+            dash_port = _free_port()
+            head_cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
+            cluster.dashboard_url = f"http://{HOST}:{dash_port}"
+        cluster.pids[HEAD_NAME] = _spawn(head_cmd, env, log_dir / f"{HEAD_NAME}.log")
+        _save(cluster)  # record early: a failed start is still stopped by pid
+        deadline = time.monotonic() + timeout_s
+        _wait_started(cluster, HEAD_NAME, log_dir, deadline)
+
+        for spec in specs:
+            cluster.pids[spec.name] = _spawn(_worker_cmd(cluster, spec), env,
+                                             log_dir / f"{spec.name}.log")
+        _save(cluster)
+        for spec in specs:
+            _wait_started(cluster, spec.name, log_dir, deadline)
+    except BaseException:
+        _save(cluster)
+        stop_local_cluster(state_dir=state_dir)
+        raise
+    return cluster
+
+
+def stop_local_cluster(*, state_dir: Path) -> bool:
+    """Stop every process the recorded cluster started, by pid. True if a cluster was recorded."""
+    state_path = Path(state_dir) / STATE_FILE
+    cluster = _load_state(Path(state_dir))
+    if cluster is None:
+        return False
+    order = [name for name in cluster.pids if name != HEAD_NAME] + [HEAD_NAME]
+    leaders = [cluster.pids[name] for name in order if name in cluster.pids]
+    targets = _cluster_processes(cluster, leaders)
+    for pid in leaders:
+        _signal_group(pid, signal.SIGTERM)
+    for pid in targets:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and any(_alive(p) for p in targets | set(leaders)):
+        time.sleep(0.1)
+    # Kill whatever is left, including processes started while we waited.
+    for _ in range(3):
+        left = {p for p in _cluster_processes(cluster, leaders) if _alive(p)}
+        if not left:
+            break
+        for pid in leaders:
+            _signal_group(pid, signal.SIGKILL)
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    left = {p for p in _cluster_processes(cluster, leaders) if _alive(p)}
+    if left:
+        raise LocalClusterError(f"Ray processes survived SIGKILL: {sorted(left)}")
+    if cluster.temp_dir.name.startswith("fy-ray-"):
+        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+    state_path.unlink(missing_ok=True)
+    return True
+
+
+def load_running_cluster(*, state_dir: Path) -> LocalCluster | None:
+    """The recorded cluster if all its node processes are alive and its GCS answers, else None."""
+    cluster = _load_state(Path(state_dir))
+    if cluster is None or not cluster.pids:
+        return None
+    if not all(_alive(pid) for pid in cluster.pids.values()):
+        return None
+    if set(cluster.pids) != {HEAD_NAME, *cluster.node_names}:
+        return None
+    host, _, port = cluster.address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            pass
+    except OSError:
+        return None
+    return cluster
+
+
+def cluster_processes(*, state_dir: Path) -> set[int]:
+    """Pids of every live process belonging to the recorded cluster (for checks and tests)."""
+    cluster = _load_state(Path(state_dir))
+    if cluster is None:
+        return set()
+    return {p for p in _cluster_processes(cluster, list(cluster.pids.values())) if _alive(p)}
+
+
+# ---------------------------------------------------------------------------------------------
+# commands and environment
+
+
+def _ray_cmd() -> list[str]:
+    ray_bin = Path(sys.executable).with_name("ray")
+    if ray_bin.exists():
+        return [str(ray_bin)]
+    found = shutil.which("ray")
+    if not found:
+        raise LocalClusterError("the `ray` command is not installed next to this Python")
+    return [found]
+
+
+def _node_env(cluster: LocalCluster) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS")}
+    env.update(HEALTH_CHECK_ENV)
+    env.update({
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(cluster.token_path),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _worker_cmd(cluster: LocalCluster, spec: NodeSpec) -> list[str]:
+    labels = ",".join(f"{k}={v}" for k, v in spec.labels.items())
+    return _ray_cmd() + [
+        "start", "--block", f"--address={cluster.address}", f"--node-ip-address={HOST}",
+        f"--num-cpus={node_cpus(spec.num_cpus)}", f"--resources={json.dumps(spec.resources)}",
+        f"--labels={labels}", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
+        "--dashboard-agent-listen-port=0", "--include-log-monitor=false",
+    ]
+
+
+def node_cpus(value: float) -> int:
+    """CPUs a Ray node advertises for a NodeSpec's num_cpus.
+
+    Ray 2.60 refuses fractional node resources ("Resource quantities must all be whole numbers"), so
+    a fractional `cpus_per_node` is rounded up: the CPUs are logical and the host is shared anyway.
+    """
+    return math.ceil(value)
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    return proc.pid
+
+
+def _wait_started(cluster: LocalCluster, name: str, log_dir: Path, deadline: float) -> None:
+    """`ray start --block` prints "Ray runtime started." once its node is registered with GCS."""
+    pid = cluster.pids[name]
+    log_path = log_dir / f"{name}.log"
+    while True:
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        if "Ray runtime started" in text:
+            return
+        if not _alive(pid):
+            raise LocalClusterError(f"Ray node {name} exited during start; see {log_path}:\n{text[-2000:]}")
+        if time.monotonic() > deadline:
+            raise LocalClusterError(f"Ray node {name} did not start in time; see {log_path}")
+        time.sleep(0.2)
+
+
+def _fingerprint(topology: Topology) -> str:
+    parts = [topology.cluster_name, str(topology.head_cpus)]
+    for spec in topology.node_specs():
+        parts.append(json.dumps([spec.name, spec.num_cpus, spec.resources, spec.labels], sort_keys=True))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# state file
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _save(cluster: LocalCluster) -> None:
+    _write_private(cluster.state_dir / STATE_FILE, json.dumps(cluster.to_json(), indent=2))
+
+
+def _load_state(state_dir: Path) -> LocalCluster | None:
+    try:
+        return LocalCluster.from_json(json.loads((state_dir / STATE_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# processes (Linux /proc; no psutil in the control plane)
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgrp) of a process, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)  # reap our own exited children so they do not linger as zombies
+    stat = _proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def _all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _cluster_processes(cluster: LocalCluster, leaders: list[int]) -> set[int]:
+    """Node leaders, their process groups and descendants, and anything naming our temp dir."""
+    leader_set = set(leaders)
+    marker = str(cluster.temp_dir).encode()
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    for pid in _all_pids():
+        stat = _proc_stat(pid)
+        if stat is None:
+            continue
+        parents[pid] = stat[1]
+        if pid in leader_set or stat[2] in leader_set:
+            found.add(pid)
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.add(pid)
+    # descendants of what we found (workers re-grouped by the raylet, for example)
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                changed = True
+    found.discard(os.getpid())
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

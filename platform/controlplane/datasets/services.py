@@ -1,0 +1,119 @@
+"""Writes about datasets: create, add a version by URI or upload, delete."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+
+from controlplane.common.errors import ConflictError, ValidationFailed
+from controlplane.datasets import storage
+from controlplane.datasets.models import Dataset, DatasetFormat, DatasetVersion
+from controlplane.tenancy.models import Team
+from controlplane.tenancy.services import audit_record
+
+ALLOWED_URI_SCHEMES = {"s3", "gs", "az", "http", "https", "file", "hf"}
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@transaction.atomic
+def dataset_create(*, actor, team: Team, name: str, description: str = "") -> Dataset:
+    if Dataset.objects.filter(team=team, name=name).exists():
+        raise ValidationFailed(f"team {team.name} already has a dataset named {name!r}", field="name")
+    dataset = Dataset(team=team, name=name, description=description, created_by=actor)
+    dataset.full_clean()
+    dataset.save()
+    audit_record(actor=actor, team=team, action="dataset.create", target=dataset, data={"name": name})
+    return dataset
+
+
+def _next_version(dataset: Dataset) -> int:
+    # Lock the dataset row: concurrent uploads to one dataset get distinct, gapless numbers.
+    Dataset.objects.select_for_update().get(pk=dataset.pk)
+    latest = dataset.versions.aggregate(latest=Max("version"))["latest"] or 0
+    return latest + 1
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in DatasetFormat.values:
+        raise ValidationFailed(f"{fmt!r} is not a format (choose {', '.join(DatasetFormat.values)})",
+                               field="format")
+
+
+@transaction.atomic
+def dataset_version_register(*, actor, dataset: Dataset, uri: str, fmt: str = DatasetFormat.OTHER,
+                             size_bytes: int | None = None, checksum_sha256: str = "",
+                             description: str = "") -> DatasetVersion:
+    parsed = urlparse(uri)
+    if parsed.scheme not in ALLOWED_URI_SCHEMES or not (parsed.netloc or parsed.path):
+        raise ValidationFailed(
+            f"{uri!r} is not a supported URI (schemes: {', '.join(sorted(ALLOWED_URI_SCHEMES))})", field="uri"
+        )
+    _check_format(fmt)
+    if size_bytes is not None and size_bytes < 0:
+        raise ValidationFailed("size must not be negative", field="size_bytes")
+    if checksum_sha256 and not SHA256.match(checksum_sha256):
+        raise ValidationFailed("checksum must be 64 lowercase hex digits (SHA-256)", field="checksum_sha256")
+    version = DatasetVersion.objects.create(
+        dataset=dataset, version=_next_version(dataset), uri=uri, uploaded=False, size_bytes=size_bytes,
+        checksum_sha256=checksum_sha256, format=fmt, description=description, created_by=actor,
+    )
+    audit_record(actor=actor, team=dataset.team_id, action="dataset_version.register", target=version,
+                 data={"dataset": dataset.name, "version": version.version, "uri": uri})
+    return version
+
+
+def dataset_version_upload(*, actor, dataset: Dataset, upload, fmt: str = DatasetFormat.OTHER,
+                           description: str = "") -> DatasetVersion:
+    """Store an uploaded file and record it as the next version; on any failure nothing remains."""
+    _check_format(fmt)
+    if upload is None:
+        raise ValidationFailed("attach a file", field="file")
+    staging = f"datasets/{dataset.team.name}/{dataset.name}/.staging"
+    try:
+        stored = storage.store_stream(chunks=upload.chunks(), relative_dir=staging, filename=upload.name,
+                                      max_bytes=settings.FLEETYARD_MAX_DATASET_UPLOAD_BYTES)
+    except storage.UploadTooLarge as exc:
+        raise ValidationFailed(str(exc), field="file") from exc
+    final_path = None
+    try:
+        with transaction.atomic():
+            number = _next_version(dataset)
+            final_dir = storage.storage_root() / f"datasets/{dataset.team.name}/{dataset.name}/v{number}"
+            final_dir.mkdir(parents=True, exist_ok=True)
+            final_path = final_dir / stored.path.name
+            if final_path.exists():
+                raise ConflictError(f"storage for version {number} already exists; retry")
+            stored.path.rename(final_path)
+            version = DatasetVersion.objects.create(
+                dataset=dataset, version=number, uri=final_path.as_uri(), uploaded=True,
+                size_bytes=stored.size_bytes, checksum_sha256=stored.checksum_sha256, format=fmt,
+                description=description, created_by=actor,
+            )
+            audit_record(actor=actor, team=dataset.team_id, action="dataset_version.upload", target=version,
+                         data={"dataset": dataset.name, "version": number, "size_bytes": stored.size_bytes,
+                               "checksum_sha256": stored.checksum_sha256})
+    except BaseException:
+        storage.remove_stored(stored.path)
+        if final_path is not None:
+            storage.remove_stored(final_path)
+        raise
+    return version
+
+
+@transaction.atomic
+def dataset_delete(*, actor, dataset: Dataset) -> None:
+    from jobs.models import TrainingJob  # jobs depend on datasets, not the other way round
+
+    if TrainingJob.objects.filter(dataset_version__dataset=dataset).exclude(
+        state__in=TrainingJob.terminal_state_values()
+    ).exists():
+        raise ConflictError(f"dataset {dataset.name} is used by a job that has not finished")
+    uploaded = [urlparse(version.uri).path for version in dataset.versions.filter(uploaded=True)]
+    audit_record(actor=actor, team=dataset.team_id, action="dataset.delete", target=dataset,
+                 data={"name": dataset.name, "versions": dataset.versions.count()})
+    dataset.delete()
+    transaction.on_commit(lambda: [storage.remove_stored(storage.Path(path)) for path in uploaded])

@@ -1,0 +1,27 @@
+"""Django admin for queues, quotas and priority classes."""
+
+from django.contrib import admin
+
+from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
+
+
+class ResourceQuotaInline(admin.TabularInline):
+    model = ResourceQuota
+    extra = 0
+
+
+@admin.register(ClusterQueue)
+class ClusterQueueAdmin(admin.ModelAdmin):
+    list_display = ["name", "cohort", "preemption_within_queue", "reclaim_within_cohort"]
+    inlines = [ResourceQuotaInline]
+
+
+@admin.register(LocalQueue)
+class LocalQueueAdmin(admin.ModelAdmin):
+    list_display = ["name", "team", "cluster_queue"]
+    list_filter = ["team", "cluster_queue"]
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):
+    list_display = ["name", "value", "preemptible"]

@@ -1,0 +1,66 @@
+"""Serializers for cluster queues, local queues and priority classes."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
+
+
+class ResourceQuotaSerializer(serializers.ModelSerializer):
+    accelerator_type = serializers.CharField(source="accelerator_type.slug")
+
+    class Meta:
+        model = ResourceQuota
+        fields = ["accelerator_type", "nominal_quota", "borrowing_limit", "lending_limit"]
+
+
+class ResourceQuotaInputSerializer(serializers.Serializer):
+    accelerator_type = serializers.CharField()
+    nominal_quota = serializers.FloatField(min_value=0)
+    borrowing_limit = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+    lending_limit = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+
+
+class ClusterQueueSerializer(serializers.ModelSerializer):
+    quotas = ResourceQuotaSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ClusterQueue
+        fields = ["id", "name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "description",
+                  "quotas", "created_at"]
+
+
+class ClusterQueueWriteSerializer(serializers.Serializer):
+    name = serializers.SlugField(max_length=63)
+    cohort = serializers.SlugField(max_length=63, required=False, allow_blank=True, default="")
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    quotas = ResourceQuotaInputSerializer(many=True, required=False, default=list)
+
+
+class ClusterQueueUpdateSerializer(serializers.Serializer):
+    cohort = serializers.SlugField(max_length=63, required=False, allow_blank=True)
+    description = serializers.CharField(required=False, allow_blank=True)
+    quotas = ResourceQuotaInputSerializer(many=True, required=False)
+
+
+class LocalQueueSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    cluster_queue = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = LocalQueue
+        fields = ["id", "team", "name", "cluster_queue", "created_at"]
+
+
+class LocalQueueWriteSerializer(serializers.Serializer):
+    team = serializers.CharField(required=False, allow_blank=True)
+    name = serializers.SlugField(max_length=63)
+    cluster_queue = serializers.SlugRelatedField(slug_field="name", queryset=ClusterQueue.objects.all())
+
+
+class PriorityClassSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PriorityClass
+        fields = ["id", "name", "value", "description", "preemptible"]
+        extra_kwargs = {"name": {"validators": []}}

@@ -1,0 +1,93 @@
+"""ClusterQueues, their per-accelerator quotas, LocalQueues and priority classes (Kueue's vocabulary).
+
+- ClusterQueue: a pool of quota, cluster-wide, managed by operators; queues in the same `cohort`
+  lend each other idle quota within `borrowing_limit` / `lending_limit`.
+- ResourceQuota: one ClusterQueue's `nominal_quota` of one accelerator type (in devices; for the
+  "cpu" type, in CPU cores).
+- LocalQueue: a team's entry point into a ClusterQueue; workloads are submitted to LocalQueues.
+- PriorityClass: a named integer priority; higher values may preempt lower ones.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from controlplane.cluster.models import AcceleratorType
+from controlplane.tenancy.models import SLUG_VALIDATOR, Team
+
+
+class PreemptionPolicy(models.TextChoices):
+    NEVER = "Never", "Never"
+    LOWER_PRIORITY = "LowerPriority", "Lower priority"
+
+
+class ClusterQueue(models.Model):
+    name = models.SlugField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    cohort = models.SlugField(max_length=63, blank=True, help_text="queues in one cohort lend idle quota")
+    preemption_within_queue = models.CharField(max_length=16, choices=PreemptionPolicy.choices,
+                                               default=PreemptionPolicy.LOWER_PRIORITY)
+    reclaim_within_cohort = models.CharField(max_length=16, choices=PreemptionPolicy.choices,
+                                             default=PreemptionPolicy.LOWER_PRIORITY)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ResourceQuota(models.Model):
+    cluster_queue = models.ForeignKey(ClusterQueue, on_delete=models.CASCADE, related_name="quotas")
+    accelerator_type = models.ForeignKey(AcceleratorType, on_delete=models.PROTECT, related_name="quotas")
+    nominal_quota = models.FloatField(validators=[MinValueValidator(0)])
+    borrowing_limit = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)],
+                                        help_text="most it may borrow from the cohort; empty = unlimited")
+    lending_limit = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)],
+                                      help_text="most of its nominal quota it lends; empty = all of it")
+
+    class Meta:
+        ordering = ["cluster_queue__name", "accelerator_type__slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster_queue", "accelerator_type"], name="quota_unique_per_type"),
+        ]
+
+    def clean(self):
+        if self.lending_limit is not None and self.nominal_quota is not None \
+                and self.lending_limit > self.nominal_quota:
+            raise ValidationError({"lending_limit": "cannot lend more than the nominal quota"})
+
+    def __str__(self) -> str:
+        return f"{self.cluster_queue}: {self.nominal_quota} x {self.accelerator_type}"
+
+
+class LocalQueue(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="local_queues")
+    name = models.SlugField(max_length=63, validators=[SLUG_VALIDATOR])
+    cluster_queue = models.ForeignKey(ClusterQueue, on_delete=models.PROTECT, related_name="local_queues")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["team__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="local_queue_unique_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.team}/{self.name}"
+
+
+class PriorityClass(models.Model):
+    name = models.SlugField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
+    value = models.IntegerField()
+    description = models.TextField(blank=True)
+    preemptible = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["-value", "name"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.value})"

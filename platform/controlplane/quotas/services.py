@@ -1,0 +1,99 @@
+"""Writes about queues and quotas."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from controlplane.cluster.models import AcceleratorType
+from controlplane.common.errors import ValidationFailed
+from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
+from controlplane.tenancy.models import Team
+from controlplane.tenancy.services import audit_record
+
+
+@transaction.atomic
+def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str = "",
+                         quotas: list[dict] = ()) -> ClusterQueue:
+    """`quotas`: [{"accelerator_type": slug, "nominal_quota": n, "borrowing_limit": n|None, ...}]."""
+    if ClusterQueue.objects.filter(name=name).exists():
+        raise ValidationFailed(f"a cluster queue named {name!r} already exists", field="name")
+    queue = ClusterQueue(name=name, cohort=cohort, description=description)
+    queue.full_clean()
+    queue.save()
+    _quotas_replace(queue=queue, quotas=quotas)
+    audit_record(actor=actor, team=None, action="cluster_queue.create", target=queue,
+                 data={"name": name, "cohort": cohort, "quotas": list(quotas)})
+    return queue
+
+
+@transaction.atomic
+def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = None,
+                         description: str | None = None, quotas: list[dict] | None = None) -> ClusterQueue:
+    queue = ClusterQueue.objects.select_for_update().get(pk=queue.pk)
+    changes = {}
+    if cohort is not None:
+        queue.cohort = changes["cohort"] = cohort
+    if description is not None:
+        queue.description = changes["description"] = description
+    queue.full_clean()
+    queue.save()
+    if quotas is not None:
+        _quotas_replace(queue=queue, quotas=quotas)
+        changes["quotas"] = list(quotas)
+    audit_record(actor=actor, team=None, action="cluster_queue.update", target=queue, data=changes)
+    return queue
+
+
+def _quotas_replace(*, queue: ClusterQueue, quotas) -> None:
+    types = {accel.slug: accel for accel in AcceleratorType.objects.all()}
+    seen = set()
+    rows = []
+    for index, item in enumerate(quotas):
+        slug = item.get("accelerator_type")
+        if slug not in types:
+            raise ValidationFailed(f"quotas[{index}]: unknown accelerator type {slug!r}", field="quotas")
+        if slug in seen:
+            raise ValidationFailed(f"quotas[{index}]: {slug} is listed twice", field="quotas")
+        seen.add(slug)
+        quota = ResourceQuota(cluster_queue=queue, accelerator_type=types[slug],
+                              nominal_quota=item.get("nominal_quota"),
+                              borrowing_limit=item.get("borrowing_limit"),
+                              lending_limit=item.get("lending_limit"))
+        try:
+            quota.full_clean(exclude=["cluster_queue"])
+        except Exception as exc:
+            raise ValidationFailed(f"quotas[{index}]: {_first_message(exc)}", field="quotas") from exc
+        rows.append(quota)
+    queue.quotas.all().delete()
+    ResourceQuota.objects.bulk_create(rows)
+
+
+def _first_message(exc) -> str:
+    if hasattr(exc, "message_dict"):
+        return "; ".join(f"{key}: {' '.join(msgs)}" for key, msgs in exc.message_dict.items())
+    return str(exc)
+
+
+@transaction.atomic
+def local_queue_create(*, actor, team: Team, name: str, cluster_queue: ClusterQueue) -> LocalQueue:
+    if LocalQueue.objects.filter(team=team, name=name).exists():
+        raise ValidationFailed(f"team {team.name} already has a queue named {name!r}", field="name")
+    queue = LocalQueue(team=team, name=name, cluster_queue=cluster_queue)
+    queue.full_clean()
+    queue.save()
+    audit_record(actor=actor, team=team, action="local_queue.create", target=queue,
+                 data={"name": name, "cluster_queue": cluster_queue.name})
+    return queue
+
+
+@transaction.atomic
+def priority_class_create(*, actor, name: str, value: int, description: str = "",
+                          preemptible: bool = True) -> PriorityClass:
+    if PriorityClass.objects.filter(name=name).exists():
+        raise ValidationFailed(f"a priority class named {name!r} already exists", field="name")
+    priority = PriorityClass(name=name, value=value, description=description, preemptible=preemptible)
+    priority.full_clean()
+    priority.save()
+    audit_record(actor=actor, team=None, action="priority_class.create", target=priority,
+                 data={"name": name, "value": value})
+    return priority

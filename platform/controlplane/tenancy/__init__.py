@@ -1,0 +1,1 @@
+"""Tenancy: teams, memberships with roles, hashed API tokens and the audit log."""

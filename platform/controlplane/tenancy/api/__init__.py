@@ -1,0 +1,1 @@
+"""REST API of tenancy: teams, memberships, API tokens, audit events."""

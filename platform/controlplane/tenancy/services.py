@@ -1,0 +1,140 @@
+"""Writes about teams and access. Every write appends an audit event in the same transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.common.errors import ConflictError, ValidationFailed
+from controlplane.tenancy.models import ApiToken, AuditEvent, Membership, Role, Team
+
+TOKEN_PREFIX = "fy_"
+
+
+def audit_record(*, actor, team: Team | int | None, action: str, target, data: dict | None = None,
+                 system: str | None = None) -> AuditEvent:
+    """Append one audit event. `actor` is a user, or None with `system` naming the component."""
+    label = actor.get_username() if actor is not None else f"system:{system or 'fleetyard'}"
+    team_id = team.pk if isinstance(team, Team) else team
+    return AuditEvent.objects.create(
+        team_id=team_id,
+        actor=actor,
+        actor_label=label,
+        action=action,
+        target_type=target._meta.label_lower,
+        target_id=str(target.pk),
+        data=data or {},
+    )
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+@transaction.atomic
+def team_create(*, actor, name: str, display_name: str = "", admin=None) -> Team:
+    if Team.objects.filter(name=name).exists():
+        raise ValidationFailed(f"a team named {name!r} already exists", field="name")
+    team = Team(name=name, display_name=display_name)
+    team.full_clean()
+    team.save()
+    if admin is not None:
+        Membership.objects.create(team=team, user=admin, role=Role.ADMIN)
+    audit_record(actor=actor, team=team, action="team.create", target=team,
+                 data={"name": name, "admin": admin.get_username() if admin else None})
+    return team
+
+
+@transaction.atomic
+def membership_set(*, actor, team: Team, username: str, role: str) -> Membership:
+    if role not in Role.values:
+        raise ValidationFailed(f"{role!r} is not a role (choose {', '.join(Role.values)})", field="role")
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise ValidationFailed(f"no user named {username!r}", field="username")
+    membership, created = Membership.objects.select_for_update().get_or_create(
+        team=team, user=user, defaults={"role": role}
+    )
+    if not created and membership.role != role:
+        _ensure_an_admin_remains(team=team, leaving=membership, new_role=role)
+        membership.role = role
+        membership.save(update_fields=["role"])
+    audit_record(actor=actor, team=team, action="membership.set", target=membership,
+                 data={"username": username, "role": role, "created": created})
+    return membership
+
+
+@transaction.atomic
+def membership_delete(*, actor, membership: Membership) -> None:
+    _ensure_an_admin_remains(team=membership.team, leaving=membership, new_role=None)
+    audit_record(actor=actor, team=membership.team, action="membership.delete", target=membership,
+                 data={"username": membership.user.get_username(), "role": membership.role})
+    membership.delete()
+
+
+def _ensure_an_admin_remains(*, team: Team, leaving: Membership, new_role: str | None) -> None:
+    if leaving.role != Role.ADMIN or new_role == Role.ADMIN:
+        return
+    # Lock the team's admin rows so two concurrent demotions cannot both pass the check.
+    admins = list(
+        Membership.objects.select_for_update().filter(team=team, role=Role.ADMIN).values_list("id", flat=True)
+    )
+    if admins == [leaving.id]:
+        raise ConflictError(f"team {team.name} must keep at least one admin", field="role")
+
+
+@transaction.atomic
+def api_token_create(*, actor, team: Team, user, name: str,
+                     expires_at: datetime | None = None) -> tuple[ApiToken, str]:
+    """Create a token and return it with its secret, which is never stored and never shown again."""
+    if not name.strip():
+        raise ValidationFailed("give the token a name", field="name")
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("expiry must be in the future", field="expires_at")
+    if not Membership.objects.filter(team=team, user=user).exists():
+        raise ValidationFailed(f"{user.get_username()} is not a member of {team.name}", field="team")
+    for _ in range(3):
+        raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        try:
+            with transaction.atomic():
+                token = ApiToken.objects.create(
+                    team=team, user=user, name=name.strip(), prefix=raw[:10],
+                    token_hash=hash_token(raw), expires_at=expires_at,
+                )
+            break
+        except IntegrityError:  # pragma: no cover - a SHA-256 collision of 256 random bits
+            continue
+    else:  # pragma: no cover
+        raise ConflictError("could not generate a unique token; try again")
+    audit_record(actor=actor, team=team, action="api_token.create", target=token,
+                 data={"name": token.name, "expires_at": expires_at.isoformat() if expires_at else None})
+    return token, raw
+
+
+@transaction.atomic
+def api_token_revoke(*, actor, token: ApiToken) -> ApiToken:
+    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_record(actor=actor, team=token.team_id, action="api_token.revoke", target=token,
+                     data={"name": token.name})
+    return token
+
+
+def api_token_authenticate(*, raw: str) -> ApiToken | None:
+    """The active token for a raw secret, or None. Records when it was last used (coarsely)."""
+    if not raw.startswith(TOKEN_PREFIX):
+        return None
+    token = ApiToken.objects.select_related("user", "team").filter(token_hash=hash_token(raw)).first()
+    if token is None or not token.is_active() or not token.user.is_active:
+        return None
+    now = timezone.now()
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token
