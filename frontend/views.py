@@ -1,22 +1,151 @@
-"""Console pages. Thin: read through selectors, render."""
+"""Console pages. Thin: read through selectors scoped to the caller's teams, render.
+
+Every page needs a login. Team-owned objects (datasets, jobs, deployments, local queues) are read
+with the team ids of `visible_team_ids`, so another team's job or deployment is a 404, never a 403
+that would confirm it exists. Cluster inventory, cluster queues and priority classes are shared
+facts that every signed-in user may read.
+"""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from collections import defaultdict
 
-from controlplane.cluster.selectors import node_list, node_pool_list
-from controlplane.tenancy.selectors import visible_team_ids
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.shortcuts import get_object_or_404, render
+
+from controlplane.cluster.models import NodeHealth
+from controlplane.cluster.selectors import accelerator_type_list, node_list, node_pool_list
+from controlplane.datasets.selectors import dataset_list, dataset_version_list
+from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, priority_class_list
+from controlplane.tenancy.selectors import team_list, visible_team_ids
 from inference.selectors import deployment_list
-from jobs.selectors import training_job_list
+from inference.states import DeploymentState
+from jobs.selectors import training_job_events, training_job_list
+from jobs.states import JobState
+
+JOBS_PER_PAGE = 50
+SIMULATED_NOTE = ("SIMULATED pools have logical chips: Ray nodes on a CPU host advertise them as custom "
+                  "resources, and the work itself runs on CPU.")
+
+
+def _state_counts(queryset, states) -> list[tuple[str, int]]:
+    """(state, count) for every state of a machine, in the machine's order, zeros included."""
+    counts = dict(queryset.order_by().values_list("state").annotate(n=Count("id")))
+    return [(state.value, counts.get(state.value, 0)) for state in states]
+
+
+def _pools_with_nodes():
+    """Node pools (with their annotated device totals) each carrying its nodes and healthy CPU totals."""
+    nodes_by_pool = defaultdict(list)
+    for node in node_list():
+        nodes_by_pool[node.pool_id].append(node)
+    pools = list(node_pool_list())
+    for pool in pools:
+        pool.node_rows = nodes_by_pool.get(pool.pk, [])
+        healthy = [node for node in pool.node_rows if node.health == NodeHealth.HEALTHY]
+        pool.capacity_cpus = sum(node.capacity_cpus for node in healthy)
+        pool.free_cpus = sum(node.free_cpus for node in healthy)
+    return pools
+
+
+def _base_context(request, section: str) -> tuple[list[int], dict]:
+    team_ids = visible_team_ids(user=request.user)
+    return team_ids, {"section": section, "teams": team_list(team_ids=team_ids),
+                      "simulated_note": SIMULATED_NOTE}
 
 
 @login_required
 def overview(request):
-    team_ids = visible_team_ids(user=request.user)
-    return render(request, "frontend/overview.html", {
-        "pools": node_pool_list(),
-        "nodes": node_list(),
-        "jobs": training_job_list(team_ids=team_ids)[:20],
-        "deployments": deployment_list(team_ids=team_ids)[:20],
+    team_ids, context = _base_context(request, "overview")
+    jobs = training_job_list(team_ids=team_ids)
+    deployments = deployment_list(team_ids=team_ids)
+    context.update({
+        "pools": _pools_with_nodes(),
+        "job_counts": _state_counts(jobs, JobState),
+        "deployment_counts": _state_counts(deployments, DeploymentState),
+        "latest_jobs": jobs[:10],
+        "latest_deployments": deployments[:5],
     })
+    return render(request, "frontend/overview.html", context)
+
+
+@login_required
+def cluster(request):
+    _, context = _base_context(request, "cluster")
+    context.update({"pools": _pools_with_nodes(), "accelerator_types": accelerator_type_list()})
+    return render(request, "frontend/cluster.html", context)
+
+
+@login_required
+def queues(request):
+    team_ids, context = _base_context(request, "queues")
+    context.update({
+        "cluster_queues": cluster_queue_list(),
+        "local_queues": local_queue_list(team_ids=team_ids),
+        "priority_classes": priority_class_list(),
+    })
+    return render(request, "frontend/queues.html", context)
+
+
+@login_required
+def datasets(request):
+    team_ids, context = _base_context(request, "datasets")
+    versions = defaultdict(list)
+    for version in dataset_version_list(team_ids=team_ids):
+        versions[version.dataset_id].append(version)
+    rows = list(dataset_list(team_ids=team_ids))
+    for dataset in rows:
+        dataset.version_rows = versions.get(dataset.pk, [])
+    context["datasets"] = rows
+    return render(request, "frontend/datasets.html", context)
+
+
+@login_required
+def job_list(request):
+    team_ids, context = _base_context(request, "jobs")
+    jobs = training_job_list(team_ids=team_ids)
+    state = request.GET.get("state", "").upper()
+    if state not in JobState.__members__:
+        state = ""
+    counts = _state_counts(jobs, JobState)
+    if state:
+        jobs = jobs.filter(state=state)
+    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    context.update({"page": page, "jobs": page.object_list, "state": state, "job_counts": counts,
+                    "total": sum(n for _, n in counts)})
+    return render(request, "frontend/jobs.html", context)
+
+
+@login_required
+def job_detail(request, job_id: int):
+    team_ids, context = _base_context(request, "jobs")
+    job = get_object_or_404(training_job_list(team_ids=team_ids), pk=job_id)
+    context.update({
+        "job": job,
+        "events": training_job_events(job=job),
+        "deployments": deployment_list(team_ids=team_ids).filter(source_job=job),
+    })
+    return render(request, "frontend/job_detail.html", context)
+
+
+@login_required
+def deployment_list_page(request):
+    team_ids, context = _base_context(request, "deployments")
+    deployments = deployment_list(team_ids=team_ids)
+    context.update({"deployments": deployments,
+                    "deployment_counts": _state_counts(deployments, DeploymentState)})
+    return render(request, "frontend/deployments.html", context)
+
+
+@login_required
+def deployment_detail(request, deployment_id: int):
+    team_ids, context = _base_context(request, "deployments")
+    deployment = get_object_or_404(deployment_list(team_ids=team_ids), pk=deployment_id)
+    context.update({
+        "deployment": deployment,
+        "revisions": deployment.revisions.select_related("created_by"),
+        "events": deployment.events.all(),
+    })
+    return render(request, "frontend/deployment_detail.html", context)

@@ -222,6 +222,7 @@ SPECTACULAR_SETTINGS = {
         "TrainingJobStateEnum": "jobs.states.JobState",
         "DeploymentStateEnum": "inference.states.DeploymentState",
         "RoleEnum": "controlplane.tenancy.models.Role",
+        "PreemptionPolicyEnum": "controlplane.quotas.models.PreemptionPolicy",
     },
 }
 

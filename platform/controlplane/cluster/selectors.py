@@ -18,7 +18,7 @@ def node_pool_list() -> QuerySet[NodePool]:
         healthy_node_count=Count("nodes", filter=healthy),
         capacity_devices=Sum("nodes__capacity_devices", filter=healthy, default=0.0),
         free_devices=Sum("nodes__free_devices", filter=healthy, default=0.0),
-    )
+    ).order_by("name")
 
 
 def node_list() -> QuerySet[Node]:

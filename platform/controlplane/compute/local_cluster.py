@@ -18,10 +18,12 @@ process (web, Celery, scripts) can call it cheaply.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -36,13 +38,13 @@ from pathlib import Path
 from controlplane.compute.topology import NodeSpec, Topology
 
 STATE_FILE = "ray-cluster.json"
-TOKEN_FILE = "ray-auth-token"
+TOKEN_FILE = "ray-auth-token"  # noqa: S105 - a file name, not a secret
 HEAD_NAME = "head"
 HOST = "127.0.0.1"
 
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; 7 nodes share one small host
 START_TIMEOUT_S = 90.0
-STOP_GRACE_S = 4.0
+STOP_GRACE_S = 2.0
 
 # GCS health checks of the raylets (Ray reads RAY_<config name> from the environment). Defaults
 # notice a dead node after ~15-30 s; these after ~3-4 s, with enough slack that a busy 2-core host
@@ -68,6 +70,7 @@ class LocalCluster:
     temp_dir: Path
     token_path: Path
     pids: dict[str, int]  # node name ("head" or NodeSpec.name) -> pid of its `ray start --block`
+    start_ticks: dict[str, int] = field(default_factory=dict)  # identity check against pid reuse
     node_names: list[str] = field(default_factory=list)
     fingerprint: str = ""
     dashboard_url: str = ""
@@ -84,9 +87,18 @@ class LocalCluster:
     def node_pid(self, name: str) -> int:
         return self.pids[name]
 
+    def node_alive(self, name: str) -> bool:
+        """Whether the node's `ray start --block` process (the same one we started) still runs."""
+        pid = self.pids[name]
+        return _alive(pid) and _start_ticks(pid) == self.start_ticks.get(name, _start_ticks(pid))
+
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Fault injection: kill one node's whole process group (raylet, agents, workers)."""
         _signal_group(self.pids[name], sig)
+
+    def processes(self) -> set[int]:
+        """Pids of every live (non-zombie) process of this cluster; empty once it is stopped."""
+        return {p for p in _cluster_processes(self, list(self.pids.values())) if _alive(p)}
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -99,6 +111,7 @@ class LocalCluster:
         return cls(address=data["address"], state_dir=Path(data["state_dir"]),
                    temp_dir=Path(data["temp_dir"]), token_path=Path(data["token_path"]),
                    pids={str(k): int(v) for k, v in data["pids"].items()},
+                   start_ticks={str(k): int(v) for k, v in data.get("start_ticks", {}).items()},
                    node_names=list(data.get("node_names", [])), fingerprint=data.get("fingerprint", ""),
                    dashboard_url=data.get("dashboard_url", ""), started_at=float(data.get("started_at", 0)))
 
@@ -108,23 +121,35 @@ class LocalCluster:
 
 
 def start_local_cluster(*, topology: Topology, state_dir: Path, port: int | None = None,
-                        include_dashboard: bool = False, timeout_s: float = START_TIMEOUT_S) -> LocalCluster:
+                        include_dashboard: bool = False, fate_share: bool = False,
+                        timeout_s: float = START_TIMEOUT_S) -> LocalCluster:
     """Start the head and one Ray node per NodeSpec; reuse the recorded cluster if it is healthy.
 
     A recorded cluster that is half dead or was started from another topology is stopped first.
+    The nodes outlive the calling process (scripts/up), unless `fate_share` (tests): then the
+    kernel sends them SIGTERM when the calling thread dies, even if it is SIGKILLed.
+    Concurrent calls on one state dir are serialised by a lock file.
     """
     state_dir = Path(state_dir).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
+    with _state_lock(state_dir):
+        return _start_locked(topology=topology, state_dir=state_dir, port=port,
+                             include_dashboard=include_dashboard, fate_share=fate_share, timeout_s=timeout_s)
+
+
+def _start_locked(*, topology: Topology, state_dir: Path, port: int | None, include_dashboard: bool,
+                  fate_share: bool, timeout_s: float) -> LocalCluster:
     specs = topology.node_specs()
     fingerprint = _fingerprint(topology)
     running = load_running_cluster(state_dir=state_dir)
     if running is not None and running.fingerprint == fingerprint:
         return running
-    stop_local_cluster(state_dir=state_dir)
+    _stop_locked(state_dir)
 
     token_path = state_dir / TOKEN_FILE
     _write_private(token_path, secrets.token_hex(32))
-    # Short on purpose: Ray puts unix sockets under it (108-byte path limit).
+    # Short on purpose: Ray puts unix sockets under it (108-byte path limit). One sub-dir per node:
+    # nodes sharing a temp dir race for socket names when they start at the same time.
     temp_dir = Path(tempfile.mkdtemp(prefix="fy-ray-", dir="/tmp"))  # noqa: S108
     log_dir = state_dir / "logs"
     log_dir.mkdir(exist_ok=True)
@@ -134,37 +159,49 @@ def start_local_cluster(*, topology: Topology, state_dir: Path, port: int | None
                            fingerprint=fingerprint, started_at=time.time())
     env = _node_env(cluster)
     try:
+        dash_port = _free_port()
         head_cmd = _ray_cmd() + [
-            "start", "--head", "--block", f"--port={gcs_port}", f"--node-ip-address={HOST}",
-            f"--temp-dir={temp_dir}", f"--num-cpus={node_cpus(topology.head_cpus)}",
-            f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
-            f"--ray-client-server-port={_free_port()}", "--dashboard-agent-listen-port=0",
+            "start", "--head", "--block", f"--port={gcs_port}", f"--temp-dir={temp_dir / 'n0'}",
+            f"--num-cpus={node_cpus(topology.head_cpus)}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+            "--disable-usage-stats", f"--ray-client-server-port={_free_port()}",
+            "--dashboard-agent-listen-port=0", f"--dashboard-port={dash_port}",
             f"--include-dashboard={'true' if include_dashboard else 'false'}",
         ]
         if include_dashboard:
-            dash_port = _free_port()
-            head_cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}"]
+            head_cmd.append("--dashboard-host=127.0.0.1")
             cluster.dashboard_url = f"http://{HOST}:{dash_port}"
-        cluster.pids[HEAD_NAME] = _spawn(head_cmd, env, log_dir / f"{HEAD_NAME}.log")
+        _record(cluster, HEAD_NAME, _spawn(head_cmd, env, log_dir / f"{HEAD_NAME}.log", fate_share))
         _save(cluster)  # record early: a failed start is still stopped by pid
         deadline = time.monotonic() + timeout_s
-        _wait_started(cluster, HEAD_NAME, log_dir, deadline)
+        head_log = _wait_started(cluster, HEAD_NAME, log_dir, deadline)
+        # Ray advertises the host's routable IP, even when asked for 127.0.0.1.
+        match = re.search(r"ray start --address='([^']+)'", _strip_ansi(head_log))
+        if match:
+            cluster.address = match.group(1)
 
-        for spec in specs:
-            cluster.pids[spec.name] = _spawn(_worker_cmd(cluster, spec), env,
-                                             log_dir / f"{spec.name}.log")
+        for index, spec in enumerate(specs, start=1):
+            cmd = _worker_cmd(cluster, spec, temp_dir / f"n{index}")
+            pid = _spawn(cmd, env, log_dir / f"{spec.name}.log", fate_share)
+            _record(cluster, spec.name, pid)
         _save(cluster)
         for spec in specs:
             _wait_started(cluster, spec.name, log_dir, deadline)
     except BaseException:
         _save(cluster)
-        stop_local_cluster(state_dir=state_dir)
+        _stop_locked(state_dir)
         raise
     return cluster
 
 
 def stop_local_cluster(*, state_dir: Path) -> bool:
     """Stop every process the recorded cluster started, by pid. True if a cluster was recorded."""
+    if not (Path(state_dir) / STATE_FILE).exists():
+        return False
+    with _state_lock(Path(state_dir)):
+        return _stop_locked(Path(state_dir))
+
+
+def _stop_locked(state_dir: Path) -> bool:
     state_path = Path(state_dir) / STATE_FILE
     cluster = _load_state(Path(state_dir))
     if cluster is None:
@@ -203,7 +240,7 @@ def load_running_cluster(*, state_dir: Path) -> LocalCluster | None:
     cluster = _load_state(Path(state_dir))
     if cluster is None or not cluster.pids:
         return None
-    if not all(_alive(pid) for pid in cluster.pids.values()):
+    if not all(cluster.node_alive(name) for name in cluster.pids):
         return None
     if set(cluster.pids) != {HEAD_NAME, *cluster.node_names}:
         return None
@@ -214,14 +251,6 @@ def load_running_cluster(*, state_dir: Path) -> LocalCluster | None:
     except OSError:
         return None
     return cluster
-
-
-def cluster_processes(*, state_dir: Path) -> set[int]:
-    """Pids of every live process belonging to the recorded cluster (for checks and tests)."""
-    cluster = _load_state(Path(state_dir))
-    if cluster is None:
-        return set()
-    return {p for p in _cluster_processes(cluster, list(cluster.pids.values())) if _alive(p)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,10 +280,10 @@ def _node_env(cluster: LocalCluster) -> dict[str, str]:
     return env
 
 
-def _worker_cmd(cluster: LocalCluster, spec: NodeSpec) -> list[str]:
+def _worker_cmd(cluster: LocalCluster, spec: NodeSpec, temp_dir: Path) -> list[str]:
     labels = ",".join(f"{k}={v}" for k, v in spec.labels.items())
     return _ray_cmd() + [
-        "start", "--block", f"--address={cluster.address}", f"--node-ip-address={HOST}",
+        "start", "--block", f"--address={cluster.address}", f"--temp-dir={temp_dir}",
         f"--num-cpus={node_cpus(spec.num_cpus)}", f"--resources={json.dumps(spec.resources)}",
         f"--labels={labels}", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
         "--dashboard-agent-listen-port=0", "--include-log-monitor=false",
@@ -270,26 +299,55 @@ def node_cpus(value: float) -> int:
     return math.ceil(value)
 
 
-def _spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
-    with open(log_path, "ab") as log:
+def _spawn(cmd: list[str], env: dict[str, str], log_path: Path, fate_share: bool) -> int:
+    with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                preexec_fn=_die_with_parent if fate_share else None)
     return proc.pid
 
 
-def _wait_started(cluster: LocalCluster, name: str, log_dir: Path, deadline: float) -> None:
+def _die_with_parent() -> None:
+    """In the child before exec: ask the kernel for SIGTERM when the parent thread dies (Linux)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def _state_lock(state_dir: Path):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "ray-cluster.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _record(cluster: LocalCluster, name: str, pid: int) -> None:
+    cluster.pids[name] = pid
+    cluster.start_ticks[name] = _start_ticks(pid)
+
+
+def _wait_started(cluster: LocalCluster, name: str, log_dir: Path, deadline: float) -> str:
     """`ray start --block` prints "Ray runtime started." once its node is registered with GCS."""
     pid = cluster.pids[name]
     log_path = log_dir / f"{name}.log"
     while True:
         text = log_path.read_text(errors="replace") if log_path.exists() else ""
         if "Ray runtime started" in text:
-            return
+            return text
         if not _alive(pid):
             raise LocalClusterError(f"Ray node {name} exited during start; see {log_path}:\n{text[-2000:]}")
         if time.monotonic() > deadline:
             raise LocalClusterError(f"Ray node {name} did not start in time; see {log_path}")
         time.sleep(0.2)
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def _fingerprint(topology: Topology) -> str:
@@ -342,6 +400,15 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
         return None
     fields = raw[raw.rfind(")") + 2:].split()
     return fields[0], int(fields[1]), int(fields[2])
+
+
+def _start_ticks(pid: int) -> int:
+    """Process start time in clock ticks since boot (field 22 of /proc/<pid>/stat); 0 if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(raw[raw.rfind(")") + 2:].split()[19])
 
 
 def _alive(pid: int) -> bool:

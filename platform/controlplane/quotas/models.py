@@ -56,13 +56,13 @@ class ResourceQuota(models.Model):
             models.UniqueConstraint(fields=["cluster_queue", "accelerator_type"], name="quota_unique_per_type"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.cluster_queue}: {self.nominal_quota} x {self.accelerator_type}"
+
     def clean(self):
         if self.lending_limit is not None and self.nominal_quota is not None \
                 and self.lending_limit > self.nominal_quota:
             raise ValidationError({"lending_limit": "cannot lend more than the nominal quota"})
-
-    def __str__(self) -> str:
-        return f"{self.cluster_queue}: {self.nominal_quota} x {self.accelerator_type}"
 
 
 class LocalQueue(models.Model):

@@ -13,7 +13,7 @@ from django.utils import timezone
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.tenancy.models import ApiToken, AuditEvent, Membership, Role, Team
 
-TOKEN_PREFIX = "fy_"
+TOKEN_PREFIX = "fy_"  # noqa: S105 - a public prefix, not a secret
 
 
 def audit_record(*, actor, team: Team | int | None, action: str, target, data: dict | None = None,

@@ -1,0 +1,51 @@
+"""Small display helpers for the console templates. Nothing here marks text safe: output is escaped."""
+
+from __future__ import annotations
+
+import json
+
+from django import template
+
+register = template.Library()
+
+# Badge tone per state or health word: one colour per meaning, shared by jobs, deployments and nodes.
+STATE_TONES = {
+    "PENDING": "neutral",
+    "QUEUED": "info",
+    "ADMITTED": "info",
+    "STARTING": "info",
+    "DEPLOYING": "info",
+    "UPDATING": "info",
+    "RUNNING": "ok",
+    "SERVING": "ok",
+    "SUCCEEDED": "done",
+    "RECOVERING": "warn",
+    "PREEMPTED": "warn",
+    "DEGRADED": "warn",
+    "FAILED": "bad",
+    "CANCELLED": "muted",
+    "DELETED": "muted",
+    "HEALTHY": "ok",
+    "UNREACHABLE": "bad",
+}
+
+
+@register.filter
+def state_tone(value) -> str:
+    """The badge tone (a CSS class suffix) for a job/deployment state or a node health."""
+    return STATE_TONES.get(str(value).upper(), "neutral")
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """Indented JSON for dicts and lists (escaped by the template like any other text)."""
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+@register.filter
+def get_item(mapping, key):
+    """mapping[key], or None: for dicts keyed by something a template cannot spell."""
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None

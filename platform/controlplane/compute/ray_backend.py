@@ -1,0 +1,239 @@
+"""The real compute backend: training gangs as Ray placement groups on labelled node pools.
+
+The only control-plane module that imports `ray`. A gang is a named, detached placement group
+(name = the gang's handle) of one bundle per worker, `{accel:<type>: devices, CPU: cpus}`, pinned
+to nodes by label selectors (accelerator type, and pool / leaf group when asked), strategy PACK.
+Ray reserves all bundles or none, so a gang is either ready or pending, never half placed.
+Nodes are read from the GCS directly (no dashboard needed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from controlplane.compute.base import GangRequest, GangStatus, ObservedNode
+from controlplane.compute.topology import (
+    ACCEL_RESOURCE_PREFIX,
+    LABEL_ACCELERATOR,
+    LABEL_LEAF_GROUP,
+    LABEL_NODE,
+    LABEL_POOL,
+    LABEL_SIMULATED,
+)
+
+logger = logging.getLogger(__name__)
+
+_CONNECT_LOCK = threading.Lock()
+LAUNCH_WAIT_S = 1.0
+
+# Resources that describe the node rather than schedulable capacity a workload asks for.
+_HIDDEN_RESOURCES = ("memory", "object_store_memory")
+
+_STATE_MAP = {
+    "CREATED": "ready",
+    "PENDING": "pending",
+    "PREPARED": "pending",
+    "RESCHEDULING": "pending",
+    "REMOVED": "stopped",
+}
+
+
+class RayComputeBackend:
+    """ComputeBackend on a Ray cluster reached at `address` (GCS host:port, or "auto")."""
+
+    name = "ray"
+
+    def __init__(self, *, address: str, namespace: str = "fleetyard",
+                 env: Mapping[str, str] | None = None) -> None:
+        """`env`: variables to set before connecting, e.g. LocalCluster.client_env() (auth token)."""
+        self.address = address
+        self.namespace = namespace
+        self.env = dict(env or {})
+
+    # ------------------------------------------------------------------ connection
+
+    def _ray(self):
+        """Import ray and connect once per process (lazily: constructing the backend is free)."""
+        import ray
+
+        if ray.is_initialized():
+            return ray
+        with _CONNECT_LOCK:
+            if ray.is_initialized():
+                return ray
+            os.environ.update(self.env)
+            _reload_ray_auth_config()
+            ray.init(address=self.address, namespace=self.namespace, logging_level=logging.WARNING)
+        return ray
+
+    # ------------------------------------------------------------------ nodes
+
+    def list_nodes(self) -> list[ObservedNode]:
+        """Every pool node (the head, which has no pool label, is left out), dead ones included.
+
+        A node name that was restarted shows only its live incarnation.
+        """
+        ray = self._ray()
+        from ray._private import state as ray_state
+
+        available = ray_state.available_resources_per_node()
+        by_name: dict[str, ObservedNode] = {}
+        for raw in ray.nodes():
+            labels = {str(k): str(v) for k, v in (raw.get("Labels") or {}).items()}
+            pool = labels.get(LABEL_POOL)
+            if not pool:
+                continue
+            node_id = raw["NodeID"]
+            alive = bool(raw.get("Alive"))
+            capacity = _visible(raw.get("Resources") or {})
+            free_raw = available.get(node_id, {}) if alive else {}
+            free = {key: float(free_raw.get(key, 0.0)) for key in capacity}
+            name = labels.get(LABEL_NODE) or raw.get("NodeName") or node_id
+            node = ObservedNode(
+                node_id=node_id, name=name, pool=pool,
+                accelerator_type=labels.get(LABEL_ACCELERATOR, ""),
+                leaf_group=labels.get(LABEL_LEAF_GROUP, ""), alive=alive,
+                simulated=labels.get(LABEL_SIMULATED, "").lower() == "true",
+                capacity=capacity, free=free, labels=labels,
+                address=f"{raw.get('NodeManagerAddress', '')}:{raw.get('NodeManagerPort', '')}",
+            )
+            previous = by_name.get(name)
+            if previous is None or (node.alive and not previous.alive):
+                by_name[name] = node
+        return sorted(by_name.values(), key=lambda n: (n.pool, n.name))
+
+    # ------------------------------------------------------------------ gangs
+
+    def launch_gang(self, request: GangRequest) -> GangStatus:
+        """Reserve the gang (all or none); returns ready or pending within about a second."""
+        bundle = gang_bundle(request)
+        selector = gang_label_selector(request)
+        existing = self._placement_group_info(request.handle)
+        if existing is not None and existing["state"] != "REMOVED":
+            return self._status(request.handle, existing)
+        ray = self._ray()
+        from ray.util.placement_group import placement_group
+
+        try:
+            group = placement_group([dict(bundle) for _ in range(request.workers)], strategy="PACK",
+                                    name=request.handle, lifetime="detached",
+                                    bundle_label_selector=[dict(selector) for _ in range(request.workers)])
+        except ray.exceptions.RaySystemError as exc:
+            # Another process created the same handle between our look-up and our create.
+            if "already exists" not in str(exc):
+                raise
+        else:
+            group.wait(timeout_seconds=LAUNCH_WAIT_S)
+        return self.observe_gang(request.handle)
+
+    def observe_gang(self, handle: str) -> GangStatus:
+        """ready / pending / stopped, or unknown when Ray has no placement group by that name."""
+        info = self._placement_group_info(handle)
+        if info is None:
+            return GangStatus(handle=handle, state="unknown", message="no placement group with this name")
+        return self._status(handle, info)
+
+    def stop_gang(self, handle: str) -> GangStatus:
+        """Release the gang's reservation. Stopping an unknown or stopped gang is a no-op."""
+        info = self._placement_group_info(handle)
+        if info is not None and info["state"] != "REMOVED":
+            self._ray()
+            from ray._raylet import PlacementGroupID
+            from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+            group_id = PlacementGroupID(bytes.fromhex(info["placement_group_id"]))
+            remove_placement_group(PlacementGroup(group_id))
+        return GangStatus(handle=handle, state="stopped")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _placement_group_info(self, handle: str) -> dict[str, Any] | None:
+        self._ray()
+        from ray._private import state as ray_state
+
+        return ray_state.state.get_placement_group_by_name(handle, self.namespace)
+
+    def _status(self, handle: str, info: dict[str, Any]) -> GangStatus:
+        raw_state = info["state"]
+        state = _STATE_MAP.get(raw_state, "unknown")
+        node_names: tuple[str, ...] = ()
+        if state == "ready":
+            names_by_id = self._node_names_by_id()
+            ordered = [names_by_id.get(node_id, node_id)
+                       for _, node_id in sorted(info.get("bundles_to_node_id", {}).items())]
+            node_names = tuple(dict.fromkeys(ordered))
+        message = ""
+        if raw_state == "RESCHEDULING":
+            message = "a node holding part of the gang died; Ray is placing its bundles again"
+        elif state == "pending":
+            message = "waiting for capacity: all bundles are reserved together or not at all"
+        return GangStatus(handle=handle, state=state, node_names=node_names, message=message)
+
+    def _node_names_by_id(self) -> dict[str, str]:
+        ray = self._ray()
+        names = {}
+        for raw in ray.nodes():
+            labels = raw.get("Labels") or {}
+            names[raw["NodeID"]] = labels.get(LABEL_NODE) or raw.get("NodeName") or raw["NodeID"]
+        return names
+
+
+def gang_bundle(request: GangRequest) -> dict[str, float]:
+    """One worker's bundle: `accel:<type>` devices plus CPUs; a CPU gang asks for CPUs only."""
+    if request.workers < 1:
+        raise ValueError(f"gang {request.handle}: workers must be >= 1")
+    if request.devices_per_worker < 0 or request.cpus_per_worker < 0:
+        raise ValueError(f"gang {request.handle}: sizes must be non-negative")
+    bundle: dict[str, float] = {}
+    if request.accelerator_type == "cpu":
+        cpus = request.cpus_per_worker or request.devices_per_worker
+        if cpus:
+            bundle["CPU"] = float(cpus)
+    else:
+        if request.devices_per_worker:
+            bundle[ACCEL_RESOURCE_PREFIX + request.accelerator_type] = float(request.devices_per_worker)
+        if request.cpus_per_worker:
+            bundle["CPU"] = float(request.cpus_per_worker)
+    if not bundle:
+        raise ValueError(f"gang {request.handle}: a worker must ask for devices or CPUs")
+    return bundle
+
+
+def gang_label_selector(request: GangRequest) -> dict[str, str]:
+    """Pin every bundle to nodes of the gang's accelerator type, and its pool / leaf group if given.
+
+    The accelerator label also keeps a CPU gang off the accelerator nodes' CPUs.
+    """
+    selector = {LABEL_ACCELERATOR: request.accelerator_type}
+    if request.pool:
+        selector[LABEL_POOL] = request.pool
+    if request.leaf_group:
+        selector[LABEL_LEAF_GROUP] = request.leaf_group
+    return selector
+
+
+def _visible(resources: Mapping[str, float]) -> dict[str, float]:
+    """Schedulable resources: CPU, GPU, accel:* ...; not node:<ip>, memory or placement-group ones."""
+    return {
+        str(key): float(value) for key, value in resources.items()
+        if key not in _HIDDEN_RESOURCES and not key.startswith("node:") and "_group_" not in key
+    }
+
+
+def _reload_ray_auth_config() -> None:
+    """Make an already imported ray see RAY_AUTH_MODE / RAY_AUTH_TOKEN[_PATH] set after its import.
+
+    Ray reads its config (auth mode included) from the environment when `ray` is imported and caches
+    the token; without this, a process that imported ray before the variables were set connects
+    without a token and is refused.
+    """
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # pragma: no cover - other Ray versions
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -1,0 +1,113 @@
+"""Accelerator types, node pools, nodes, cluster/local queues and priority classes through the API."""
+
+from __future__ import annotations
+
+from controlplane.cluster.models import Node, NodePool
+from controlplane.cluster.services import nodes_sync
+from controlplane.compute.memory import InMemoryComputeBackend
+from controlplane.compute.topology import load_topology
+
+
+def test_accelerator_types_are_seeded_with_sources(api):
+    body = api("alpha", "viewer").get("/api/v1/accelerator-types/?page_size=100").json()
+    slugs = {item["slug"] for item in body["results"]}
+    assert {"nvidia-h100", "nvidia-h200", "nvidia-a100", "nvidia-l40s", "amd-mi300x", "kunlun-p800",
+            "ascend-910b", "cpu"} <= slugs
+    h100 = api("alpha", "viewer").get("/api/v1/accelerator-types/nvidia-h100/").json()
+    assert h100["bf16_dense_tflops"] > 900 and h100["memory_gb"] == 80
+    assert h100["sources"]["bf16_dense_tflops"]
+    for item in body["results"]:
+        for figure in ("bf16_dense_tflops", "memory_gb", "price_per_hour_usd"):
+            if item[figure] is not None:
+                assert item["sources"].get(figure), (item["slug"], figure)
+
+
+def test_node_pools_are_operator_managed(api):
+    body = {"name": "h100-pool", "accelerator_type": "nvidia-h100", "devices_per_node": 8, "simulated": True}
+    assert api("alpha", "admin").post("/api/v1/node-pools/", body, format="json").status_code == 403
+    response = api("ops").post("/api/v1/node-pools/", body, format="json")
+    assert response.status_code == 201 and response.json()["simulated"] is True
+    again = api("ops").post("/api/v1/node-pools/", body, format="json")
+    assert again.status_code == 400 and "name" in again.json()
+    bad = api("ops").post("/api/v1/node-pools/", {**body, "name": "x", "accelerator_type": "tpu"}, format="json")
+    assert bad.status_code == 400 and "accelerator_type" in bad.json()
+
+
+def test_nodes_observed_from_the_backend_show_capacity_and_simulation(api, world, accel):
+    from controlplane.cluster.services import node_pool_create
+
+    topology = load_topology()
+    for pool in topology.pools:
+        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
+                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
+    backend = InMemoryComputeBackend.from_topology(topology)
+    nodes_sync(observed=backend.list_nodes())
+    pools = {p["name"]: p for p in api("alpha", "viewer").get("/api/v1/node-pools/").json()["results"]}
+    assert pools["h100-pool"]["node_count"] == 2 and pools["h100-pool"]["capacity_devices"] == 16
+    assert pools["h100-pool"]["simulated"] is True and pools["cpu-pool"]["simulated"] is False
+    nodes = api("alpha", "viewer").get("/api/v1/nodes/?pool__name=a100-pool").json()["results"]
+    assert {n["leaf_group"] for n in nodes} == {"lg-a100-a", "lg-a100-b"}
+    assert all(n["labels"]["fleetyard.io/simulated"] == "true" for n in nodes)
+
+
+def test_cordon_is_for_operators_and_audited(api, world, accel):
+    from controlplane.cluster.services import node_pool_create
+    from controlplane.tenancy.models import AuditEvent
+
+    pool = node_pool_create(actor=world["ops"], name="cpu-pool", accelerator_type=accel["cpu"],
+                            devices_per_node=1, simulated=False)
+    node = Node.objects.create(pool=pool, name="cpu-pool-0")
+    assert api("alpha", "admin").post(f"/api/v1/nodes/{node.pk}/cordon/").status_code == 403
+    response = api("ops").post(f"/api/v1/nodes/{node.pk}/cordon/", {"reason": "flaky NIC"}, format="json")
+    assert response.status_code == 200 and response.json()["cordoned"] is True
+    assert AuditEvent.objects.filter(action="node.cordon", data__reason="flaky NIC").exists()
+    assert api("ops").post(f"/api/v1/nodes/{node.pk}/uncordon/").json()["cordoned"] is False
+
+
+def test_cluster_queues(api):
+    body = {"name": "team-x", "cohort": "all", "quotas": [
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8, "borrowing_limit": 8, "lending_limit": 4}]}
+    assert api("alpha", "admin").post("/api/v1/cluster-queues/", body, format="json").status_code == 403
+    response = api("ops").post("/api/v1/cluster-queues/", body, format="json")
+    assert response.status_code == 201, response.json()
+    assert response.json()["quotas"][0]["lending_limit"] == 4
+    listed = api("alpha", "viewer").get("/api/v1/cluster-queues/").json()["results"]
+    assert {q["name"] for q in listed} == {"shared", "team-x"}
+    patched = api("ops").patch("/api/v1/cluster-queues/team-x/", {"quotas": [
+        {"accelerator_type": "nvidia-a100", "nominal_quota": 4}]}, format="json")
+    assert patched.status_code == 200 and [q["accelerator_type"] for q in patched.json()["quotas"]] == ["nvidia-a100"]
+
+
+def test_cluster_queue_bad_quotas_write_nothing(api):
+    from controlplane.quotas.models import ClusterQueue
+
+    for quotas in ([{"accelerator_type": "tpu", "nominal_quota": 1}],
+                   [{"accelerator_type": "cpu", "nominal_quota": 1}, {"accelerator_type": "cpu", "nominal_quota": 2}],
+                   [{"accelerator_type": "cpu", "nominal_quota": 1, "lending_limit": 5}],
+                   [{"accelerator_type": "cpu", "nominal_quota": -1}]):
+        response = api("ops").post("/api/v1/cluster-queues/", {"name": "bad", "quotas": quotas}, format="json")
+        assert response.status_code == 400 and "quotas" in response.json(), response.json()
+        assert not ClusterQueue.objects.filter(name="bad").exists()
+
+
+def test_local_queues_need_team_admin(api):
+    body = {"name": "urgent", "cluster_queue": "shared"}
+    assert api("alpha", "member").post("/api/v1/local-queues/", body, format="json").status_code == 403
+    response = api("alpha", "admin").post("/api/v1/local-queues/", body, format="json")
+    assert response.status_code == 201 and response.json()["team"] == "alpha"
+    dup = api("alpha", "admin").post("/api/v1/local-queues/", body, format="json")
+    assert dup.status_code == 400 and "name" in dup.json()
+    bad = api("alpha", "admin").post("/api/v1/local-queues/", {"name": "x", "cluster_queue": "nope"}, format="json")
+    assert bad.status_code == 400 and "cluster_queue" in bad.json()
+
+
+def test_priority_classes(api):
+    assert api("alpha", "admin").post("/api/v1/priority-classes/", {"name": "p", "value": 1},
+                                      format="json").status_code == 403
+    assert api("ops").post("/api/v1/priority-classes/", {"name": "urgent", "value": 900},
+                           format="json").status_code == 201
+    names = [p["name"] for p in api("alpha", "viewer").get("/api/v1/priority-classes/").json()["results"]]
+    assert names == ["urgent", "standard"]  # highest value first
+    dup = api("ops").post("/api/v1/priority-classes/", {"name": "urgent", "value": 1}, format="json")
+    assert dup.status_code == 400 and "name" in dup.json()
+    assert NodePool.objects.count() == 0

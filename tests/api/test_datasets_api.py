@@ -1,0 +1,127 @@
+"""Datasets and versions through the REST API: register by URI, upload a file, errors leave nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from urllib.parse import urlparse
+
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from controlplane.datasets.models import Dataset, DatasetVersion
+
+
+def make_dataset(client, name="corpus"):
+    response = client.post("/api/v1/datasets/", {"name": name, "description": "tiny"}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def test_create_list_and_duplicate_name(api):
+    client = api("alpha", "member")
+    body = make_dataset(client)
+    assert body["team"] == "alpha" and body["version_count"] == 0
+    response = client.post("/api/v1/datasets/", {"name": "corpus"}, format="json")
+    assert response.status_code == 400 and "name" in response.json()
+    assert [d["name"] for d in client.get("/api/v1/datasets/").json()["results"]] == ["corpus"]
+
+
+def test_viewer_cannot_create(api):
+    assert api("alpha", "viewer").post("/api/v1/datasets/", {"name": "x"}, format="json").status_code == 403
+
+
+def test_register_uri_versions_are_numbered(api):
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    url = f"/api/v1/datasets/{dataset['id']}/versions/"
+    first = client.post(url, {"uri": "s3://bucket/corpus/v1/", "format": "jsonl"}, format="json")
+    second = client.post(url, {"uri": "https://example.org/corpus.txt", "format": "text",
+                               "checksum_sha256": "a" * 64, "size_bytes": 10}, format="json")
+    assert first.status_code == 201 and second.status_code == 201, second.json()
+    assert (first.json()["version"], second.json()["version"]) == (1, 2)
+    assert second.json()["reference"] == "dataset://corpus@2"
+    listed = client.get(url).json()["results"]
+    assert [v["version"] for v in listed] == [2, 1]
+
+
+def test_register_bad_input_names_the_field(api):
+    client = api("alpha", "member")
+    url = f"/api/v1/datasets/{make_dataset(client)['id']}/versions/"
+    cases = [({"uri": "ftp://x/y"}, "uri"), ({"uri": "s3://b/k", "format": "exe"}, "format"),
+             ({"uri": "s3://b/k", "checksum_sha256": "xyz"}, "checksum_sha256"),
+             ({"uri": "s3://b/k", "size_bytes": -1}, "size_bytes"), ({}, "uri")]
+    for body, field in cases:
+        response = client.post(url, body, format="json")
+        assert response.status_code == 400 and field in response.json(), (body, response.json())
+    assert DatasetVersion.objects.count() == 0
+
+
+def test_upload_stores_file_with_checksum(api, settings):
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    payload = b"the quick brown fox\n" * 1000
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                           {"file": SimpleUploadedFile("../../evil name.txt", payload), "format": "text"},
+                           format="multipart")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["uploaded"] is True and body["size_bytes"] == len(payload)
+    assert body["checksum_sha256"] == hashlib.sha256(payload).hexdigest()
+    stored = Path(urlparse(body["uri"]).path)
+    assert stored.read_bytes() == payload
+    assert Path(settings.MEDIA_ROOT) in stored.parents and ".." not in stored.parts
+
+
+def test_upload_over_the_limit_leaves_nothing(api, settings):
+    settings.FLEETYARD_MAX_DATASET_UPLOAD_BYTES = 100
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                           {"file": SimpleUploadedFile("big.bin", b"x" * 1000)}, format="multipart")
+    assert response.status_code == 400 and "file" in response.json()
+    assert DatasetVersion.objects.count() == 0
+    leftovers = [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()]
+    assert leftovers == []
+
+
+def test_upload_failing_in_the_database_removes_the_file(api, settings, monkeypatch):
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr("controlplane.datasets.services.audit_record", boom)
+    client.raise_request_exception = False
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                           {"file": SimpleUploadedFile("a.txt", b"abc")}, format="multipart")
+    assert response.status_code == 500
+    assert DatasetVersion.objects.count() == 0
+    assert [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()] == []
+
+
+def test_delete_dataset_removes_uploaded_files(api, settings):
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    body = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                       {"file": SimpleUploadedFile("a.txt", b"abc")}, format="multipart").json()
+    path = Path(urlparse(body["uri"]).path)
+    assert path.exists()
+    from django.test import TestCase
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert client.delete(f"/api/v1/datasets/{dataset['id']}/").status_code == 204
+    assert not Dataset.objects.exists() and not path.exists()
+
+
+def test_dataset_in_use_by_a_live_job_cannot_be_deleted(api):
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    client.post(f"/api/v1/datasets/{dataset['id']}/versions/", {"uri": "s3://b/k"}, format="json")
+    job = client.post("/api/v1/training-jobs/", {"name": "j", "queue": "default", "accelerator_types": ["cpu"],
+                                                 "devices_per_worker": 0, "dataset": "dataset://corpus@1"},
+                      format="json")
+    assert job.status_code == 201, job.json()
+    response = client.delete(f"/api/v1/datasets/{dataset['id']}/")
+    assert response.status_code == 409
+    assert Dataset.objects.filter(pk=dataset["id"]).exists()

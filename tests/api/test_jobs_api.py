@@ -1,0 +1,115 @@
+"""Training jobs through the REST API: submit, validation, list/filter, cancel, delete, timeline."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import TestCase
+
+from jobs.models import TrainingJob
+from tests.conftest import JOB_BODY
+
+
+def submit(client, **overrides):
+    # Run the on-commit callbacks (the enqueue task, eager in tests) as a committed request would.
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        return client.post("/api/v1/training-jobs/", {**JOB_BODY, **overrides}, format="json")
+
+
+def test_submit_records_spec_status_and_queues_the_job(api):
+    response = submit(api("alpha", "member"), priority="standard", checkpoint={"interval_steps": 50})
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["team"] == "alpha" and body["spec"]["queue"] == "default"
+    assert body["spec"]["workers_min"] == 2 and body["spec"]["workers_max"] == 4
+    assert body["spec"]["checkpoint"] == {"interval_steps": 50, "keep_last": 3}
+    assert body["spec"]["priority"] == "standard"
+    # The enqueue task ran after commit (eager in tests): PENDING -> QUEUED with a reason.
+    job = TrainingJob.objects.get(pk=body["id"])
+    assert job.state == "QUEUED" and "waiting in queue default" in job.state_reason
+    events = api("alpha", "viewer").get(f"/api/v1/training-jobs/{job.pk}/events/").json()["results"]
+    assert [(e["from_state"], e["to_state"]) for e in events] == [("", "PENDING"), ("PENDING", "QUEUED")]
+    assert events[0]["actor_label"] == "alpha-member" and events[1]["actor_label"] == "system:queue"
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"queue": "nope"}, "queue"),
+    ({"accelerator_types": ["kunlun-p800"]}, "accelerator_types"),
+    ({"accelerator_types": ["tpu-v9"]}, "accelerator_types"),
+    ({"accelerator_types": []}, "accelerator_types"),
+    ({"accelerator_types": ["nvidia-h100", "nvidia-h100"]}, "accelerator_types"),
+    ({"workers_min": 4, "workers_max": 2}, "workers_max"),
+    ({"workers_min": 0}, "workers_min"),
+    ({"priority": "ultra"}, "priority"),
+    ({"dataset": "dataset://missing@1"}, "dataset"),
+    ({"dataset": "not a ref!"}, "dataset"),
+    ({"trainer": "entrypoint"}, "entrypoint"),
+    ({"trainer": "magic"}, "trainer"),
+    ({"name": "Bad Name"}, "name"),
+    ({"devices_per_worker": 0}, "devices_per_worker"),
+    ({"envs": {"A": {"nested": 1}}}, "envs"),
+    ({"checkpoint": {"interval_steps": 0}}, "checkpoint"),
+    ({"team": "beta"}, "team"),
+])
+def test_bad_submissions_name_the_field_and_write_nothing(api, overrides, field):
+    response = submit(api("alpha", "member"), **overrides)
+    assert response.status_code == 400, response.json()
+    assert field in response.json(), response.json()
+    assert not TrainingJob.objects.exists()
+
+
+def test_quota_error_says_what_the_queue_has(api):
+    body = submit(api("alpha", "member"), accelerator_types=["kunlun-p800"]).json()
+    assert "has no quota for kunlun-p800" in body["accelerator_types"][0]
+    assert "nvidia-h100" in body["accelerator_types"][0]
+
+
+def test_viewer_cannot_submit_or_cancel(api):
+    assert submit(api("alpha", "viewer")).status_code == 403
+    job = submit(api("alpha", "member")).json()
+    assert api("alpha", "viewer").post(f"/api/v1/training-jobs/{job['id']}/cancel/").status_code == 403
+
+
+def test_list_filters_and_ordering(api):
+    client = api("alpha", "member")
+    first = submit(client, name="first").json()
+    submit(client, name="second")
+    client.post(f"/api/v1/training-jobs/{first['id']}/cancel/")
+    names = lambda url: [j["name"] for j in client.get(url).json()["results"]]  # noqa: E731
+    assert names("/api/v1/training-jobs/?state=CANCELLED") == ["first"]
+    assert names("/api/v1/training-jobs/?state=QUEUED") == ["second"]
+    assert names("/api/v1/training-jobs/?ordering=name") == ["first", "second"]
+    assert names("/api/v1/training-jobs/?ordering=-name") == ["second", "first"]
+    assert names("/api/v1/training-jobs/?search=sec") == ["second"]
+    page = client.get("/api/v1/training-jobs/?page_size=1").json()
+    assert page["count"] == 2 and len(page["results"]) == 1 and page["next"]
+    assert client.get("/api/v1/training-jobs/?state=BOGUS").status_code == 400
+
+
+def test_cancel_then_delete(api):
+    client = api("alpha", "member")
+    job = submit(client).json()
+    assert client.delete(f"/api/v1/training-jobs/{job['id']}/").status_code == 409
+    response = client.post(f"/api/v1/training-jobs/{job['id']}/cancel/", {"reason": "wrong data"}, format="json")
+    assert response.status_code == 200 and response.json()["status"]["state"] == "CANCELLED"
+    assert response.json()["status"]["reason"] == "wrong data"
+    assert response.json()["status"]["finished_at"]
+    again = client.post(f"/api/v1/training-jobs/{job['id']}/cancel/")
+    assert again.status_code == 409 and "state" in again.json()
+    assert client.delete(f"/api/v1/training-jobs/{job['id']}/").status_code == 204
+    assert not TrainingJob.objects.exists()
+
+
+def test_cancel_of_a_placed_job_stops_its_gang(api, monkeypatch):
+    from controlplane.compute.base import GangRequest
+    from controlplane.compute.registry import get_compute_backend
+
+    client = api("alpha", "member")
+    job = submit(client, workers_min=1, workers_max=1).json()
+    backend = get_compute_backend()
+    handle = f"job-{job['id']}"
+    assert backend.launch_gang(GangRequest(handle=handle, accelerator_type="nvidia-h100", workers=1,
+                                           devices_per_worker=8)).state == "ready"
+    TrainingJob.objects.filter(pk=job["id"]).update(compute_handle=handle)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        client.post(f"/api/v1/training-jobs/{job['id']}/cancel/")
+    assert backend.observe_gang(handle).state == "stopped"

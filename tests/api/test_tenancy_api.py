@@ -1,0 +1,117 @@
+"""Teams, memberships, API tokens, the audit log and /me through the REST API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from controlplane.tenancy.models import ApiToken, AuditEvent, Membership
+from controlplane.tenancy.services import hash_token
+
+
+def test_anonymous_requests_are_rejected(world):
+    response = APIClient().get("/api/v1/training-jobs/")
+    assert response.status_code in (401, 403)
+
+
+def test_me_lists_teams_and_roles(api):
+    body = api("alpha", "viewer").get("/api/v1/me/").json()
+    assert body["username"] == "alpha-viewer"
+    assert body["teams"] == [{"name": "alpha", "role": "viewer"}]
+    assert body["token_team"] == "alpha"
+
+
+def test_token_is_stored_hashed_shown_once_and_works(api, world):
+    client = api("alpha", "member")
+    response = client.post("/api/v1/api-tokens/", {"name": "ci"}, format="json")
+    assert response.status_code == 201
+    raw = response.json()["token"]
+    token = ApiToken.objects.get(pk=response.json()["id"])
+    assert token.token_hash == hash_token(raw) and raw not in token.token_hash
+    assert "token" not in client.get(f"/api/v1/api-tokens/{token.pk}/").json()
+    fresh = APIClient()
+    fresh.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert fresh.get("/api/v1/me/").status_code == 200
+
+
+def test_revoked_and_expired_tokens_are_refused(api, world):
+    client = api("alpha", "member")
+    raw = client.post("/api/v1/api-tokens/", {"name": "short"}, format="json").json()
+    assert client.post(f"/api/v1/api-tokens/{raw['id']}/revoke/").json()["active"] is False
+    fresh = APIClient()
+    fresh.credentials(HTTP_AUTHORIZATION=f"Bearer {raw['token']}")
+    assert fresh.get("/api/v1/me/").status_code == 401
+    expiring = client.post("/api/v1/api-tokens/", {"name": "exp", "expires_at":
+                           (timezone.now() + timedelta(hours=1)).isoformat()}, format="json").json()
+    ApiToken.objects.filter(pk=expiring["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    fresh.credentials(HTTP_AUTHORIZATION=f"Bearer {expiring['token']}")
+    assert fresh.get("/api/v1/me/").status_code == 401
+    fresh.credentials(HTTP_AUTHORIZATION="Bearer fy_not-a-real-token")
+    assert fresh.get("/api/v1/me/").status_code == 401
+
+
+def test_token_expiry_in_the_past_is_a_field_error(api):
+    response = api("alpha", "member").post("/api/v1/api-tokens/", {
+        "name": "old", "expires_at": (timezone.now() - timedelta(days=1)).isoformat()}, format="json")
+    assert response.status_code == 400 and "expires_at" in response.json()
+
+
+def test_members_see_only_their_own_tokens_admins_see_all(api, world):
+    api("alpha", "member").post("/api/v1/api-tokens/", {"name": "mine"}, format="json")
+    viewer_names = {t["username"] for t in api("alpha", "viewer").get("/api/v1/api-tokens/").json()["results"]}
+    assert viewer_names == {"alpha-viewer"}
+    admin_names = {t["username"] for t in api("alpha", "admin").get("/api/v1/api-tokens/").json()["results"]}
+    assert {"alpha-member", "alpha-viewer", "alpha-admin"} <= admin_names
+
+
+def test_membership_management_needs_admin(api, world):
+    body = {"username": "beta-member", "role": "viewer"}
+    assert api("alpha", "member").post("/api/v1/memberships/", body, format="json").status_code == 403
+    response = api("alpha", "admin").post("/api/v1/memberships/", body, format="json")
+    assert response.status_code == 201 and response.json()["team"] == "alpha"
+    assert Membership.objects.filter(team=world["alpha"]["team"], user__username="beta-member").exists()
+
+
+def test_membership_bad_input_names_the_field(api):
+    client = api("alpha", "admin")
+    response = client.post("/api/v1/memberships/", {"username": "nobody", "role": "viewer"}, format="json")
+    assert response.status_code == 400 and "username" in response.json()
+    response = client.post("/api/v1/memberships/", {"username": "beta-member", "role": "king"}, format="json")
+    assert response.status_code == 400 and "role" in response.json()
+
+
+def test_last_admin_cannot_be_demoted_or_removed(api, world):
+    client = api("alpha", "admin")
+    admin_membership = Membership.objects.get(team=world["alpha"]["team"], role="admin")
+    response = client.patch(f"/api/v1/memberships/{admin_membership.pk}/", {"role": "member"}, format="json")
+    assert response.status_code == 409 and "role" in response.json()
+    assert client.delete(f"/api/v1/memberships/{admin_membership.pk}/").status_code == 409
+    admin_membership.refresh_from_db()
+    assert admin_membership.role == "admin"
+
+
+def test_team_creation_is_for_operators(api, world):
+    assert api("alpha", "admin").post("/api/v1/teams/", {"name": "gamma"}, format="json").status_code == 403
+    response = api("ops").post("/api/v1/teams/", {"name": "gamma"}, format="json")
+    assert response.status_code == 201
+    assert api("ops").post("/api/v1/teams/", {"name": "gamma"}, format="json").status_code == 400
+    response = api("ops").post("/api/v1/teams/", {"name": "Not A Slug!"}, format="json")
+    assert response.status_code == 400 and "name" in response.json()
+
+
+def test_every_write_is_audited(api, world):
+    before = AuditEvent.objects.count()
+    api("alpha", "member").post("/api/v1/datasets/", {"name": "d1"}, format="json")
+    event = AuditEvent.objects.order_by("-id").first()
+    assert AuditEvent.objects.count() > before
+    assert event.action == "dataset.create" and event.actor_label == "alpha-member"
+    listed = api("alpha", "viewer").get("/api/v1/audit-events/?action=dataset.create").json()["results"]
+    assert listed and listed[0]["data"]["name"] == "d1"
+
+
+def test_session_auth_works_for_the_console(world):
+    client = APIClient()
+    assert client.login(username="alpha-admin", password="pw-123456789")
+    assert client.get("/api/v1/me/").json()["token_team"] is None
