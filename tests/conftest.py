@@ -6,6 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from controlplane import celery_app
 from controlplane.cluster.services import accelerator_types_seed
 from controlplane.quotas.services import cluster_queue_create, local_queue_create, priority_class_create
 from controlplane.tenancy.models import Role
@@ -22,7 +23,8 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _isolated_storage(settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "storage"
-    settings.CELERY_TASK_ALWAYS_EAGER = True
+    # Unit and API tests run tasks in-process; tests/integration starts real workers instead.
+    celery_app.conf.task_always_eager = True
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ app.autodiscover_tasks()
 
 def ensure_broker_folders(options: dict) -> None:
     """The embedded file-system broker needs its folders before a worker or producer touches them."""
-    for key in ("data_folder_in", "data_folder_out", "processed_folder"):
+    for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         if options.get(key):
             Path(options[key]).mkdir(parents=True, exist_ok=True)
 

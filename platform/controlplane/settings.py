@@ -79,6 +79,8 @@ def sqlite_database(path: Path) -> dict:
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(path),
+        # A file, not memory, so a real Celery worker started by a test sees the same data.
+        "TEST": {"NAME": str(path.with_name(f"test-{path.stem}-{os.getpid()}.sqlite3"))},
         # Web, Celery worker and beat share the file: WAL lets readers run beside one writer, and
         # IMMEDIATE transactions take the write lock up front instead of failing on upgrade.
         "OPTIONS": {
@@ -235,6 +237,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
     if CELERY_BROKER_URL.startswith("filesystem")

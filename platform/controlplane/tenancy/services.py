@@ -57,9 +57,8 @@ def membership_set(*, actor, team: Team, username: str, role: str) -> Membership
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise ValidationFailed(f"no user named {username!r}", field="username")
-    membership, created = Membership.objects.select_for_update().get_or_create(
-        team=team, user=user, defaults={"role": role}
-    )
+    _lock_team_memberships(team)
+    membership, created = Membership.objects.get_or_create(team=team, user=user, defaults={"role": role})
     if not created and membership.role != role:
         _ensure_an_admin_remains(team=team, leaving=membership, new_role=role)
         membership.role = role
@@ -71,19 +70,24 @@ def membership_set(*, actor, team: Team, username: str, role: str) -> Membership
 
 @transaction.atomic
 def membership_delete(*, actor, membership: Membership) -> None:
+    _lock_team_memberships(membership.team)
+    membership.refresh_from_db()
     _ensure_an_admin_remains(team=membership.team, leaving=membership, new_role=None)
     audit_record(actor=actor, team=membership.team, action="membership.delete", target=membership,
                  data={"username": membership.user.get_username(), "role": membership.role})
     membership.delete()
 
 
+def _lock_team_memberships(team: Team) -> None:
+    """Lock the team's membership rows in id order, so concurrent role changes serialise, deadlock-free."""
+    list(Membership.objects.select_for_update().filter(team=team).order_by("id").values_list("id", flat=True))
+
+
 def _ensure_an_admin_remains(*, team: Team, leaving: Membership, new_role: str | None) -> None:
+    """Caller holds the team's membership locks (see _lock_team_memberships)."""
     if leaving.role != Role.ADMIN or new_role == Role.ADMIN:
         return
-    # Lock the team's admin rows so two concurrent demotions cannot both pass the check.
-    admins = list(
-        Membership.objects.select_for_update().filter(team=team, role=Role.ADMIN).values_list("id", flat=True)
-    )
+    admins = list(Membership.objects.filter(team=team, role=Role.ADMIN).values_list("id", flat=True))
     if admins == [leaving.id]:
         raise ConflictError(f"team {team.name} must keep at least one admin", field="role")
 
