@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from kombu import pools as kombu_pools
 
 from controlplane import celery_app
 from jobs.models import TrainingJob
@@ -92,6 +93,7 @@ def reset_connections() -> None:
         celery_app._pool.force_close_all()
         celery_app._pool = None
     celery_app.amqp._producer_pool = None
+    kombu_pools.reset()  # kombu keeps producer pools per connection URL, process-wide
 
 
 def wait_for_state(job_id: int, state: str, worker, timeout: float = 45.0) -> TrainingJob:

@@ -17,7 +17,9 @@ import pytest
 from controlplane.compute.base import ComputeBackend, GangRequest
 from controlplane.compute.local_cluster import load_running_cluster, node_cpus, start_local_cluster
 
-pytestmark = pytest.mark.ray
+# Every test here may touch the database, so pytest-django keeps them in file order (it runs database
+# tests before the others); the node-killing test must stay last.
+pytestmark = [pytest.mark.ray, pytest.mark.django_db]
 
 H100 = "accel:nvidia-h100"
 A100 = "accel:nvidia-a100"
@@ -173,9 +175,32 @@ def test_second_start_reuses_the_running_cluster(ray_cluster, topology):
     assert time.monotonic() - started < 2.0
 
 
-def test_zz_killed_node_is_seen_dead_within_seconds(ray_backend, ray_cluster):
+def test_node_reconciler_records_every_ray_node(ray_backend, topology):
+    """The beat task's service turns what Ray reports into Node rows, marked simulated."""
+    from controlplane.cluster.models import Node
+    from controlplane.cluster.services import nodes_sync
+    from controlplane.demo import load_demo
+
+    load_demo(topology=topology)
+    result = nodes_sync(observed=ray_backend.list_nodes())
+    assert result["observed"] == len(topology.node_specs()) and result["unknown_pool"] == 0
+    nodes = {node.name: node for node in Node.objects.select_related("pool")}
+    assert set(nodes) == {spec.name for spec in topology.node_specs()}
+    h100 = nodes["h100-pool-0"]
+    assert (h100.pool.name, h100.capacity_devices, h100.simulated, h100.health) == ("h100-pool", 8.0, True, "healthy")
+    assert nodes["cpu-pool-0"].simulated is False and nodes["cpu-pool-0"].capacity_cpus == 2.0
+    assert nodes["a100-pool-1"].leaf_group == "lg-a100-b" and nodes["a100-pool-1"].ray_node_id
+
+
+def test_zz_killed_node_is_seen_dead_within_seconds(ray_backend, ray_cluster, topology):
+    from controlplane.cluster.models import Node
+    from controlplane.cluster.services import nodes_sync
+    from controlplane.demo import load_demo
+
     victim = "p800-pool-0"
     assert {n.name: n.alive for n in ray_backend.list_nodes()}[victim]
+    load_demo(topology=topology)
+    nodes_sync(observed=ray_backend.list_nodes())  # the reconciler saw it alive once
     killed_at = time.monotonic()
     ray_cluster.kill_node(victim)
     dead = wait_for(lambda: not {n.name: n.alive for n in ray_backend.list_nodes()}[victim],
@@ -185,3 +210,8 @@ def test_zz_killed_node_is_seen_dead_within_seconds(ray_backend, ray_cluster):
     dead_node = {n.name: n for n in ray_backend.list_nodes()}[victim]
     assert not any(dead_node.free.values())  # a dead node offers nothing (Ray reports no resources)
     assert load_running_cluster(state_dir=ray_cluster.state_dir) is None  # half dead: not reusable
+    # The node reconciler records it as unreachable, keeping its last known capacity.
+    nodes_sync(observed=ray_backend.list_nodes())
+    node = Node.objects.get(name=victim)
+    assert (node.health, node.free_devices, node.capacity_devices) == ("unreachable", 0.0, 8.0)
+    assert Node.objects.exclude(name=victim).filter(health="healthy").count() == len(topology.node_specs()) - 1

@@ -93,6 +93,9 @@ def nodes_sync(*, observed: list[ObservedNode]) -> dict[str, int]:
         }
         if item.alive:
             values["last_seen_at"] = now
+        else:  # a dead node reports no resources: keep the last known capacity for the record
+            for key in ("capacity_devices", "capacity_cpus"):
+                values.pop(key)
         node = existing.get(item.name)
         if node is None:
             Node.objects.create(name=item.name, **values)

@@ -94,11 +94,12 @@ class LocalCluster:
 
     def kill_node(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Fault injection: kill one node's whole process group (raylet, agents, workers)."""
-        _signal_group(self.pids[name], sig)
+        if self.pids[name] in _trusted_groups(self):
+            _signal_group(self.pids[name], sig)
 
     def processes(self) -> set[int]:
         """Pids of every live (non-zombie) process of this cluster; empty once it is stopped."""
-        return {p for p in _cluster_processes(self, list(self.pids.values())) if _alive(p)}
+        return {p for p in _cluster_processes(self) if _alive(p)}
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -206,27 +207,26 @@ def _stop_locked(state_dir: Path) -> bool:
     cluster = _load_state(Path(state_dir))
     if cluster is None:
         return False
-    order = [name for name in cluster.pids if name != HEAD_NAME] + [HEAD_NAME]
-    leaders = [cluster.pids[name] for name in order if name in cluster.pids]
-    targets = _cluster_processes(cluster, leaders)
-    for pid in leaders:
-        _signal_group(pid, signal.SIGTERM)
+    groups = _trusted_groups(cluster)
+    targets = _cluster_processes(cluster)
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGTERM)
     for pid in targets:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(_alive(p) for p in targets | set(leaders)):
+    while time.monotonic() < deadline and any(_alive(p) for p in targets):
         time.sleep(0.1)
     # Kill whatever is left, including processes started while we waited.
     for _ in range(3):
-        left = {p for p in _cluster_processes(cluster, leaders) if _alive(p)}
+        left = {p for p in _cluster_processes(cluster) if _alive(p)}
         if not left:
             break
-        for pid in leaders:
-            _signal_group(pid, signal.SIGKILL)
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGKILL)
         for pid in left:
             _signal(pid, signal.SIGKILL)
         time.sleep(0.2)
-    left = {p for p in _cluster_processes(cluster, leaders) if _alive(p)}
+    left = {p for p in _cluster_processes(cluster) if _alive(p)}
     if left:
         raise LocalClusterError(f"Ray processes survived SIGKILL: {sorted(left)}")
     if cluster.temp_dir.name.startswith("fy-ray-"):
@@ -422,9 +422,20 @@ def _all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _cluster_processes(cluster: LocalCluster, leaders: list[int]) -> set[int]:
-    """Node leaders, their process groups and descendants, and anything naming our temp dir."""
-    leader_set = set(leaders)
+def _trusted_groups(cluster: LocalCluster) -> set[int]:
+    """Process groups (= leader pids) still ours: the leader is the process we started, or it is
+    gone (Linux does not hand out a pid again while a process group still uses it as its id)."""
+    trusted = set()
+    for name, pid in cluster.pids.items():
+        ticks = _start_ticks(pid)
+        if ticks == 0 or ticks == cluster.start_ticks.get(name, ticks):
+            trusted.add(pid)
+    return trusted
+
+
+def _cluster_processes(cluster: LocalCluster) -> set[int]:
+    """Our node processes, their process groups and descendants, and anything naming our temp dir."""
+    leader_set = _trusted_groups(cluster)
     marker = str(cluster.temp_dir).encode()
     parents: dict[int, int] = {}
     found: set[int] = set()
