@@ -9,6 +9,7 @@ cluster by process id. Any child that dies takes the rest down with a message sa
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -121,6 +122,7 @@ def run(*, host: str, port: int, with_ray: bool) -> int:
     def request_stop(signum, frame):
         stopping["flag"] = True
 
+    pid_file = data_dir / "processes.json"  # what this run started, by pid (each leads its own group)
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
@@ -132,6 +134,7 @@ def run(*, host: str, port: int, with_ray: bool) -> int:
         children.append(spawn("web", [str(bin_dir / "gunicorn"), "controlplane.wsgi:application",
                                       f"--bind={host}:{port}", "--workers=2", "--threads=4", "--timeout=120",
                                       "--access-logfile=-"], env, log_dir))
+        pid_file.write_text(json.dumps({child.name: child.process.pid for child in children}))
         url = f"http://{host}:{port}/"
         if not wait_for_http(url + "healthz", 60, children[-1]):
             say(f"the web server did not start; see {children[-1].log_path}")
@@ -151,6 +154,7 @@ def run(*, host: str, port: int, with_ray: bool) -> int:
     finally:
         say("stopping web, beat and worker ...")
         stop_children(list(reversed(children)))
+        pid_file.unlink(missing_ok=True)
         if with_ray:
             say("stopping the Ray cluster ...")
             stop_local_cluster(state_dir=ray_state)

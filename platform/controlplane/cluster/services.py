@@ -98,16 +98,24 @@ def nodes_sync(*, observed: list[ObservedNode]) -> dict[str, int]:
                 values.pop(key)
         node = existing.get(item.name)
         if node is None:
-            Node.objects.create(name=item.name, **values)
+            node = Node.objects.create(name=item.name, **values)
+            audit_record(actor=None, team=None, action="node.discover", target=node, system="reconciler",
+                         data={"pool": pool.name, "alive": item.alive, "ray_node_id": item.node_id})
             changed += 1
         elif any(getattr(node, key) != value for key, value in values.items() if key != "last_seen_at") \
                 or item.alive:
+            if node.health != values["health"]:
+                audit_record(actor=None, team=None, action=f"node.{values['health']}", target=node,
+                             system="reconciler", data={"was": node.health})
             for key, value in values.items():
                 setattr(node, key, value)
             node.save()
             changed += 1
         seen.add(item.name)
-    gone = [node.pk for name, node in existing.items()
-            if name not in seen and node.health != NodeHealth.UNREACHABLE]
+    gone = [node for name, node in existing.items() if name not in seen and node.health != NodeHealth.UNREACHABLE]
+    for node in gone:
+        audit_record(actor=None, team=None, action="node.unreachable", target=node, system="reconciler",
+                     data={"was": node.health, "why": "no longer reported by the cluster"})
+    gone = [node.pk for node in gone]
     Node.objects.filter(pk__in=gone).update(health=NodeHealth.UNREACHABLE, free_devices=0, free_cpus=0)
     return {"observed": len(observed), "updated": changed, "lost": len(gone), "unknown_pool": unknown_pool}

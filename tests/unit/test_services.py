@@ -1,0 +1,96 @@
+"""Services and selectors below the API: references, tokens, transitions, node sync, demo loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.cluster.models import Node
+from controlplane.cluster.services import nodes_sync
+from controlplane.common.errors import InvalidTransition, ValidationFailed
+from controlplane.common.lifecycle import transition
+from controlplane.common.references import resolve_dataset_version
+from controlplane.compute.memory import InMemoryComputeBackend
+from controlplane.compute.topology import load_topology
+from controlplane.datasets.services import dataset_create, dataset_version_register
+from controlplane.demo import load_demo
+from controlplane.quotas.models import ClusterQueue, LocalQueue
+from controlplane.tenancy.models import AuditEvent
+from controlplane.tenancy.services import api_token_authenticate, api_token_create, api_token_revoke
+from jobs.models import TrainingJob, TrainingJobEvent
+from jobs.services import training_job_create, training_job_enqueue
+
+
+def test_dataset_references(world):
+    alpha = world["alpha"]
+    dataset = dataset_create(actor=alpha["admin"], team=alpha["team"], name="corpus")
+    for _ in range(3):
+        dataset_version_register(actor=alpha["admin"], dataset=dataset, uri="s3://b/k")
+    team = alpha["team"]
+    assert resolve_dataset_version(team=team, reference="dataset://corpus@2").version == 2
+    assert resolve_dataset_version(team=team, reference="corpus@latest").version == 3
+    assert resolve_dataset_version(team=team, reference="corpus").version == 3
+    assert resolve_dataset_version(team=team, reference="") is None
+    for bad in ("corpus@9", "other@1", "dataset://Corpus@1", "corpus@x"):
+        with pytest.raises(ValidationFailed):
+            resolve_dataset_version(team=team, reference=bad)
+    with pytest.raises(ValidationFailed):  # another team's dataset of the same name is invisible
+        resolve_dataset_version(team=world["beta"]["team"], reference="corpus@1")
+
+
+def test_token_authentication_service(world):
+    alpha = world["alpha"]
+    token, raw = api_token_create(actor=alpha["member"], team=alpha["team"], user=alpha["member"], name="t")
+    assert api_token_authenticate(raw=raw) == token
+    assert api_token_authenticate(raw=raw + "x") is None and api_token_authenticate(raw="nope") is None
+    alpha["member"].is_active = False
+    alpha["member"].save()
+    assert api_token_authenticate(raw=raw) is None
+    api_token_revoke(actor=alpha["admin"], token=token)
+    assert AuditEvent.objects.filter(action="api_token.revoke", target_id=str(token.pk)).count() == 1
+    with pytest.raises(ValidationFailed, match="not a member"):
+        api_token_create(actor=alpha["admin"], team=alpha["team"], user=world["beta"]["member"], name="x")
+
+
+def test_transition_checks_the_table_and_records_everything(world):
+    alpha = world["alpha"]
+    job = training_job_create(actor=alpha["member"], team=alpha["team"], name="j", local_queue=alpha["queue"],
+                              accelerator_types=["cpu"], devices_per_worker=0)
+    with pytest.raises(InvalidTransition):
+        transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to="RUNNING", reason="x")
+    assert TrainingJob.objects.get(pk=job.pk).state == "PENDING"
+    assert training_job_enqueue(job_id=job.pk).state == "QUEUED"
+    assert training_job_enqueue(job_id=job.pk).state == "QUEUED"  # idempotent: a second run changes nothing
+    assert job.events.filter(to_state="QUEUED").count() == 1
+    assert training_job_enqueue(job_id=999999) is None
+    assert AuditEvent.objects.filter(action="trainingjob.transition", target_id=str(job.pk)).count() == 2
+
+
+def test_nodes_sync_is_idempotent_and_marks_lost_nodes(world, settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    load_demo()
+    backend = InMemoryComputeBackend.from_topology(load_topology())
+    first = nodes_sync(observed=backend.list_nodes())
+    assert first["observed"] == 6 and first["unknown_pool"] == 0
+    assert Node.objects.count() == 6
+    nodes_sync(observed=backend.list_nodes())
+    assert Node.objects.count() == 6
+    remaining = [node for node in backend.list_nodes() if node.name != "h100-pool-1"]
+    assert nodes_sync(observed=remaining)["lost"] == 1
+    lost = Node.objects.get(name="h100-pool-1")
+    assert (lost.health, lost.free_devices, lost.capacity_devices) == ("unreachable", 0.0, 8.0)
+    assert AuditEvent.objects.filter(action="node.discover").count() == 6
+    assert AuditEvent.objects.filter(action="node.unreachable", actor_label="system:reconciler").count() == 1
+    nodes_sync(observed=backend.list_nodes())  # it comes back
+    assert AuditEvent.objects.filter(action="node.healthy", target_id=str(lost.pk)).count() == 1
+
+
+def test_demo_loader_is_idempotent(db, settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    first = load_demo()
+    counts = (ClusterQueue.objects.count(), LocalQueue.objects.count(), AuditEvent.objects.count())
+    second = load_demo()
+    assert first == second
+    assert counts == (ClusterQueue.objects.count(), LocalQueue.objects.count(), AuditEvent.objects.count())
+    from django.contrib.auth import authenticate
+
+    assert authenticate(username=first.username, password=first.password) is not None
