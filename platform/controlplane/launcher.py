@@ -9,6 +9,8 @@ cluster by process id. Any child that dies takes the rest down with a message sa
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import signal
@@ -47,18 +49,32 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the launcher dies, even by SIGKILL, so nothing is orphaned."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: Ctrl-C still stops everything through stop_children
+        pass
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def spawn(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Child:
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
     process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+                               stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
     return Child(name=name, process=process, log_path=log_path)
 
 
 def stop_children(children: list[Child], timeout: float = 15.0) -> None:
+    """SIGTERM each leader (a warm shutdown: Celery and gunicorn stop their own pools), then sweep
+    each process group with SIGKILL so nothing it spawned outlives it."""
     for child in children:
         if child.process.poll() is None:
-            _signal_group(child.process.pid, signal.SIGTERM)
+            child.process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for child in children:
         remaining = max(0.1, deadline - time.monotonic())
@@ -111,7 +127,7 @@ def run(*, host: str, port: int, with_ray: bool) -> int:
         say(f"starting the local Ray cluster: head + {len(topology.node_specs())} nodes "
             f"({', '.join(f'{p.nodes}x {p.accelerator_type}' for p in topology.pools)}); "
             "accelerators are SIMULATED on this CPU host")
-        cluster = start_local_cluster(topology=topology, state_dir=ray_state)
+        cluster = start_local_cluster(topology=topology, state_dir=ray_state, fate_share=True)
         extra = {"FLEETYARD_COMPUTE_BACKEND": "ray", "RAY_ADDRESS": cluster.address, **cluster.client_env()}
         say(f"Ray cluster at {cluster.address}")
     env = child_env(extra)
