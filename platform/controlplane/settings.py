@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "controlplane.tenancy",
     "controlplane.cluster",
@@ -220,6 +221,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "TrainingJobStateEnum": "jobs.states.JobState",
         "DeploymentStateEnum": "inference.states.DeploymentState",
@@ -249,6 +253,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Keep the real stdout/stderr in workers: ray.init needs their file descriptors (Celery's logging
+# proxy has none, and connecting to Ray from a task failed with "no attribute 'fileno'").
+CELERY_WORKER_REDIRECT_STDOUTS = False
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 FLEETYARD_NODE_SYNC_SECONDS = env_int("FLEETYARD_NODE_SYNC_SECONDS", 10)

@@ -1,0 +1,92 @@
+"""Starts a real Celery worker process for integration tests, on the file-system broker or Redis,
+against the test database, and stops it by process group afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from kombu import pools as kombu_pools
+
+from controlplane import celery_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def redis_available() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def database_url() -> str:
+    params = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite://{params['NAME']}"
+    return f"postgres://{params['USER']}:{params['PASSWORD']}@{params['HOST'] or '127.0.0.1'}:" \
+           f"{params['PORT'] or 5432}/{params['NAME']}"
+
+
+def reset_connections() -> None:
+    """Drop pooled broker connections so the next publish uses the broker configured now."""
+    if celery_app._pool is not None:
+        celery_app._pool.force_close_all()
+        celery_app._pool = None
+    celery_app.amqp._producer_pool = None
+    kombu_pools.reset()  # kombu keeps producer pools per connection URL, process-wide
+
+
+@contextlib.contextmanager
+def running_worker(tmp_path: Path, broker_kind: str, *, extra_env: dict[str, str] | None = None,
+                   pool: str = "solo"):
+    """A `celery worker` process on `broker_kind` ("filesystem" or "redis"); this process publishes to it."""
+    if broker_kind == "redis":
+        if not redis_available():
+            pytest.skip("Redis is not running on 127.0.0.1:6379 (CI starts it)")
+        broker = "redis://127.0.0.1:6379/15"
+        options = {}
+    else:
+        broker = "filesystem://"
+        # The same folders the worker derives from FLEETYARD_DATA_DIR (see settings.py).
+        folder = tmp_path / "broker" / "queue"
+        options = {"data_folder_in": str(folder), "data_folder_out": str(folder),
+                   "processed_folder": str(tmp_path / "broker" / "processed"), "store_processed": False,
+                   "control_folder": str(tmp_path / "broker" / "control")}
+    env = dict(os.environ, FLEETYARD_DATABASE_URL=database_url(), CELERY_BROKER_URL=broker,
+               FLEETYARD_DATA_DIR=str(tmp_path), CELERY_TASK_ALWAYS_EAGER="false",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "platform")]), **(extra_env or {}))
+    log_path = tmp_path / "worker.log"
+    log = open(log_path, "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", f"--pool={pool}", "--concurrency=1",
+         "--loglevel=INFO", f"--hostname=test-{broker_kind}@%h"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    saved = {key: celery_app.conf[key] for key in ("broker_url", "broker_transport_options", "task_always_eager")}
+    celery_app.conf.update(broker_url=broker, broker_transport_options=options, task_always_eager=False)
+    if options:
+        from controlplane.celery import ensure_broker_folders
+
+        ensure_broker_folders(options)
+    reset_connections()
+    try:
+        yield {"process": process, "log": log_path, "broker": broker_kind}
+    finally:
+        celery_app.conf.update(**saved)
+        reset_connections()
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+        log.close()
