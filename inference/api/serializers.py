@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.api import StrictInputSerializer
 from inference.models import Deployment, DeploymentEvent, DeploymentRevision
 from inference.states import DeploymentState
 
 
-class SlaSerializer(serializers.Serializer):
+class SlaSerializer(StrictInputSerializer):
     ttft_p95_ms = serializers.IntegerField(min_value=1, max_value=3_600_000)
     tpot_p95_ms = serializers.IntegerField(min_value=1, max_value=600_000)
     min_throughput_tps = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
 
 
-class DeploymentCreateSerializer(serializers.Serializer):
+class DeploymentCreateSerializer(StrictInputSerializer):
     team = serializers.CharField(required=False, allow_blank=True)
     name = serializers.SlugField(max_length=63)
     queue = serializers.SlugField(max_length=63)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.api import StrictInputSerializer
 from jobs.models import Trainer, TrainingJob, TrainingJobEvent
 from jobs.states import JobState
 
 
-class CheckpointPolicySerializer(serializers.Serializer):
+class CheckpointPolicySerializer(StrictInputSerializer):
     interval_steps = serializers.IntegerField(min_value=1, default=100)
     keep_last = serializers.IntegerField(min_value=1, max_value=1000, default=3)
 
 
-class TrainingJobCreateSerializer(serializers.Serializer):
+class TrainingJobCreateSerializer(StrictInputSerializer):
     team = serializers.CharField(required=False, allow_blank=True)
     name = serializers.SlugField(max_length=63)
     queue = serializers.SlugField(max_length=63, help_text="a LocalQueue of the team")
@@ -83,5 +84,5 @@ class TrainingJobEventSerializer(serializers.ModelSerializer):
         fields = ["id", "from_state", "to_state", "reason", "actor_label", "data", "created_at"]
 
 
-class CancelSerializer(serializers.Serializer):
+class CancelSerializer(StrictInputSerializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")

@@ -113,3 +113,20 @@ def test_cancel_of_a_placed_job_stops_its_gang(api, monkeypatch):
     with TestCase.captureOnCommitCallbacks(execute=True):
         client.post(f"/api/v1/training-jobs/{job['id']}/cancel/")
     assert backend.observe_gang(handle).state == "stopped"
+
+
+def test_unknown_fields_are_rejected_by_name(api):
+    response = submit(api("alpha", "member"), worker_max=4)
+    assert response.status_code == 400
+    body = response.json()
+    assert "worker_max" in body and "unknown field" in body["worker_max"][0]
+    nested = submit(api("alpha", "member"), checkpoint={"every": 10})
+    assert nested.status_code == 400 and "every" in nested.json()["checkpoint"]
+    assert not TrainingJob.objects.exists()
+
+
+def test_non_object_and_malformed_bodies_are_4xx(api):
+    client = api("alpha", "member")
+    assert client.post("/api/v1/training-jobs/", [1, 2], format="json").status_code == 400
+    response = client.post("/api/v1/training-jobs/", "{not json", content_type="application/json")
+    assert response.status_code == 400 and "detail" in response.json()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -29,3 +29,18 @@ def exception_handler(exc, context):
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     return drf_exception_handler(exc, context)
+
+
+class StrictInputSerializer(serializers.Serializer):
+    """An input serializer that rejects fields it does not know, so a typo (`worker_max`) is a 400
+    naming the field instead of a silently ignored setting."""
+
+    def to_internal_value(self, data):
+        if hasattr(data, "keys"):
+            unknown = sorted(set(data.keys()) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: [f"unknown field; expected one of: {', '.join(sorted(self.fields))}"]
+                     for name in unknown}
+                )
+        return super().to_internal_value(data)

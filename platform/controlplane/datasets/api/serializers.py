@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.api import StrictInputSerializer
 from controlplane.datasets.models import Dataset, DatasetFormat, DatasetVersion
 
 
@@ -17,7 +18,7 @@ class DatasetSerializer(serializers.ModelSerializer):
         fields = ["id", "team", "name", "description", "version_count", "latest_version", "created_at"]
 
 
-class DatasetCreateSerializer(serializers.Serializer):
+class DatasetCreateSerializer(StrictInputSerializer):
     team = serializers.CharField(required=False, allow_blank=True)
     name = serializers.SlugField(max_length=63)
     description = serializers.CharField(required=False, allow_blank=True, default="")
@@ -37,7 +38,7 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
         return f"dataset://{obj.dataset.name}@{obj.version}"
 
 
-class DatasetVersionRegisterSerializer(serializers.Serializer):
+class DatasetVersionRegisterSerializer(StrictInputSerializer):
     """Register by URI (JSON), or upload a file (multipart with `file`)."""
 
     uri = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")

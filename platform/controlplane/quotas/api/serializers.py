@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.api import StrictInputSerializer
 from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
 
 
@@ -15,7 +16,7 @@ class ResourceQuotaSerializer(serializers.ModelSerializer):
         fields = ["accelerator_type", "nominal_quota", "borrowing_limit", "lending_limit"]
 
 
-class ResourceQuotaInputSerializer(serializers.Serializer):
+class ResourceQuotaInputSerializer(StrictInputSerializer):
     accelerator_type = serializers.CharField()
     nominal_quota = serializers.FloatField(min_value=0)
     borrowing_limit = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
@@ -31,14 +32,14 @@ class ClusterQueueSerializer(serializers.ModelSerializer):
                   "quotas", "created_at"]
 
 
-class ClusterQueueWriteSerializer(serializers.Serializer):
+class ClusterQueueWriteSerializer(StrictInputSerializer):
     name = serializers.SlugField(max_length=63)
     cohort = serializers.SlugField(max_length=63, required=False, allow_blank=True, default="")
     description = serializers.CharField(required=False, allow_blank=True, default="")
     quotas = ResourceQuotaInputSerializer(many=True, required=False, default=list)
 
 
-class ClusterQueueUpdateSerializer(serializers.Serializer):
+class ClusterQueueUpdateSerializer(StrictInputSerializer):
     cohort = serializers.SlugField(max_length=63, required=False, allow_blank=True)
     description = serializers.CharField(required=False, allow_blank=True)
     quotas = ResourceQuotaInputSerializer(many=True, required=False)
@@ -53,7 +54,7 @@ class LocalQueueSerializer(serializers.ModelSerializer):
         fields = ["id", "team", "name", "cluster_queue", "created_at"]
 
 
-class LocalQueueWriteSerializer(serializers.Serializer):
+class LocalQueueWriteSerializer(StrictInputSerializer):
     team = serializers.CharField(required=False, allow_blank=True)
     name = serializers.SlugField(max_length=63)
     cluster_queue = serializers.SlugRelatedField(slug_field="name", queryset=ClusterQueue.objects.all())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlplane.common.api import StrictInputSerializer
 from controlplane.tenancy.models import ApiToken, AuditEvent, Membership, Role, Team
 
 
@@ -14,7 +15,7 @@ class TeamSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
-class TeamCreateSerializer(serializers.Serializer):
+class TeamCreateSerializer(StrictInputSerializer):
     name = serializers.SlugField(max_length=63)
     display_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
@@ -28,13 +29,13 @@ class MembershipSerializer(serializers.ModelSerializer):
         fields = ["id", "team", "username", "role", "created_at"]
 
 
-class MembershipWriteSerializer(serializers.Serializer):
+class MembershipWriteSerializer(StrictInputSerializer):
     team = serializers.CharField(required=False, allow_blank=True)
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Role.choices)
 
 
-class MembershipRoleSerializer(serializers.Serializer):
+class MembershipRoleSerializer(StrictInputSerializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
@@ -52,7 +53,7 @@ class ApiTokenSerializer(serializers.ModelSerializer):
         return obj.is_active()
 
 
-class ApiTokenCreateSerializer(serializers.Serializer):
+class ApiTokenCreateSerializer(StrictInputSerializer):
     team = serializers.CharField(required=False, allow_blank=True)
     name = serializers.CharField(max_length=100)
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
