@@ -72,6 +72,9 @@ def running_worker(tmp_path: Path, broker_kind: str, *, extra_env: dict[str, str
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     saved = {key: celery_app.conf[key] for key in ("broker_url", "broker_transport_options", "task_always_eager")}
+    # Celery reads CELERY_BROKER_URL from the environment before its configuration (CI sets it).
+    saved_env = os.environ.get("CELERY_BROKER_URL")
+    os.environ["CELERY_BROKER_URL"] = broker
     celery_app.conf.update(broker_url=broker, broker_transport_options=options, task_always_eager=False)
     if options:
         from controlplane.celery import ensure_broker_folders
@@ -82,6 +85,10 @@ def running_worker(tmp_path: Path, broker_kind: str, *, extra_env: dict[str, str
         yield {"process": process, "log": log_path, "broker": broker_kind}
     finally:
         celery_app.conf.update(**saved)
+        if saved_env is None:
+            os.environ.pop("CELERY_BROKER_URL", None)
+        else:
+            os.environ["CELERY_BROKER_URL"] = saved_env
         reset_connections()
         process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
