@@ -1,0 +1,84 @@
+"""Quota accounting for ClusterQueues in cohorts, in Kueue's terms.
+
+A queue may always use its nominal quota. Beyond it, it borrows: at most `borrowing_limit` more, and
+only from what the other queues of its cohort have idle and lend (each keeps
+`nominal - lending_limit` of its idle quota for itself). Usage changes here only through `add`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from controlplane.scheduling.model import ClusterQueueSpec, Quota
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    ok: bool
+    borrowed: float
+    reason: str
+
+
+class QuotaLedger:
+    def __init__(self, queues: Iterable[ClusterQueueSpec]):
+        self.queues = {queue.name: queue for queue in queues}
+        self.usage: dict[tuple[str, str], float] = defaultdict(float)
+        self.cohorts: dict[str, list[str]] = defaultdict(list)
+        for queue in self.queues.values():
+            if queue.cohort:
+                self.cohorts[queue.cohort].append(queue.name)
+
+    def quota(self, queue: str, accelerator_type: str) -> Quota:
+        return self.queues[queue].quotas.get(accelerator_type, Quota(nominal=0.0, borrowing_limit=0.0))
+
+    def add(self, queue: str, accelerator_type: str, amount: float) -> None:
+        self.usage[(queue, accelerator_type)] += amount
+
+    def members(self, queue: str) -> list[str]:
+        cohort = self.queues[queue].cohort
+        return self.cohorts[cohort] if cohort else [queue]
+
+    def borrowed(self, queue: str, accelerator_type: str) -> float:
+        return max(0.0, self.usage[(queue, accelerator_type)] - self.quota(queue, accelerator_type).nominal)
+
+    def cohort_room(self, queue: str, accelerator_type: str) -> float:
+        """How much more `queue` may use in its cohort now: the cohort's unused nominal quota, less the
+        idle part each other member keeps for itself (`nominal - lending_limit`)."""
+        members = self.members(queue)
+        room = sum(self.quota(m, accelerator_type).nominal - self.usage[(m, accelerator_type)] for m in members)
+        for other in members:
+            if other == queue:
+                continue
+            quota = self.quota(other, accelerator_type)
+            if quota.lending_limit is not None:
+                idle = max(0.0, quota.nominal - self.usage[(other, accelerator_type)])
+                room -= min(idle, max(0.0, quota.nominal - quota.lending_limit))
+        return max(0.0, room)
+
+    def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
+        quota = self.quota(queue, accelerator_type)
+        used = self.usage[(queue, accelerator_type)]
+        if used + amount <= quota.nominal + EPS:
+            # Within nominal, unless others borrowed that idle quota: then it must be reclaimed first
+            # (by preemption), or a preemptor holding it would lose it to a third workload.
+            members = self.members(queue)
+            cohort_used = sum(self.usage[(member, accelerator_type)] for member in members)
+            cohort_nominal = sum(self.quota(member, accelerator_type).nominal for member in members)
+            if cohort_used + amount > cohort_nominal + EPS:
+                return QuotaCheck(False, 0.0, f"{queue}'s idle {accelerator_type} quota is lent to its cohort; "
+                                              "it must be reclaimed first")
+            return QuotaCheck(True, 0.0, "within nominal quota")
+        need = used + amount - max(quota.nominal, used)  # the part beyond nominal still to borrow
+        if quota.borrowing_limit is not None and used + amount > quota.nominal + quota.borrowing_limit + EPS:
+            return QuotaCheck(False, 0.0, f"{queue} would exceed its {accelerator_type} quota: uses {used:g} of "
+                                          f"{quota.nominal:g} nominal + {quota.borrowing_limit:g} borrowing")
+        room = self.cohort_room(queue, accelerator_type)
+        if room + EPS < amount:
+            lendable = max(0.0, room - max(0.0, quota.nominal - used))
+            return QuotaCheck(False, 0.0, f"{queue} needs to borrow {need:g} {accelerator_type} but its cohort "
+                                          f"lends only {lendable:g} now")
+        return QuotaCheck(True, need, f"borrows {need:g} {accelerator_type} from its cohort")

@@ -1,0 +1,319 @@
+"""The scheduling core: behaviour on small hand-made clusters, and its invariants under hypothesis.
+
+Invariants (issue 3): usage never exceeds nominal + borrowing; no device over-committed; gangs all
+or none; preemption only when it makes the preemptor fit, each victim once; same input, same
+decisions.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
+from controlplane.scheduling.scheduler import schedule
+
+H100, A100 = "nvidia-h100", "nvidia-a100"
+
+
+def nodes(accelerator_type=H100, count=4, devices=8, per_group=2, prefix="h"):
+    return tuple(NodeSpec(f"{prefix}{i}", f"{accelerator_type}-pool", accelerator_type, f"{prefix}-lg{i // per_group}",
+                          devices) for i in range(count))
+
+
+def queue(name, cohort="all", **quotas):
+    return ClusterQueueSpec(name, {t.replace("_", "-"): q for t, q in quotas.items()}, cohort)
+
+
+def job(name, queue="a", types=(H100,), devices=8, workers=1, workers_max=None, priority=0, arrival=0.0, **kw):
+    return Workload(name, queue, tuple(types), devices, workers, workers_max or workers, priority, arrival, **kw)
+
+
+def running_from(snapshot, result, extra=()):
+    """The running set after applying a cycle's admissions (victims and reservations aside)."""
+    admitted = {a.workload_id: a for a in result.admitted}
+    by_id = {w.id: w for w in snapshot.pending}
+    return tuple(snapshot.running) + tuple(
+        Running(by_id[a.workload_id], a.accelerator_type, a.workers) for a in admitted.values()) + tuple(extra)
+
+
+# ------------------------------------------------------------------------------------ behaviour
+
+
+def test_gang_is_all_or_none_and_packed_into_one_leaf_group():
+    snap = Snapshot(nodes(count=4), (queue("a", nvidia_h100=Quota(64)),),
+                    pending=(job("two", workers=2), job("five", workers=5, arrival=1)))
+    result = schedule(snap)
+    assert [a.workload_id for a in result.admitted] == ["two"]
+    two = result.admitted[0]
+    assert len({w.node for w in two.workers}) == 2 and "leaf group(s) h-lg0" in two.reason
+    assert result.waiting[0].workload_id == "five" and "needs 5 x 8" in result.waiting[0].reason
+
+
+def test_backfill_lets_small_jobs_pass_a_blocked_head_which_keeps_a_reservation():
+    busy = Running(job("busy", workers=2), H100, ())
+    snap_nodes = nodes(count=4)
+    # busy occupies h0 and h1 entirely
+    from controlplane.scheduling.placement import WorkerPlacement
+
+    busy = Running(busy.workload, H100, tuple(WorkerPlacement(f"h{i}", tuple((d, 1.0) for d in range(8)))
+                                               for i in range(2)))
+    snap = Snapshot(snap_nodes, (queue("a", nvidia_h100=Quota(64)),), running=(busy,),
+                    pending=(job("head", workers=3, arrival=0), job("small", devices=4, arrival=1),
+                             job("later-big", workers=2, arrival=2)))
+    result = schedule(snap)
+    waiting = {w.workload_id: w for w in result.waiting}
+    assert waiting["head"].reserved and "reservation" in waiting["head"].reason
+    # the head reserved the 16 free devices, so nothing else may start on them
+    assert [a.workload_id for a in result.admitted] == []
+    assert not waiting["later-big"].reserved
+
+
+def test_small_job_backfills_capacity_the_head_cannot_use():
+    from controlplane.scheduling.placement import WorkerPlacement
+
+    busy = Running(job("busy", workers=2), H100, tuple(WorkerPlacement(f"h{i}", tuple((d, 1.0) for d in range(8)))
+                                                       for i in range(2)))
+    snap = Snapshot(nodes(count=4) + nodes(A100, count=1, prefix="a"),
+                    (queue("a", nvidia_h100=Quota(64), nvidia_a100=Quota(8)),), running=(busy,),
+                    pending=(job("head", workers=3), job("small", types=(A100,), devices=2, arrival=1)))
+    result = schedule(snap)
+    assert [a.workload_id for a in result.admitted] == ["small"]
+    assert result.waiting[0].workload_id == "head" and result.waiting[0].reserved
+
+
+def test_a_workload_that_can_never_fit_reserves_nothing():
+    snap = Snapshot(nodes(count=2), (queue("a", nvidia_h100=Quota(64)),),
+                    pending=(job("head", workers=3), job("small", devices=2, arrival=1)))
+    result = schedule(snap)
+    assert [a.workload_id for a in result.admitted] == ["small"]
+    assert not result.waiting[0].reserved
+
+
+def test_cost_preference_and_fallback_to_the_next_accepted_type():
+    snap = Snapshot(nodes(count=1) + nodes(A100, count=2, prefix="a"),
+                    (queue("a", nvidia_h100=Quota(64), nvidia_a100=Quota(64)),),
+                    pending=(job("x", types=(H100, A100), workers=2),),
+                    type_preference={"x": (H100, A100)})
+    admit = schedule(snap).admitted[0]
+    assert admit.accelerator_type == A100 and "fallback" in admit.reason
+
+
+def test_quota_limits_and_borrowing_from_the_cohort():
+    queues = (queue("a", nvidia_h100=Quota(8, borrowing_limit=8)), queue("b", nvidia_h100=Quota(16, lending_limit=8)))
+    snap = Snapshot(nodes(count=4), queues, pending=(job("a1", workers=2), job("a2", arrival=1)))
+    result = schedule(snap)
+    assert [(a.workload_id, a.borrowed) for a in result.admitted] == [("a1", 8.0)]
+    assert "nominal" in result.waiting[0].reason and result.waiting[0].workload_id == "a2"
+
+
+def test_lending_limit_keeps_part_of_the_idle_quota():
+    queues = (queue("a", nvidia_h100=Quota(0)), queue("b", nvidia_h100=Quota(32, lending_limit=8)))
+    result = schedule(Snapshot(nodes(count=4), queues, pending=(job("a1", workers=2),)))
+    assert result.admitted == [] and "lends only 8" in result.waiting[0].reason
+
+
+def test_higher_priority_preempts_lowest_priority_least_work_lost_first():
+    from controlplane.scheduling.placement import WorkerPlacement
+
+    def full(node):
+        return (WorkerPlacement(node, tuple((d, 1.0) for d in range(8))),)
+
+    low_old = Running(job("low-old", priority=1), H100, full("h0"), work_since_checkpoint_s=900)
+    low_new = Running(job("low-new", priority=1), H100, full("h1"), work_since_checkpoint_s=30)
+    mid = Running(job("mid", priority=5), H100, full("h2"))
+    snap = Snapshot(nodes(count=3, per_group=3), (queue("a", nvidia_h100=Quota(64)),), running=(low_old, low_new, mid),
+                    pending=(job("urgent", priority=10),))
+    result = schedule(snap)
+    assert [p.workload_id for p in result.preempted] == ["low-new"]
+    assert result.preempted[0].checkpoint_first and "30 s" in result.preempted[0].reason
+    assert result.waiting[0].reserved and "low-new" in result.waiting[0].reason
+
+
+def test_nothing_is_preempted_for_a_workload_that_still_would_not_fit():
+    from controlplane.scheduling.placement import WorkerPlacement
+
+    low = Running(job("low", priority=1), H100, (WorkerPlacement("h0", tuple((d, 1.0) for d in range(8))),))
+    snap = Snapshot(nodes(count=1), (queue("a", nvidia_h100=Quota(64)),), running=(low,),
+                    pending=(job("huge", workers=2, priority=10),))
+    result = schedule(snap)
+    assert result.preempted == [] and result.shrunk == []
+
+
+def test_elastic_victim_is_shrunk_instead_of_preempted():
+    from controlplane.scheduling.placement import WorkerPlacement
+
+    workers = tuple(WorkerPlacement(f"h{i}", tuple((d, 1.0) for d in range(8))) for i in range(4))
+    elastic = Running(job("elastic", workers=2, workers_max=4, priority=1), H100, workers)
+    snap = Snapshot(nodes(count=4), (queue("a", nvidia_h100=Quota(64)),), running=(elastic,),
+                    pending=(job("urgent", priority=10),))
+    result = schedule(snap)
+    assert result.preempted == []
+    assert [(s.workload_id, s.to_workers) for s in result.shrunk] == [("elastic", 2)]
+
+
+def test_elastic_job_starts_at_minimum_and_grows_only_into_unwanted_capacity():
+    snap = Snapshot(nodes(count=4), (queue("a", nvidia_h100=Quota(64)),),
+                    pending=(job("elastic", workers=1, workers_max=3),))
+    admit = schedule(snap).admitted[0]
+    assert len(admit.workers) == 3 and "elastic" in admit.reason
+    snap = Snapshot(nodes(count=2), (queue("a", nvidia_h100=Quota(64)),),
+                    pending=(job("elastic", workers=1, workers_max=3), job("blocked", workers=3, arrival=1)))
+    result = schedule(snap)
+    assert len(result.admitted[0].workers) == 1  # someone waits for H100s: no growth
+
+
+def test_fractional_inference_replicas_share_a_device():
+    snap = Snapshot(nodes(count=1, devices=2), (queue("a", nvidia_h100=Quota(8)),),
+                    pending=tuple(job(f"r{i}", devices=0.25, arrival=i) for i in range(8)))
+    result = schedule(snap)
+    assert len(result.admitted) == 8
+    used = defaultdict(float)
+    for admit in result.admitted:
+        for worker in admit.workers:
+            for index, share in worker.taken:
+                used[(worker.node, index)] += share
+    assert sorted(used.values()) == [1.0, 1.0]  # packed: two full devices, no half-used leftovers
+
+
+def test_unknown_cluster_queue_waits_with_a_reason():
+    result = schedule(Snapshot(nodes(count=1), (queue("a", nvidia_h100=Quota(8)),), pending=(job("x", queue="zz"),)))
+    assert "does not exist" in result.waiting[0].reason
+
+
+# ----------------------------------------------------------------------------------- invariants
+
+
+@st.composite
+def snapshots(draw):
+    types = draw(st.lists(st.sampled_from([H100, A100, "kunlun-p800"]), min_size=1, max_size=3, unique=True))
+    cluster_nodes = []
+    for t_index, accelerator_type in enumerate(types):
+        for i in range(draw(st.integers(1, 5))):
+            leaf_group = f"lg{t_index}-{i // draw(st.integers(1, 3))}"
+            cluster_nodes.append(NodeSpec(f"n{t_index}-{i}", f"p{t_index}", accelerator_type, leaf_group,
+                                          draw(st.sampled_from([2, 4, 8])), schedulable=draw(st.booleans()) or i > 0))
+    queues = []
+    for q in range(draw(st.integers(1, 3))):
+        quotas = {t: Quota(draw(st.sampled_from([0, 4, 8, 16, 32])),
+                           draw(st.one_of(st.none(), st.sampled_from([0, 4, 16]))),
+                           draw(st.one_of(st.none(), st.sampled_from([0, 4])))) for t in types}
+        quotas = {t: q_ if q_.lending_limit is None or q_.lending_limit <= q_.nominal else Quota(q_.nominal,
+                  q_.borrowing_limit, None) for t, q_ in quotas.items()}
+        queues.append(ClusterQueueSpec(f"q{q}", quotas, draw(st.sampled_from(["c", None]))))
+    pending = []
+    for i in range(draw(st.integers(1, 12))):
+        workers = draw(st.integers(1, 3))
+        pending.append(Workload(
+            f"w{i:02d}", draw(st.sampled_from([q.name for q in queues])),
+            tuple(draw(st.lists(st.sampled_from(types), min_size=1, max_size=len(types), unique=True))),
+            draw(st.sampled_from([0.25, 0.5, 1, 2, 4, 8])), workers, workers + draw(st.integers(0, 2)),
+            draw(st.integers(0, 3)), float(draw(st.integers(0, 20))),
+        ))
+    return Snapshot(tuple(cluster_nodes), tuple(queues), pending=tuple(pending))
+
+
+def two_cycles(snapshot):
+    """A first cycle admits some workloads; they run in the second, with new arrivals of higher priority."""
+    first = schedule(snapshot)
+    running = running_from(snapshot, first)
+    rng = random.Random(len(running))
+    newcomers = tuple(Workload(f"v{w.id}", w.cluster_queue, w.accepted_types, w.devices_per_worker, w.workers_min,
+                               w.workers_max, w.priority + rng.randint(0, 4), 100.0 + i)
+                      for i, w in enumerate(snapshot.pending))
+    second = Snapshot(snapshot.nodes, snapshot.cluster_queues, running=running, pending=newcomers)
+    return first, second, schedule(second)
+
+
+def check_usage_and_devices(snapshot, result):
+    queues = {q.name: q for q in snapshot.cluster_queues}
+    usage = defaultdict(float)
+    device = defaultdict(float)
+    gone = {p.workload_id for p in result.preempted}
+    shrunk = {s.workload_id: {w.node for w in s.released} and s for s in result.shrunk}
+    grown = {g.workload_id: g for g in result.grown}
+    by_id = {w.id: w for w in snapshot.pending}
+    live = []
+    for running in snapshot.running:
+        if running.workload.id in gone:
+            continue
+        workers = list(running.workers)
+        if running.workload.id in shrunk:
+            released = set(shrunk[running.workload.id].released)
+            workers = [w for w in workers if w not in released]
+        if running.workload.id in grown:
+            workers += list(grown[running.workload.id].added)
+        live.append((running.workload, running.accelerator_type, workers))
+    for admit in result.admitted:
+        workload = by_id[admit.workload_id]
+        assert workload.workers_min <= len(admit.workers) <= workload.workers_max  # gang: all of the minimum
+        for worker in admit.workers:
+            whole = sum(1 for _, share in worker.taken if share == 1.0)
+            if workload.devices_per_worker >= 1:
+                assert whole == workload.devices_per_worker
+            else:
+                assert [share for _, share in worker.taken] == [workload.devices_per_worker]
+        live.append((workload, admit.accelerator_type, list(admit.workers)))
+    node_types = {n.name: n.accelerator_type for n in snapshot.nodes}
+    for workload, accelerator_type, workers in live:
+        usage[(workload.cluster_queue, accelerator_type)] += len(workers) * workload.devices_per_worker
+        for worker in workers:
+            assert node_types[worker.node] == accelerator_type
+            for index, share in worker.taken:
+                device[(worker.node, index)] += share
+    for (queue_name, accelerator_type), used in usage.items():
+        quota = queues[queue_name].quotas.get(accelerator_type, Quota(0, 0))
+        limit = quota.nominal + (float("inf") if quota.borrowing_limit is None else quota.borrowing_limit)
+        assert used <= limit + 1e-9, (queue_name, accelerator_type, used, quota)
+    cohort_used, cohort_nominal = defaultdict(float), defaultdict(float)
+    for q in queues.values():
+        for accelerator_type in {t for _, t in usage} | set(q.quotas):
+            key = (q.cohort or q.name, accelerator_type)
+            cohort_used[key] += usage[(q.name, accelerator_type)]
+            cohort_nominal[key] += q.quotas.get(accelerator_type, Quota(0)).nominal
+    for key, used in cohort_used.items():  # borrowing only ever uses quota the cohort has
+        assert used <= cohort_nominal[key] + 1e-9, (key, used, cohort_nominal[key])
+    assert all(total <= 1.0 + 1e-9 for total in device.values()), device
+    victims = [p.workload_id for p in result.preempted] + [s.workload_id for s in result.shrunk]
+    assert len(victims) == len(set(victims))  # each victim at most once
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_invariants_hold_over_two_cycles(snapshot):
+    first, second_snapshot, second = two_cycles(snapshot)
+    check_usage_and_devices(snapshot, first)
+    check_usage_and_devices(second_snapshot, second)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots())
+def test_preemption_only_when_the_preemptor_then_fits(snapshot):
+    _, snap, result = two_cycles(snapshot)
+    if not result.preempted and not result.shrunk:
+        return
+    gone = {p.workload_id for p in result.preempted}
+    shrunk = {s.workload_id: set(s.released) for s in result.shrunk}
+    survivors = tuple(Running(r.workload, r.accelerator_type, tuple(w for w in r.workers
+                                                                    if w not in shrunk.get(r.workload.id, set())))
+                      for r in snap.running if r.workload.id not in gone)
+    preemptors = {p.for_workload for p in result.preempted} | {s.for_workload for s in result.shrunk}
+    by_id = {w.id: w for w in snap.pending}
+    admitted = running_from(Snapshot(snap.nodes, snap.cluster_queues, survivors, snap.pending), result)
+    for preemptor in preemptors:
+        others = tuple(r for r in admitted if r.workload.id != preemptor)
+        after = schedule(Snapshot(snap.nodes, snap.cluster_queues, running=others, pending=(by_id[preemptor],)))
+        assert [a.workload_id for a in after.admitted] == [preemptor], after.waiting
+
+
+@settings(max_examples=60, deadline=None)
+@given(snapshots(), st.randoms())
+def test_same_input_same_decisions_whatever_the_input_order(snapshot, rnd):
+    shuffled = list(snapshot.pending)
+    rnd.shuffle(shuffled)
+    other = Snapshot(tuple(reversed(snapshot.nodes)), snapshot.cluster_queues, pending=tuple(shuffled))
+    assert schedule(snapshot) == schedule(snapshot)
+    assert schedule(snapshot) == schedule(other)
