@@ -50,6 +50,12 @@ class TrainingJob(models.Model):
     compute_handle = models.CharField(max_length=128, blank=True,
                                       help_text="the compute backend's id for this job's gang")
     restarts = models.PositiveIntegerField(default=0)
+    # Set by the scheduling cycle (jobs/admission.py):
+    queue_position = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="place among the waiting workloads of its ClusterQueue")
+    admitted_accelerator_type = models.CharField(max_length=63, blank=True)
+    placement = models.JSONField(default=list, blank=True,
+                                 help_text="one entry per worker: node and the device shares it holds")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
                                    blank=True, related_name="+")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

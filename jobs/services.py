@@ -86,10 +86,12 @@ def training_job_cancel(*, actor, job: TrainingJob, reason: str = "") -> Trainin
     job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent,
                      to=JobState.CANCELLED, reason=reason or f"cancelled by {actor.get_username()}",
                      actor=actor)
-    if job.compute_handle:
-        from jobs.tasks import stop_training_job
+    TrainingJob.objects.filter(pk=job.pk).update(queue_position=None)
+    from jobs.tasks import run_scheduling_cycle, stop_training_job
 
+    if job.compute_handle:
         transaction.on_commit(lambda: stop_training_job.delay(job.pk))
+    transaction.on_commit(run_scheduling_cycle.delay)  # its quota and devices are free for others
     return job
 
 

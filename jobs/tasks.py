@@ -19,6 +19,7 @@ TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True, "max_retries":
 @shared_task(name="jobs.enqueue_training_job", **TASK_OPTIONS)
 def enqueue_training_job(job_id: int) -> str | None:
     job = services.training_job_enqueue(job_id=job_id)
+    run_scheduling_cycle.delay()  # a new job may start at once
     return job.state if job else None
 
 
@@ -32,3 +33,11 @@ def stop_training_job(self, job_id: int) -> str | None:
     except Exception as exc:  # the backend may be briefly unreachable; the next try repairs it
         log.warning("stopping gang %s of job %s failed: %s", job.compute_handle, job_id, exc)
         raise self.retry(exc=exc) from exc
+
+
+@shared_task(name="jobs.run_scheduling_cycle", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def run_scheduling_cycle() -> dict:
+    from jobs.admission import run_cycle
+
+    result = run_cycle()
+    return {"admitted": len(result.admitted), "preempted": len(result.preempted), "waiting": len(result.waiting)}

@@ -64,7 +64,8 @@ class TrainingJobStatusSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = TrainingJob
-        fields = ["state", "reason", "changed_at", "compute_handle", "restarts", "started_at", "finished_at"]
+        fields = ["state", "reason", "changed_at", "queue_position", "admitted_accelerator_type", "placement",
+                  "compute_handle", "restarts", "started_at", "finished_at"]
 
 
 class TrainingJobSerializer(serializers.ModelSerializer):

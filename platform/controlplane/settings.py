@@ -259,6 +259,7 @@ CELERY_WORKER_REDIRECT_STDOUTS = False
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 FLEETYARD_NODE_SYNC_SECONDS = env_int("FLEETYARD_NODE_SYNC_SECONDS", 10)
+FLEETYARD_SCHEDULING_SECONDS = env_int("FLEETYARD_SCHEDULING_SECONDS", 5)
 
 # Compute backend: "ray" talks to the cluster at RAY_ADDRESS (scripts/up starts a local one and
 # writes its address); "memory" is the in-process fake for unit tests.
@@ -280,4 +281,5 @@ LOGGING = {
 
 CELERY_BEAT_SCHEDULE = {
     "sync-nodes": {"task": "cluster.sync_nodes", "schedule": float(FLEETYARD_NODE_SYNC_SECONDS)},
+    "scheduling-cycle": {"task": "jobs.run_scheduling_cycle", "schedule": float(FLEETYARD_SCHEDULING_SECONDS)},
 }

@@ -25,7 +25,10 @@ def test_submit_records_spec_status_and_queues_the_job(api):
     assert body["spec"]["priority"] == "standard"
     # The enqueue task ran after commit (eager in tests): PENDING -> QUEUED with a reason.
     job = TrainingJob.objects.get(pk=body["id"])
-    assert job.state == "QUEUED" and "waiting in queue default" in job.state_reason
+    assert job.state == "QUEUED" and job.queue_position == 1
+    # The scheduling cycle ran too: no nodes are registered here, and the reason says so.
+    assert "position 1 in cluster queue shared: no schedulable nvidia-h100 nodes" in job.state_reason
+    assert body["status"]["queue_position"] is None  # the response was made before the cycle ran
     events = api("alpha", "viewer").get(f"/api/v1/training-jobs/{job.pk}/events/").json()["results"]
     assert [(e["from_state"], e["to_state"]) for e in events] == [("", "PENDING"), ("PENDING", "QUEUED")]
     assert events[0]["actor_label"] == "alpha-member" and events[1]["actor_label"] == "system:queue"

@@ -76,3 +76,49 @@ def test_two_admins_demoting_each_other_keep_one_admin(world):
     assert [str(r) for r in results if not isinstance(r, Exception)] == ["viewer"], results
     assert [type(r) for r in results if isinstance(r, Exception)] == [ConflictError], results
     assert Membership.objects.filter(team=alpha["team"], role=Role.ADMIN).count() == 1
+
+
+def test_concurrent_submissions_cycles_and_cancels_never_over_admit(world, settings, tmp_path):
+    """Eight threads submit, schedule and cancel at once; quota and devices are never over-committed."""
+    from collections import defaultdict
+
+    from controlplane.cluster.models import AcceleratorType
+    from controlplane.cluster.services import node_pool_create, nodes_sync
+    from controlplane.compute.memory import InMemoryComputeBackend
+    from controlplane.compute.topology import load_topology
+    from jobs.admission import run_cycle
+
+    topology = load_topology()
+    types = {a.slug: a for a in AcceleratorType.objects.all()}
+    for pool in topology.pools:
+        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=types[pool.accelerator_type],
+                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
+    nodes_sync(observed=InMemoryComputeBackend.from_topology(topology).list_nodes())
+    teams = [world["alpha"], world["beta"]]
+
+    def work(index: int):
+        team = teams[index % 2]
+        made = []
+        for round_ in range(4):
+            job = training_job_create(actor=team["member"], team=team["team"], name=f"t{index}-{round_}",
+                                      local_queue=team["queue"], accelerator_types=["nvidia-h100", "nvidia-a100"],
+                                      devices_per_worker=8 if round_ % 2 else 4, workers_min=1, workers_max=2)
+            made.append(job)
+            run_cycle()
+            if round_ == 2:
+                training_job_cancel(actor=team["member"], job=made[0])
+                run_cycle()
+        return len(made)
+
+    results = race(8, work)
+    assert results == [4] * 8, results
+    holding = TrainingJob.objects.filter(state__in=["ADMITTED", "STARTING", "RUNNING", "RECOVERING"])
+    usage, devices = defaultdict(float), defaultdict(float)
+    for job in holding:
+        usage[job.admitted_accelerator_type] += len(job.placement) * job.devices_per_worker
+        for worker in job.placement:
+            for index, share in worker["taken"]:
+                devices[(worker["node"], index)] += share
+    assert holding.exists()
+    assert usage["nvidia-h100"] <= 16 and usage["nvidia-a100"] <= 16, usage  # the shared queue's nominal
+    assert all(total <= 1.0 + 1e-9 for total in devices.values()), devices

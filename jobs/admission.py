@@ -1,0 +1,140 @@
+"""The scheduling cycle for training jobs: load a snapshot, ask the core, apply its decisions.
+
+Entry points: the Celery task `jobs.run_scheduling_cycle` (beat, and after every submit, cancel and
+finish). One cycle is one transaction that first locks every ClusterQueue row (in id order), so two
+cycles never decide on the same state; quota usage is derived from the admitted jobs themselves,
+so it changes in the same transaction as the state change that causes it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
+from controlplane.common.lifecycle import record_event, transition
+from controlplane.quotas.models import ClusterQueue
+from controlplane.scheduling.efficiency import (
+    EfficiencyMatrix,
+    chip_facts_from_accelerator_facts,
+    rank_accelerator_types,
+)
+from controlplane.scheduling.model import (
+    ClusterQueueSpec,
+    CycleResult,
+    NodeSpec,
+    Quota,
+    Running,
+    Snapshot,
+    Workload,
+)
+from controlplane.scheduling.placement import WorkerPlacement
+from controlplane.scheduling.scheduler import schedule
+from jobs.models import TrainingJob, TrainingJobEvent
+from jobs.states import JobState
+
+log = logging.getLogger(__name__)
+
+HOLDING = [JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING]
+
+
+def _devices(job: TrainingJob, accelerator_type: str) -> float:
+    # CPU workers count CPU cores against the cpu quota; accelerator workers count devices.
+    return job.cpus_per_worker if accelerator_type == "cpu" else float(job.devices_per_worker)
+
+
+def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload:
+    types = tuple(job.accelerator_types)
+    return Workload(
+        id=str(job.pk), cluster_queue=job.local_queue.cluster_queue.name, accepted_types=types,
+        devices_per_worker=_devices(job, accelerator_type or types[0]), workers_min=job.workers_min,
+        workers_max=job.workers_max, priority=job.priority_class.value if job.priority_class else 0,
+        arrival=job.created_at.timestamp(), workload_class=job.trainer,
+        preemptible=job.priority_class.preemptible if job.priority_class else True,
+    )
+
+
+def _placement_to_json(workers) -> list[dict]:
+    return [{"node": w.node, "taken": [[index, share] for index, share in w.taken]} for w in workers]
+
+
+def _placement_from_json(data) -> tuple[WorkerPlacement, ...]:
+    return tuple(WorkerPlacement(item["node"], tuple((int(i), float(s)) for i, s in item["taken"])) for item in data)
+
+
+def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
+    """The scheduler's view of the database (call inside the cycle's transaction)."""
+    nodes = []
+    for node in Node.objects.select_related("pool__accelerator_type").order_by("name"):
+        slug = node.pool.accelerator_type.slug
+        capacity = node.capacity_cpus if slug == "cpu" else node.capacity_devices
+        nodes.append(NodeSpec(name=node.name, pool=node.pool.name, accelerator_type=slug,
+                              leaf_group=node.leaf_group or node.pool.name, devices=int(capacity),
+                              schedulable=node.health == NodeHealth.HEALTHY and not node.cordoned))
+    queues = []
+    for queue in ClusterQueue.objects.prefetch_related("quotas__accelerator_type").order_by("name"):
+        quotas = {q.accelerator_type.slug: Quota(q.nominal_quota, q.borrowing_limit, q.lending_limit)
+                  for q in queue.quotas.all()}
+        queues.append(ClusterQueueSpec(queue.name, quotas, queue.cohort or None))
+    jobs = {str(job.pk): job for job in TrainingJob.objects.select_related(
+        "local_queue__cluster_queue", "priority_class").filter(state__in=[JobState.QUEUED, *HOLDING])}
+    running = tuple(
+        Running(_workload(job, job.admitted_accelerator_type), job.admitted_accelerator_type,
+                _placement_from_json(job.placement))
+        for job in jobs.values() if job.state in HOLDING and job.admitted_accelerator_type
+    )
+    pending = tuple(_workload(job) for job in jobs.values() if job.state == JobState.QUEUED)
+    matrix = EfficiencyMatrix(chips=chip_facts_from_accelerator_facts(_facts()))
+    preference = {
+        workload.id: tuple(choice.accelerator_type for choice in rank_accelerator_types(
+            workload_class=workload.workload_class, accepted=workload.accepted_types, matrix=matrix))
+        for workload in pending
+    }
+    return Snapshot(tuple(nodes), tuple(queues), running, pending, preference), jobs
+
+
+def _facts() -> list[dict]:
+    return [{"slug": a.slug, "bf16_dense_tflops": a.bf16_dense_tflops, "memory_gb": a.memory_gb,
+             "price_per_hour_usd": float(a.price_per_hour_usd) if a.price_per_hour_usd is not None else None}
+            for a in AcceleratorType.objects.all()]
+
+
+@transaction.atomic
+def run_cycle() -> CycleResult:
+    list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
+    snapshot, jobs = load_snapshot()
+    result = schedule(snapshot)
+    for admit in result.admitted:
+        job = jobs[admit.workload_id]
+        TrainingJob.objects.filter(pk=job.pk).update(
+            admitted_accelerator_type=admit.accelerator_type, placement=_placement_to_json(admit.workers),
+            queue_position=None)
+        transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.ADMITTED,
+                   reason=f"admitted: {admit.reason}", system="scheduler",
+                   data={"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),
+                         "nodes": sorted({w.node for w in admit.workers}), "borrowed": admit.borrowed})
+    for preempt in result.preempted:
+        job = jobs[preempt.workload_id]
+        # An admitted job that has not started gives its admission back; a running one is asked to
+        # checkpoint and stop by the training runtime, which moves it on to QUEUED.
+        target = JobState.QUEUED if job.state == JobState.ADMITTED else JobState.PREEMPTED
+        TrainingJob.objects.filter(pk=job.pk).update(admitted_accelerator_type="", placement=[])
+        transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=target,
+                   reason=preempt.reason, system="scheduler", data={"for": preempt.for_workload})
+    for change in [*result.shrunk, *result.grown]:
+        job = jobs[change.workload_id]
+        kept = _placement_from_json(job.placement)
+        if hasattr(change, "released"):
+            workers = tuple(w for w in kept if w not in set(change.released))
+        else:
+            workers = kept + change.added
+        TrainingJob.objects.filter(pk=job.pk).update(placement=_placement_to_json(workers))
+        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                     reason=change.reason, system="scheduler", data={"workers": len(workers)})
+    for wait in result.waiting:
+        job = jobs[wait.workload_id]
+        reason = f"position {wait.position} in cluster queue {job.local_queue.cluster_queue.name}: {wait.reason}"
+        if job.queue_position != wait.position or job.state_reason != reason:
+            TrainingJob.objects.filter(pk=job.pk).update(queue_position=wait.position, state_reason=reason)
+    return result
