@@ -1,0 +1,424 @@
+"""Allocation benchmark on Alibaba's GPU 2023 "openb" trace, measured the way the FGD paper measures it.
+
+Reads ../shared/benchmarks/alibaba-gpu-2023/ (relative to the repository root; never copied here) and,
+for each pod list, policy and seed: nodes = openb_node_list_gpu_node.csv; pods = the pod list shuffled
+with the seed, then random resamples of it appended (or random pods dropped) until the GPU requests
+total 130% of GPU capacity; pods are placed one at a time, never leave, and a pod that does not fit
+anywhere is skipped. A node fits a pod when its CPU, memory, GPU model (gpu_spec) and GPU shares allow
+it. Reported: the share of GPU capacity allocated when the arrived GPU requests reach 80/90/95/100/130%
+of capacity, and when the first pod could not be placed, averaged over seeds.
+
+    .venv/bin/python -m benchmarks.openb [--seeds 42-51] [--pod-lists default,gpuspec33,multigpu50]
+                                         [--policies first-fit,best-fit,fgd] [--quick] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "platform"))
+
+from controlplane.scheduling.fgd import MILLI, TargetRequest, WorkloadDistribution  # noqa: E402
+
+DATA_DIR = REPO_ROOT.parent / "shared" / "benchmarks" / "alibaba-gpu-2023"
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+POD_LISTS = ("default", "gpuspec33", "multigpu50")
+POLICIES = ("first-fit", "best-fit", "fgd")
+CHECKPOINTS = (0.80, 0.90, 0.95, 1.00, 1.30)
+TARGET_RATIO = 1.30
+TYPICAL_POPULARITY = 0.95  # the simulator's typical-pods threshold (top shapes covering 95% of pods)
+MAX_SPEC_CPU, MAX_SPEC_GPU = 128_000, 8_000  # the simulator's BestFit normalisation
+
+# The FGD authors' published numbers (% of GPU capacity allocated at 100% arrived), see
+# ../shared/benchmarks/README.md.
+PUBLISHED = {
+    "default": {"Random": 86.30, "DotProd": 90.62, "Clustering": 91.65, "Packing": 91.78, "BestFit": 92.86,
+                "FGD": 95.23},
+    "gpuspec33": {"Random": 83.87, "DotProd": 79.82, "Clustering": 81.09, "Packing": 82.22, "BestFit": 80.40,
+                  "FGD": 87.84},
+    "multigpu50": {"Random": 81.28, "DotProd": 94.73, "Clustering": 95.69, "Packing": 96.06, "BestFit": 95.62,
+                   "FGD": 97.09},
+}
+PUBLISHED_NAME = {"best-fit": "BestFit", "fgd": "FGD"}
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int  # per GPU
+    models: frozenset[str]
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli if self.num_gpu else 0
+
+    def request(self) -> TargetRequest:
+        if self.num_gpu == 0:
+            return TargetRequest(gpu_milli=0, num_gpu=0, cpu_milli=self.cpu_milli, gpu_models=self.models)
+        return TargetRequest(gpu_milli=self.gpu_milli, num_gpu=self.num_gpu, cpu_milli=self.cpu_milli,
+                             gpu_models=self.models)
+
+
+def load_nodes(path: Path) -> list[Node]:
+    with open(path, newline="") as fh:
+        return [Node(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"])
+                for r in csv.DictReader(fh)]
+
+
+def load_pods(path: Path) -> list[Pod]:
+    pods = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            num_gpu = int(r["num_gpu"])
+            spec = r.get("gpu_spec") or ""
+            pods.append(Pod(r["name"], int(r["cpu_milli"]), int(r["memory_mib"]), num_gpu,
+                            int(r["gpu_milli"]) if num_gpu else 0, frozenset(m for m in spec.split("|") if m)))
+    pods.sort(key=lambda p: p.name)
+    return pods
+
+
+def build_arrivals(pods: Sequence[Pod], gpu_capacity_milli: int, seed: int, ratio: float = TARGET_RATIO) -> list[Pod]:
+    """The simulator's order: the pod list shuffled, then random resamples appended until the next one would
+    take the GPU requests over `ratio` of capacity (or random pods dropped while they are above it)."""
+    rng = random.Random(seed)
+    arrivals = list(pods)
+    rng.shuffle(arrivals)
+    target = ratio * gpu_capacity_milli
+    total = sum(p.total_gpu_milli for p in arrivals)
+    if total > target:
+        while total > target:
+            total -= arrivals.pop(rng.randrange(len(arrivals))).total_gpu_milli
+    else:
+        while True:
+            pod = pods[rng.randrange(len(pods))]
+            if total + pod.total_gpu_milli > target:
+                break
+            arrivals.append(pod)
+            total += pod.total_gpu_milli
+    return arrivals
+
+
+def typical_distribution(pods: Sequence[Pod]) -> WorkloadDistribution:
+    return WorkloadDistribution.from_pods((p.request() for p in pods), popularity=TYPICAL_POPULARITY)
+
+
+def simulate(nodes: Sequence[Node], arrivals: Sequence[Pod], policy: str, seed: int,
+             distribution: WorkloadDistribution | None = None,
+             checkpoints: Sequence[float] = CHECKPOINTS, tie_break: str = "random") -> dict:
+    """Place `arrivals` one at a time on `nodes` with `policy`; return allocation at the checkpoints.
+
+    Nodes with the same state (model, CPU, memory, free GPU shares) are interchangeable, so each policy
+    scores one representative per state class; ties between nodes are broken at random (seeded), as
+    kube-scheduler does (tie_break="first": the first in node-list order, for sensitivity checks).
+    first-fit takes the first fitting node in node-list order.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy}")
+    if policy == "fgd" and distribution is None:
+        raise ValueError("fgd needs a workload distribution")
+    rng = random.Random(seed * 7919 + 1)
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    models = sorted({n.model for n in nodes})
+    # class key: (model, cpu_free, memory_free, free GPU shares sorted descending, zeros dropped)
+    classes: dict[str, dict[tuple, list[int]]] = {m: {} for m in models}
+    state: list[tuple] = []
+    for i, n in enumerate(nodes):
+        key = (n.model, n.cpu_milli, n.memory_mib, (MILLI,) * n.gpus)
+        state.append(key)
+        classes[n.model].setdefault(key, []).append(i)
+
+    arrived = allocated = 0
+    placed = failed = 0
+    marks = list(checkpoints)
+    at: dict[str, float] = {}
+    first_failure: dict | None = None
+    failed_by_kind: dict[str, int] = {}
+    for pod in arrivals:
+        arrived += pod.total_gpu_milli
+        request = pod.request() if policy == "fgd" else None
+        cpu, mem, ngpu, gmilli = pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli
+        best_score = None
+        best: list[tuple[tuple, list[int], tuple]] = []  # (class key, members, new gpus)
+        for model in (models if not pod.models or ngpu == 0 else [m for m in models if m in pod.models]):
+            for key, members in classes[model].items():
+                _, kcpu, kmem, gpus = key
+                if kcpu < cpu or kmem < mem:
+                    continue
+                if ngpu == 0:
+                    new_gpus = gpus
+                elif gmilli >= MILLI:
+                    if len(gpus) < ngpu or gpus[ngpu - 1] < MILLI:
+                        continue
+                    new_gpus = gpus[ngpu:]
+                else:
+                    if not gpus or gpus[0] < gmilli:
+                        continue
+                    new_gpus = None  # chosen below
+                if policy == "fgd":
+                    move = distribution.best_move((model, kcpu, gpus), request)
+                    if move is None:
+                        continue
+                    score, after, _ = move
+                    new_gpus = after[2]
+                else:
+                    if new_gpus is None:  # share pod: best-fit GPU (least free share that fits)
+                        i = len(gpus) - 1
+                        while gpus[i] < gmilli:
+                            i -= 1
+                        rest = gpus[i] - gmilli
+                        new_gpus = gpus[:i] + gpus[i + 1:]
+                        if rest:
+                            new_gpus = tuple(sorted(new_gpus + (rest,), reverse=True))
+                    if policy == "best-fit":  # the simulator's BestFit: normalised CPU and GPU left over
+                        score = (0.5 * (kcpu - cpu) / MAX_SPEC_CPU
+                                 + 0.5 * (sum(gpus) - pod.total_gpu_milli) / MAX_SPEC_GPU)
+                    else:  # first-fit
+                        score = min(members)
+                if best_score is None or score < best_score - 1e-9:
+                    best_score, best = score, [(key, members, new_gpus)]
+                elif score <= best_score + 1e-9:
+                    best.append((key, members, new_gpus))
+        if not best:
+            failed += 1
+            kind = "cpu" if ngpu == 0 else ("share" if gmilli < MILLI else f"{ngpu}gpu")
+            failed_by_kind[kind] = failed_by_kind.get(kind, 0) + 1
+            if first_failure is None:
+                first_failure = {"pod_index": placed + failed - 1, "arrived_pct": 100.0 * arrived / capacity,
+                                 "allocated_pct": 100.0 * allocated / capacity}
+        else:
+            if policy == "first-fit" or tie_break == "first":
+                key, members, new_gpus = min(best, key=lambda entry: min(entry[1]))
+                node = min(members)
+            else:
+                pick = rng.randrange(sum(len(m) for _, m, _ in best))
+                for key, members, new_gpus in best:  # noqa: B007 - the chosen entry is used below
+                    if pick < len(members):
+                        node = members[pick]
+                        break
+                    pick -= len(members)
+            members.remove(node)
+            model = key[0]
+            if not members:
+                del classes[model][key]
+            new_key = (model, key[1] - cpu, key[2] - mem, new_gpus)
+            state[node] = new_key
+            classes[model].setdefault(new_key, []).append(node)
+            allocated += pod.total_gpu_milli
+            placed += 1
+        while marks and arrived >= marks[0] * capacity - 1e-6:
+            at[f"{round(marks.pop(0) * 100)}"] = 100.0 * allocated / capacity
+    for mark in marks:  # not quite reached (resampling stops just below the target): report the final state
+        at[f"{round(mark * 100)}"] = 100.0 * allocated / capacity
+    return {"policy": policy, "seed": seed, "allocated_pct_at_arrived_pct": at, "first_failure": first_failure,
+            "pods": len(arrivals), "placed": placed, "failed": failed, "failed_by_kind": failed_by_kind,
+            "arrived_pct_final": 100.0 * arrived / capacity, "allocated_pct_final": 100.0 * allocated / capacity}
+
+
+# -- driver -----------------------------------------------------------------------------------------------
+
+_CACHE: dict[str, tuple] = {}
+
+
+def _inputs(data_dir: Path, pod_list: str) -> tuple[list[Node], list[Pod], WorkloadDistribution]:
+    if pod_list not in _CACHE:
+        nodes = load_nodes(data_dir / "openb_node_list_gpu_node.csv")
+        pods = load_pods(data_dir / f"openb_pod_list_{pod_list}.csv")
+        _CACHE[pod_list] = (nodes, pods, typical_distribution(pods))
+    return _CACHE[pod_list]
+
+
+def run_one(data_dir: str, pod_list: str, policy: str, seed: int, tie_break: str = "random") -> dict:
+    nodes, pods, distribution = _inputs(Path(data_dir), pod_list)
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    arrivals = build_arrivals(pods, capacity, seed)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = simulate(nodes, arrivals, policy, seed, distribution if policy == "fgd" else None, tie_break=tie_break)
+    result["wall_s"] = time.perf_counter() - started
+    result["cpu_s"] = time.process_time() - cpu_started
+    result["pod_list"] = pod_list
+    return result
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            seeds.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            seeds.append(int(part))
+    return seeds
+
+
+def summarise(results: list[dict], pod_lists: Sequence[str], policies: Sequence[str]) -> list[dict]:
+    rows = []
+    for pod_list in pod_lists:
+        for policy in policies:
+            runs = [r for r in results if r["pod_list"] == pod_list and r["policy"] == policy]
+            if not runs:
+                continue
+            row = {"pod_list": pod_list, "policy": policy, "seeds": len(runs)}
+            for mark in CHECKPOINTS:
+                label = f"{round(mark * 100)}"
+                values = [r["allocated_pct_at_arrived_pct"][label] for r in runs]
+                row[f"alloc_at_{label}"] = statistics.fmean(values)
+                row[f"alloc_at_{label}_sd"] = statistics.pstdev(values)
+            failures = [r["first_failure"] for r in runs if r["first_failure"]]
+            row["first_fail_arrived_pct"] = statistics.fmean(f["arrived_pct"] for f in failures) if failures else None
+            row["first_fail_alloc_pct"] = statistics.fmean(f["allocated_pct"] for f in failures) if failures else None
+            row["failed_pods"] = statistics.fmean(r["failed"] for r in runs)
+            row["cpu_s_per_run"] = statistics.fmean(r["cpu_s"] for r in runs)
+            published = PUBLISHED.get(pod_list, {}).get(PUBLISHED_NAME.get(policy, ""))
+            row["published_alloc_at_100"] = published
+            row["diff_vs_published"] = None if published is None else row["alloc_at_100"] - published
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    header = ["pod list", "policy", "seeds", "@80%", "@90%", "@95%", "@100% (sd)", "@130%", "paper@100%", "diff",
+              "1st fail: arrived", "alloc", "failed pods", "s/run"]
+    lines = []
+    for r in rows:
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+        lines.append([r["pod_list"], r["policy"], str(r["seeds"]), pct(r["alloc_at_80"]), pct(r["alloc_at_90"]),
+                      pct(r["alloc_at_95"]), f"{r['alloc_at_100']:.2f} ({r['alloc_at_100_sd']:.2f})",
+                      pct(r["alloc_at_130"]), pct(r["published_alloc_at_100"]),
+                      "-" if r["diff_vs_published"] is None else f"{r['diff_vs_published']:+.2f}",
+                      pct(r["first_fail_arrived_pct"]), pct(r["first_fail_alloc_pct"]), f"{r['failed_pods']:.0f}",
+                      f"{r['cpu_s_per_run']:.1f}"])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
+    out = ["  ".join(h.rjust(w) if i > 1 else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
+    out.append("  ".join("-" * w for w in widths))
+    for line in lines:
+        cells = enumerate(zip(line, widths, strict=True))
+        out.append("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in cells))
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.openb", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="42-51")
+    parser.add_argument("--pod-lists", default=",".join(POD_LISTS))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--quick", action="store_true", help="2 seeds (42, 43), for smoke runs")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    parser.add_argument("--tie-break", choices=("random", "first"), default="random",
+                        help="equal best scores: random node (kube-scheduler, default) or first in node-list order; "
+                             "'first' writes openb_tie-first.{json,csv}")
+    parser.add_argument("--data-dir", default=str(DATA_DIR))
+    parser.add_argument("--out-dir", default=str(RESULTS_DIR))
+    args = parser.parse_args(argv)
+
+    seeds = parse_seeds(args.seeds)[:2] if args.quick else parse_seeds(args.seeds)
+    if args.quick and len(seeds) < 2:
+        seeds = [42, 43]
+    pod_lists = [p for p in args.pod_lists.split(",") if p]
+    policies = [p for p in args.policies.split(",") if p]
+    for name in policies:
+        if name not in POLICIES:
+            parser.error(f"unknown policy {name}; known: {', '.join(POLICIES)}")
+    data_dir = Path(args.data_dir)
+    if not (data_dir / "openb_node_list_gpu_node.csv").exists():
+        print(f"data not found under {data_dir}", file=sys.stderr)
+        return 2
+
+    tasks = [(str(data_dir), pl, pol, s, args.tie_break) for pl in pod_lists for pol in policies for s in seeds]
+    started = time.perf_counter()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(run_one, *zip(*tasks, strict=True)))
+    else:
+        results = [run_one(*t) for t in tasks]
+    total_wall = time.perf_counter() - started
+
+    rows = summarise(results, pod_lists, policies)
+    per_policy = {pol: sum(r["cpu_s"] for r in results if r["policy"] == pol) for pol in policies}
+    nodes = load_nodes(data_dir / "openb_node_list_gpu_node.csv")
+    print(f"openb allocation benchmark: {len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, seeds {seeds}, "
+          f"arrivals to {TARGET_RATIO:.0%} of GPU capacity")
+    print("share of GPU capacity allocated (%) when arrived GPU requests reach x% of capacity, mean over seeds")
+    print(format_table(rows))
+    print("time per policy (CPU seconds, all runs): "
+          + ", ".join(f"{pol} {sec:.1f}s" for pol, sec in per_policy.items())
+          + f"; wall {total_wall:.1f}s with {args.jobs} worker(s)")
+    for r in rows:
+        if r["diff_vs_published"] is not None and abs(r["diff_vs_published"]) >= 0.5:
+            print(f"NOTE: {r['pod_list']}/{r['policy']}: {r['alloc_at_100']:.2f}% vs published "
+                  f"{r['published_alloc_at_100']:.2f}% ({r['diff_vs_published']:+.2f} points); see notes below")
+    for note in NOTES:
+        print("NOTE:", note)
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": "openb (Alibaba cluster-trace-gpu-v2023), FGD paper method",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "seeds": seeds, "pod_lists": pod_lists, "policies": policies,
+        "parameters": {"target_ratio": TARGET_RATIO, "checkpoints_pct": [round(c * 100) for c in CHECKPOINTS],
+                       "typical_pod_popularity": TYPICAL_POPULARITY, "node_list": "openb_node_list_gpu_node.csv",
+                       "data_dir": os.path.relpath(data_dir, REPO_ROOT), "jobs": args.jobs,
+                       "tie_break": ("uniform random among equal best scores (seeded)" if args.tie_break == "random"
+                                     else "first node in node-list order among equal best scores"),
+                       "gpu_choice": {"fgd": "least fragmentation increase", "others": "best fit (least free share)"},
+                       "best_fit": "0.5*(cpu left)/128000 + 0.5*(GPU milli left)/8000 after placing, lowest wins"},
+        "published_alloc_at_100": PUBLISHED,
+        "cpu_seconds_per_policy": per_policy, "wall_seconds": total_wall,
+        "summary": rows, "runs": results,
+        "notes": NOTES,
+    }
+    stem = "openb" if args.tie_break == "random" else f"openb_tie-{args.tie_break}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=1))
+    with open(out_dir / f"{stem}.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["date", "seeds", *rows[0].keys()] if rows else ["date"])
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({"date": payload["date"], "seeds": " ".join(map(str, seeds)), **r})
+    print(f"wrote {out_dir / (stem + '.json')} and {out_dir / (stem + '.csv')}")
+    return 0
+
+
+NOTES = [
+    "Differences from the authors' simulator (kubernetes-scheduler-simulator) that can move numbers: "
+    "scores are exact floats here, while kube-scheduler plugins return integers 0..100 (FGD: "
+    "int(100*sigmoid(-increase/1000)), BestFit: int(100*(1-score)) then normalised), which creates more ties "
+    "broken at random; random streams differ (Python vs Go), so per-seed pod orders differ; resampling stops when "
+    "the next pod's total GPU request would exceed 130% (the simulator compares its per-GPU request); the k8s "
+    "per-node pod-count limit is not modelled.",
+    "Investigated cause of the FGD gap (default pod list, seed 42): FGD's fragmentation is blind to 8- and 4-GPU "
+    "pods (they are outside the 95%-popularity typical set) and scores a whole-GPU pod the same on every node with "
+    "CPU headroom, so the tie-break decides. With random ties (kube-scheduler's rule, used here by default) FGD "
+    "spreads 1-GPU pods over the 8-GPU G2/G3 nodes and 40 8-GPU pods fail early (allocation 78% at 80% arrived; "
+    "89.6% at 100%); breaking the same ties by node order (--tie-break first) gives 80.0%/93.8% at 80/100% with "
+    "19 8-GPU failures, like BestFit. BestFit (92.7-92.8%) is close to the published 92.86% either way.",
+]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
