@@ -86,3 +86,17 @@ def test_cycle_is_idempotent(cluster, world, api):
     run_cycle()
     run_cycle()
     assert list(TrainingJob.objects.values("id", "state", "placement", "queue_position")) == before
+
+
+def test_console_job_detail_shows_position_and_placement(api, cluster, world):
+    from django.test import Client
+
+    client = api("alpha", "member")
+    admitted = submit(client, name="a", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    waiting = submit(client, name="b", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"])
+    browser = Client()
+    browser.force_login(world["alpha"]["member"])
+    page = browser.get(f"/jobs/{waiting}/").content.decode()
+    assert "Queue position" in page and "1 in cluster queue shared" in page
+    page = browser.get(f"/jobs/{admitted}/").content.decode()
+    assert "2 workers on nvidia-h100" in page and "h100-pool-0" in page
