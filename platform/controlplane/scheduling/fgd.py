@@ -104,23 +104,42 @@ class WorkloadDistribution:
         return cls(tuple(items))
 
     @classmethod
-    def from_pods(cls, pods: Iterable[TargetRequest], *, popularity: float = 0.95) -> WorkloadDistribution:
+    def from_pods(cls, pods: Iterable[TargetRequest], *, popularity: float = 0.95,
+                  weight_by: str = "count") -> WorkloadDistribution:
         """The most popular request shapes covering `popularity` of the pods (the simulator's "typical pods").
 
-        Shapes are counted, sorted by count (ties: a fixed order on the shape), and taken until their
-        cumulative count reaches `popularity` of all pods; their popularity is then renormalised.
+        Shapes are counted, sorted by weight (ties: a fixed order on the shape), and taken until their
+        cumulative weight reaches `popularity` of the total; their popularity is then renormalised.
+        `weight_by="count"` (the simulator's rule) weighs a shape by its number of pods; `weight_by="gpu"`
+        weighs it by the GPU thousandths its pods ask for in all, so that rare but large gangs (8 whole GPUs)
+        count as much as the capacity they need and CPU-only pods drop out.
         """
+        if weight_by not in ("count", "gpu", "mix"):
+            raise ValueError(f"weight_by must be 'count', 'gpu' or 'mix', got {weight_by!r}")
         counts = Counter(pods)
         if not counts:
             raise ValueError("no pods")
-        total = sum(counts.values())
-        ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].cpu_milli, kv[0].gpu_milli, kv[0].num_gpu,
-                                                         sorted(kv[0].gpu_models)))
-        chosen, cumulative = [], 0
-        for request, count in ordered:
-            chosen.append((request, float(count)))
-            cumulative += count
-            if cumulative >= popularity * total:
+        n_pods = sum(counts.values())
+        n_gpu = sum(count * request.total_gpu_milli for request, count in counts.items()) or 1
+        if weight_by == "count":
+            weights = {request: float(count) for request, count in counts.items()}
+        elif weight_by == "gpu":
+            weights = {request: float(count * request.total_gpu_milli) for request, count in counts.items()}
+        else:  # half by pod count, half by GPU demand
+            weights = {request: 0.5 * count / n_pods + 0.5 * count * request.total_gpu_milli / n_gpu
+                       for request, count in counts.items()}
+        total = sum(weights.values())
+        if total <= 0:
+            raise ValueError("no pod asks for a GPU")
+        ordered = sorted(weights.items(), key=lambda kv: (-kv[1], kv[0].cpu_milli, kv[0].gpu_milli, kv[0].num_gpu,
+                                                          sorted(kv[0].gpu_models)))
+        chosen, cumulative = [], 0.0
+        for request, weight in ordered:
+            if weight <= 0:
+                break
+            chosen.append((request, weight))
+            cumulative += weight
+            if cumulative >= popularity * total - 1e-9:
                 break
         return cls(tuple(chosen))
 
@@ -275,3 +294,32 @@ def fgd_take(node: NodeState, devices: float, workload_distribution: WorkloadDis
     node.device_free[index] = max(0.0, node.device_free[index] - devices)
     return ((index, devices),)
 
+
+
+def model_pressure(pods: Iterable[TargetRequest], capacity_milli: Mapping[str, float]) -> dict[str, float]:
+    """Expected load per GPU of each model from pods that may only use some GPU models.
+
+    For every GPU model ``g``: the sum, over the model-constrained requests that allow ``g``, of their GPU
+    demand spread evenly over the capacity of the models they allow, with demand scaled so that the whole
+    workload asks for exactly the cluster's capacity. A value near or above 1 means the constrained pods
+    alone may fill that model, so unconstrained pods should go elsewhere; 0 means nobody needs that model
+    in particular. Uses only the workload's shape (the pod list FGD's distribution comes from) and the
+    cluster's capacity, never arrival order.
+    """
+    models = {model for model, cap in capacity_milli.items() if cap > 0}
+    total_capacity = sum(capacity_milli[model] for model in models)
+    demand: Counter[frozenset[str]] = Counter()
+    total_demand = 0
+    for pod in pods:
+        total_demand += pod.total_gpu_milli
+        if pod.gpu_models and pod.total_gpu_milli:
+            demand[pod.gpu_models & models] += pod.total_gpu_milli
+    pressure = dict.fromkeys(models, 0.0)
+    if not total_demand:
+        return pressure
+    scale = total_capacity / total_demand
+    for allowed, milli in demand.items():
+        allowed_capacity = sum(capacity_milli[model] for model in allowed)
+        for model in allowed:
+            pressure[model] += milli * scale / allowed_capacity
+    return pressure
