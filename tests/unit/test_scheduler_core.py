@@ -116,6 +116,19 @@ def test_lending_limit_keeps_part_of_the_idle_quota():
     assert result.admitted == [] and "lends only 8" in result.waiting[0].reason
 
 
+def test_a_lender_using_part_of_its_quota_still_lends_up_to_its_lending_limit():
+    """Kueue: a queue lends min(lending_limit, idle). Found by the preemption property test: the
+    old rule held back `nominal - lending_limit` on top of what the lender already used."""
+    from controlplane.scheduling.quota import QuotaLedger
+
+    ledger = QuotaLedger((queue("q0", nvidia_h100=Quota(0)), queue("q2", nvidia_h100=Quota(8, lending_limit=4))))
+    ledger.add("q2", H100, 3)
+    assert ledger.check("q0", H100, 4).ok  # idle 5, lends at most 4
+    assert not ledger.check("q0", H100, 4.5).ok
+    ledger.add("q2", H100, 2)
+    assert ledger.check("q0", H100, 3).ok and not ledger.check("q0", H100, 3.5).ok  # idle 3 now
+
+
 def test_higher_priority_preempts_lowest_priority_least_work_lost_first():
     from controlplane.scheduling.placement import WorkerPlacement
 

@@ -1,8 +1,9 @@
 """Quota accounting for ClusterQueues in cohorts, in Kueue's terms.
 
-A queue may always use its nominal quota. Beyond it, it borrows: at most `borrowing_limit` more, and
-only from what the other queues of its cohort have idle and lend (each keeps
-`nominal - lending_limit` of its idle quota for itself). Usage changes here only through `add`.
+A queue may always use its nominal quota, unless others borrowed it (then it is reclaimed first).
+Beyond nominal it borrows: at most `borrowing_limit` more, and only from what the other queues of
+its cohort have idle and lend (each lends at most `lending_limit` of its idle quota). Usage changes
+here only through `add`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from controlplane.scheduling.model import ClusterQueueSpec, Quota
 
 EPS = 1e-9
+_NO_QUOTA = Quota(nominal=0.0, borrowing_limit=0.0)
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class QuotaLedger:
                 self.cohorts[queue.cohort].append(queue.name)
 
     def quota(self, queue: str, accelerator_type: str) -> Quota:
-        return self.queues[queue].quotas.get(accelerator_type, Quota(nominal=0.0, borrowing_limit=0.0))
+        return self.queues[queue].quotas.get(accelerator_type, _NO_QUOTA)
 
     def add(self, queue: str, accelerator_type: str, amount: float) -> None:
         self.usage[(queue, accelerator_type)] += amount
@@ -46,8 +48,8 @@ class QuotaLedger:
         return max(0.0, self.usage[(queue, accelerator_type)] - self.quota(queue, accelerator_type).nominal)
 
     def cohort_room(self, queue: str, accelerator_type: str) -> float:
-        """How much more `queue` may use in its cohort now: the cohort's unused nominal quota, less the
-        idle part each other member keeps for itself (`nominal - lending_limit`)."""
+        """How much more `queue` may use in its cohort now: the cohort's unused nominal quota, less what
+        each other member does not lend (a member lends at most `lending_limit` of its idle quota)."""
         members = self.members(queue)
         room = sum(self.quota(m, accelerator_type).nominal - self.usage[(m, accelerator_type)] for m in members)
         for other in members:
@@ -56,8 +58,15 @@ class QuotaLedger:
             quota = self.quota(other, accelerator_type)
             if quota.lending_limit is not None:
                 idle = max(0.0, quota.nominal - self.usage[(other, accelerator_type)])
-                room -= min(idle, max(0.0, quota.nominal - quota.lending_limit))
+                room -= max(0.0, idle - quota.lending_limit)  # idle beyond its lending limit stays home
         return max(0.0, room)
+
+    def _cohort_nominal(self, queue: str, members: list[str], accelerator_type: str) -> float:
+        key = (self.queues[queue].cohort or queue, accelerator_type)
+        cache = self.__dict__.setdefault("_nominal_cache", {})
+        if key not in cache:  # quotas never change: add them up once, in member order
+            cache[key] = sum(self.quota(member, accelerator_type).nominal for member in members)
+        return cache[key]
 
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
         quota = self.quota(queue, accelerator_type)
@@ -67,7 +76,7 @@ class QuotaLedger:
             # (by preemption), or a preemptor holding it would lose it to a third workload.
             members = self.members(queue)
             cohort_used = sum(self.usage[(member, accelerator_type)] for member in members)
-            cohort_nominal = sum(self.quota(member, accelerator_type).nominal for member in members)
+            cohort_nominal = self._cohort_nominal(queue, members, accelerator_type)
             if cohort_used + amount > cohort_nominal + EPS:
                 return QuotaCheck(False, 0.0, f"{queue}'s idle {accelerator_type} quota is lent to its cohort; "
                                               "it must be reclaimed first")

@@ -15,11 +15,19 @@ Rules (issue 3), in the order applied:
    Victims checkpoint first; the preemptor's devices and quota stay reserved until they are free.
 7. Elastic growth: running workloads below `workers_max` grow into capacity nobody waits for.
 The cycle is a pure function of the snapshot: the same snapshot gives the same decisions.
+
+Speed (decisions are those of the straightforward algorithm, checked in tests/unit/test_scheduler_speedups.py):
+nodes are indexed per accelerator type and leaf group with cached free totals, whole-free counts and, per
+worker shape, the number of workers each node, leaf group and type can still hold. A gang fits iff its type
+can hold all its workers (greedy placement uses exactly one slot per worker), so failures cost O(1) and a
+placement only looks at one leaf group. Quota checks are cached until a usage of the cohort changes.
+Preemption trials run on the live state with an undo log instead of a deep copy, skip types where even
+every candidate victim could not make room (quota and capacity bounds), and take candidates from a
+per-type list sorted once per cycle.
 """
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 
 from controlplane.scheduling.model import (
@@ -33,38 +41,362 @@ from controlplane.scheduling.model import (
     Wait,
     Workload,
 )
-from controlplane.scheduling.placement import EPS, NodeState, WorkerPlacement, best_fit, place_gang
-from controlplane.scheduling.quota import QuotaLedger
+from controlplane.scheduling.placement import EPS, WorkerPlacement
+from controlplane.scheduling.quota import QuotaCheck, QuotaLedger
+
+_EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
+
+
+class _Node:
+    """A node's devices (as placement.NodeState) plus the cached values the indexes are built from."""
+
+    __slots__ = ("name", "accelerator_type", "leaf_group", "device_free", "schedulable", "free", "whole", "slots",
+                 "pool")
+
+    def __init__(self, name, accelerator_type, leaf_group, devices, schedulable):
+        self.name = name
+        self.accelerator_type = accelerator_type
+        self.leaf_group = leaf_group
+        self.device_free = [1.0] * devices
+        self.schedulable = schedulable
+        self.free = 0.0
+        self.whole = 0
+        self.slots: dict[float, int] = {}
+        self.pool: _Pool | None = None
+
+    @property
+    def capacity(self) -> int:
+        return len(self.device_free)
+
+    def fits(self, devices: float) -> bool:  # as NodeState.fits
+        if not self.schedulable:
+            return False
+        if devices >= 1.0 - EPS:
+            return self.whole >= round(devices)
+        return any(share >= devices - EPS for share in self.device_free)
+
+    def slots_for(self, devices: float) -> int:  # as placement._slots
+        if not self.schedulable:
+            return 0
+        if devices >= 1.0 - EPS:
+            return self.whole // max(1, round(devices))
+        return sum(int((share + EPS) // devices) for share in self.device_free)
+
+    def take(self, devices: float) -> tuple[tuple[int, float], ...]:  # as NodeState.take (best)
+        free = self.device_free
+        if devices >= 1.0 - EPS:
+            chosen = [i for i, share in enumerate(free) if share >= 1.0 - EPS][:round(devices)]
+            for index in chosen:
+                free[index] = 0.0
+            taken = tuple((index, 1.0) for index in chosen)
+        else:
+            index = min((i for i, share in enumerate(free) if share >= devices - EPS), key=lambda i: (free[i], i))
+            free[index] = max(0.0, free[index] - devices)
+            taken = ((index, devices),)
+        self.pool.refresh(self)
+        return taken
+
+
+class _Pool:
+    """The nodes of one accelerator type, by leaf group, with per-shape slot counts kept up to date."""
+
+    def __init__(self, nodes: list[_Node]):
+        self.nodes = nodes  # name order
+        self.sched = [node for node in nodes if node.schedulable]
+        self.groups: dict[str, list[_Node]] = {}
+        for node in self.sched:
+            self.groups.setdefault(node.leaf_group, []).append(node)
+            node.pool = self
+        for node in nodes:
+            node.pool = self
+        self.group_slots: dict[float, dict[str, int]] = {}
+        self.total: dict[float, int] = {}
+        self.free_sum = 0.0  # over schedulable nodes, exact while `inexact` is 0 and not `stale`
+        self.inexact = 0
+        self.stale = False
+        self.whole_sum = 0
+        for node in nodes:
+            node.free = sum(node.device_free)
+            node.whole = sum(1 for share in node.device_free if share >= 1.0 - EPS)
+            if node.schedulable:
+                self.free_sum += node.free
+                self.whole_sum += node.whole
+                if not (node.free * _EXACT).is_integer():
+                    self.inexact += 1
+        self.stale = self.inexact > 0
+
+    def shape(self, devices: float) -> dict[str, int]:
+        slots = self.group_slots.get(devices)
+        if slots is None:
+            slots = self.group_slots[devices] = {}
+            total = 0
+            for name, members in self.groups.items():
+                count = 0
+                for node in members:
+                    node.slots[devices] = own = node.slots_for(devices)
+                    count += own
+                slots[name] = count
+                total += count
+            self.total[devices] = total
+        return slots
+
+    def slots(self, devices: float) -> int:
+        if devices not in self.total:
+            self.shape(devices)
+        return self.total[devices]
+
+    def refresh(self, node: _Node) -> None:
+        """Recompute a node's cached values after its device_free changed."""
+        free = sum(node.device_free)
+        whole = sum(1 for share in node.device_free if share >= 1.0 - EPS)
+        if node.schedulable:
+            was_exact = (node.free * _EXACT).is_integer()
+            now_exact = (free * _EXACT).is_integer()
+            self.inexact += (not now_exact) - (not was_exact)
+            if not (was_exact and now_exact):
+                self.stale = True
+            self.free_sum += free - node.free
+            self.whole_sum += whole - node.whole
+        node.free, node.whole = free, whole
+        if node.schedulable:
+            for devices, group_slots in self.group_slots.items():
+                own = node.slots_for(devices)
+                delta = own - node.slots[devices]
+                if delta:
+                    node.slots[devices] = own
+                    group_slots[node.leaf_group] += delta
+                    self.total[devices] += delta
+
+    def free_total(self) -> float:
+        if self.inexact:  # not exactly representable: add up in the straightforward order
+            return sum(node.free for node in self.sched)
+        if self.stale:  # exact again: start over from the exact sum
+            self.free_sum, self.stale = sum(node.free for node in self.sched), False
+        return self.free_sum + 0.0
+
+
+class _Ledger(QuotaLedger):
+    """QuotaLedger whose checks are cached until a usage of the queue's cohort (for that type) changes."""
+
+    def __init__(self, queues):
+        super().__init__(queues)
+        self.version: dict[tuple, int] = defaultdict(int)
+        self.cache: dict[tuple, tuple[int, QuotaCheck]] = {}
+
+    def _scope(self, queue: str, accelerator_type: str) -> tuple:
+        spec = self.queues.get(queue)
+        return (spec.cohort if spec is not None and spec.cohort else ("", queue)), accelerator_type
+
+    def add(self, queue: str, accelerator_type: str, amount: float) -> None:
+        self.usage[(queue, accelerator_type)] += amount
+        self.version[self._scope(queue, accelerator_type)] += 1
+
+    def set(self, queue: str, accelerator_type: str, value: float) -> None:
+        self.usage[(queue, accelerator_type)] = value
+        self.version[self._scope(queue, accelerator_type)] += 1
+
+    def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
+        version = self.version[self._scope(queue, accelerator_type)]
+        key = (queue, accelerator_type, amount)
+        hit = self.cache.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        result = super().check(queue, accelerator_type, amount)
+        self.cache[key] = (version, result)
+        return result
 
 
 class _State:
     """The cluster as this cycle sees it: node devices, quota usage and running workloads."""
 
     def __init__(self, snapshot: Snapshot):
-        self.nodes: dict[str, NodeState] = {
-            spec.name: NodeState(name=spec.name, pool=spec.pool, accelerator_type=spec.accelerator_type,
-                                 leaf_group=spec.leaf_group, device_free=[1.0] * spec.devices,
-                                 schedulable=spec.schedulable)
+        self.nodes: dict[str, _Node] = {
+            spec.name: _Node(spec.name, spec.accelerator_type, spec.leaf_group, spec.devices, spec.schedulable)
             for spec in sorted(snapshot.nodes, key=lambda n: n.name)
         }
-        self.ledger = QuotaLedger(snapshot.cluster_queues)
+        self.ledger = _Ledger(snapshot.cluster_queues)
         self.running: dict[str, Running] = {}
+        nodes = self.nodes
         for running in sorted(snapshot.running, key=lambda r: r.workload.id):
             for worker in running.workers:
-                node = self.nodes.get(worker.node)
+                node = nodes.get(worker.node)
                 if node is not None:
+                    free = node.device_free
                     for index, share in worker.taken:
-                        node.device_free[index] = max(0.0, node.device_free[index] - share)
+                        free[index] = max(0.0, free[index] - share)
             self.ledger.add(running.workload.cluster_queue, running.accelerator_type, running.usage)
             self.running[running.workload.id] = running
         self.started_before = frozenset(self.running)
+        by_type: dict[str, list[_Node]] = {}
+        for node in nodes.values():
+            by_type.setdefault(node.accelerator_type, []).append(node)
+        self.pools = {accelerator_type: _Pool(members) for accelerator_type, members in by_type.items()}
+        self._empty = _Pool([])
+        self._victims: dict[str, _Victims] = {}
 
-    def nodes_of(self, accelerator_type: str) -> list[NodeState]:
-        return [node for node in self.nodes.values() if node.accelerator_type == accelerator_type]
+    def pool(self, accelerator_type: str) -> _Pool:
+        return self.pools.get(accelerator_type, self._empty)
+
+    def victims(self, accelerator_type: str) -> _Victims:
+        victims = self._victims.get(accelerator_type)
+        if victims is None:
+            victims = self._victims[accelerator_type] = _Victims(
+                r for r in self.running.values()
+                if r.accelerator_type == accelerator_type and r.workload.preemptible
+                and r.workload.id in self.started_before)
+        return victims
+
+
+class _Victims:
+    """Workloads of one type that may be preempted (running before the cycle, preemptible), sorted as victims
+    are chosen, with what releasing all of them per (priority, queue) would give back."""
+
+    def __init__(self, running):
+        self.order = sorted(running, key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
+        self.start = 0
+        self.totals: dict[int, dict[str, list[float]]] = {}  # priority -> queue -> [usage, shares, entries, n]
+        self.cache: dict[tuple, tuple[dict[str, float], float, float, float]] = {}
+        for r in self.order:
+            self._count(r, 1.0)
+
+    def _count(self, running: Running, sign: float) -> None:
+        per_queue = self.totals.setdefault(running.workload.priority, {})
+        total = per_queue.setdefault(running.workload.cluster_queue, [0.0, 0.0, 0.0, 0.0])
+        total[3] += sign
+        total[0] += sign * running.usage
+        total[1] += sign * sum(share for worker in running.workers for _, share in worker.taken)
+        total[2] += sign * sum(len(worker.taken) for worker in running.workers)
+
+    def gone(self, running: Running) -> None:
+        self._count(running, -1.0)
+        self.cache.clear()
+
+    def releasable(self, priority: int, reclaim: set[str]) -> tuple[dict[str, float], float, float, float]:
+        key = (priority, frozenset(reclaim))
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = self._releasable(priority, reclaim)
+        return hit
+
+    def _releasable(self, priority: int, reclaim: set[str]) -> tuple[dict[str, float], float, float, float]:
+        usage: dict[str, float] = defaultdict(float)
+        shares = entries = victims = 0.0
+        for victim_priority, per_queue in self.totals.items():
+            for queue, (amount, share, count, number) in per_queue.items():
+                if victim_priority < priority or queue in reclaim:
+                    usage[queue] += amount
+                    shares += share
+                    entries += count
+                    victims += number
+        return usage, shares, entries, victims
+
+    def candidates(self, priority: int, reclaim: set[str], already: set[str]):
+        order = self.order
+        while self.start < len(order) and order[self.start].workload.id in already:
+            self.start += 1
+        for index in range(self.start, len(order)):
+            running = order[index]
+            victim = running.workload
+            if victim.priority >= priority and not reclaim:
+                return
+            if victim.id in already:
+                continue
+            if victim.priority < priority or victim.cluster_queue in reclaim:
+                yield running
+
+
+class _Undo:
+    """Changes made by a preemption trial, to be undone when the trial makes no room."""
+
+    def __init__(self, state: _State):
+        self.state = state
+        self.devices: dict[str, list[float]] = {}
+        self.usage: dict[tuple[str, str], float] = {}
+        self.running: dict[str, Running | None] = {}
 
     def release(self, workers) -> None:
+        nodes = self.state.nodes
         for worker in workers:
-            self.nodes[worker.node].give_back(worker.taken)
+            node = nodes[worker.node]
+            if node.name not in self.devices:
+                self.devices[node.name] = list(node.device_free)
+            free = node.device_free
+            for index, share in worker.taken:
+                free[index] = min(1.0, free[index] + share)
+            node.pool.refresh(node)
+
+    def add(self, queue: str, accelerator_type: str, amount: float) -> None:
+        key = (queue, accelerator_type)
+        if key not in self.usage:
+            self.usage[key] = self.state.ledger.usage[key]
+        self.state.ledger.add(queue, accelerator_type, amount)
+
+    def set_running(self, workload_id: str, running: Running | None) -> None:
+        if workload_id not in self.running:
+            self.running[workload_id] = self.state.running.get(workload_id)
+        if running is None:
+            del self.state.running[workload_id]
+        else:
+            self.state.running[workload_id] = running
+
+    def undo(self) -> None:
+        state = self.state
+        for name, free in self.devices.items():
+            node = state.nodes[name]
+            node.device_free[:] = free
+            node.pool.refresh(node)
+        for (queue, accelerator_type), value in self.usage.items():
+            state.ledger.set(queue, accelerator_type, value)
+        for workload_id, running in self.running.items():
+            if running is None:
+                state.running.pop(workload_id, None)
+            else:
+                state.running[workload_id] = running
+
+
+def _place_gang(pool: _Pool, workers: int, devices: float) -> tuple[WorkerPlacement, ...] | None:
+    """placement.place_gang(nodes, workers=..., devices=..., score=best_fit, leaf_group_aware=True), indexed."""
+    if workers <= 0:
+        return ()
+    group_slots = pool.shape(devices)
+    if pool.total[devices] < workers:
+        return None  # every worker placed takes exactly one slot: the gang cannot fit anywhere
+    best = None
+    for name, slots in group_slots.items():
+        if slots >= workers and (best is None or (slots - workers, name) < best):
+            best = (slots - workers, name)
+    if best is not None:
+        placed = []
+        members = pool.groups[best[1]]
+        for _ in range(workers):
+            fitting = [node for node in members if node.slots[devices] > 0]  # slots > 0: fits(devices)
+            if not fitting:  # cannot happen (slots >= workers); roll back as place_gang does
+                for node_name, taken in placed:
+                    _give_back(pool, node_name, taken)
+                placed = None
+                break
+            node = min(fitting, key=lambda n: (n.free - devices, n.name))
+            placed.append((node.name, node.take(devices)))
+        if placed is not None:
+            return tuple(WorkerPlacement(node=name, taken=taken) for name, taken in placed)
+    ordered = sorted(pool.groups, key=lambda name: (-group_slots[name], name))
+    placed = []
+    for name in ordered:
+        for node in pool.groups[name]:
+            while len(placed) < workers and node.fits(devices):
+                placed.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
+            if len(placed) == workers:
+                return tuple(placed)
+    for worker in placed:  # cannot happen either (the type has enough slots)
+        _give_back(pool, worker.node, worker.taken)
+    return None
+
+
+def _give_back(pool: _Pool, name: str, taken) -> None:
+    node = next(node for node in pool.nodes if node.name == name)
+    for index, share in taken:
+        node.device_free[index] = min(1.0, node.device_free[index] + share)
+    pool.refresh(node)
 
 
 def schedule(snapshot: Snapshot) -> CycleResult:
@@ -123,13 +455,11 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
         if not check.ok:
             reasons.append(check.reason)
             continue
-        placement = place_gang(state.nodes_of(accelerator_type), workers=workload.workers_min,
-                               devices=workload.devices_per_worker, score=best_fit)
-        if placement is None:
+        workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
+        if workers is None:
             reasons.append(_capacity_reason(state, workload, accelerator_type))
             continue
         state.ledger.add(workload.cluster_queue, accelerator_type, demand)
-        workers = tuple(placement.workers)
         state.running[workload.id] = Running(workload=workload, accelerator_type=accelerator_type, workers=workers)
         groups = sorted({state.nodes[w.node].leaf_group for w in workers})
         why = f"{workload.workers_min} x {workload.devices_per_worker:g} {accelerator_type} in leaf group(s) " \
@@ -141,68 +471,101 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
 
 
 def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -> str:
-    nodes = [node for node in state.nodes_of(accelerator_type) if node.schedulable]
-    if not nodes:
+    pool = state.pool(accelerator_type)
+    if not pool.sched:
         return f"no schedulable {accelerator_type} nodes"
-    free = sum(node.free_total() for node in nodes)
-    return (f"not enough free {accelerator_type}: {free:g} devices free on {len(nodes)} nodes, needs "
+    free = pool.free_total()
+    return (f"not enough free {accelerator_type}: {free:g} devices free on {len(pool.sched)} nodes, needs "
             f"{workload.workers_min} x {workload.devices_per_worker:g} placed all at once")
 
 
 def _plan_preemption(state: _State, workload: Workload, types, already: set[str]):
     """Victims that make `workload` fit, or None. On success the state already excludes them and
     holds the preemptor's devices and quota, so no later workload can take them."""
+    ledger = state.ledger
     for accelerator_type in types:
-        candidates = []
-        for running in state.running.values():
-            victim = running.workload
-            if running.accelerator_type != accelerator_type or victim.id in already or not victim.preemptible \
-                    or victim.id not in state.started_before:
-                continue  # only workloads that were running before this cycle can be victims
-            lower = victim.priority < workload.priority
-            reclaim = (victim.cluster_queue != workload.cluster_queue
-                       and victim.cluster_queue in state.ledger.members(workload.cluster_queue)
-                       and state.ledger.borrowed(victim.cluster_queue, accelerator_type) > EPS
-                       and _within_nominal(state, workload, accelerator_type))
-            if lower or reclaim:
-                candidates.append(running)
-        if not candidates:
+        reclaim: set[str] = set()
+        if _within_nominal(state, workload, accelerator_type):
+            reclaim = {queue for queue in ledger.members(workload.cluster_queue)
+                       if queue != workload.cluster_queue and ledger.borrowed(queue, accelerator_type) > EPS}
+        pool_victims = state.victims(accelerator_type)
+        if not _could_fit(state, workload, accelerator_type, pool_victims, reclaim):
+            continue  # no candidates, or even every candidate would not make room: preempt nothing
+        candidates = pool_victims.candidates(workload.priority, reclaim, already)
+        first = next(candidates, None)
+        if first is None:
             continue
-        candidates.sort(key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
-        trial = copy.deepcopy(state)
-        victims, shrinks = [], []
-        for running in candidates:
+        undo = _Undo(state)
+        victims, shrinks, gone = [], [], []
+        fitted = False
+        for running in _chain(first, candidates):
             victim = running.workload
+            gone.append(running)
             kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
             if len(running.workers) > victim.workers_min:  # shrink an elastic victim before stopping it
                 released = running.workers[victim.workers_min:]
-                trial.release(released)
-                trial.ledger.add(victim.cluster_queue, accelerator_type, -len(released) * victim.devices_per_worker)
-                trial.running[victim.id] = Running(victim, accelerator_type, running.workers[:victim.workers_min],
-                                                   running.work_since_checkpoint_s)
+                undo.release(released)
+                undo.add(victim.cluster_queue, accelerator_type, -len(released) * victim.devices_per_worker)
+                undo.set_running(victim.id, Running(victim, accelerator_type, running.workers[:victim.workers_min],
+                                                    running.work_since_checkpoint_s))
                 shrinks.append(Shrink(victim.id, victim.workers_min, tuple(released), workload.id,
                                       f"shrunk to {victim.workers_min} workers for {workload.id} ({kind})"))
-                if _fits(trial, workload, accelerator_type):
+                if _fits(state, workload, accelerator_type):
+                    fitted = True
                     break
-            trial.release(trial.running[victim.id].workers)
-            trial.ledger.add(victim.cluster_queue, accelerator_type, -trial.running[victim.id].usage)
-            del trial.running[victim.id]
+            current = state.running[victim.id]
+            undo.release(current.workers)
+            undo.add(victim.cluster_queue, accelerator_type, -current.usage)
+            undo.set_running(victim.id, None)
             shrinks = [s for s in shrinks if s.workload_id != victim.id]
             victims.append(Preempt(victim.id, workload.id,
                                    f"preempted for {workload.id} ({kind}; {running.work_since_checkpoint_s:g} s "
                                    "since its last checkpoint)"))
-            if _fits(trial, workload, accelerator_type):
+            if _fits(state, workload, accelerator_type):
+                fitted = True
                 break
-        else:
-            continue  # even every candidate would not make room: preempt nothing
+        if not fitted:
+            undo.undo()
+            continue
         # Hold the freed devices and quota for the preemptor until the victims are gone.
-        placement = place_gang(trial.nodes_of(accelerator_type), workers=workload.workers_min,
-                               devices=workload.devices_per_worker)
-        trial.ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
-        trial.running[workload.id] = Running(workload, accelerator_type, tuple(placement.workers))
-        state.__dict__.update(trial.__dict__)
+        workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
+        ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
+        state.running[workload.id] = Running(workload, accelerator_type, workers)
+        for running in gone:
+            pool_victims.gone(running)
         return victims, shrinks, accelerator_type
     return None
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
+               reclaim: set[str]) -> bool:
+    """False only when even releasing every candidate victim could not make `workload` fit (quota and
+    capacity are monotone in what is released, so the trial would preempt nothing)."""
+    usage, shares, entries, count = victims.releasable(workload.priority, reclaim)
+    if count < 0.5:
+        return False  # no candidates
+    pool = state.pool(accelerator_type)
+    devices, workers = workload.devices_per_worker, workload.workers_min
+    if workers > 0:
+        if devices >= 1.0 - EPS:
+            if (pool.whole_sum + entries + 0.5) // max(1, round(devices)) < workers:
+                return False
+        elif (pool.free_total() + shares + 1e-3) / devices < workers:
+            return False
+    ledger = state.ledger
+    saved = {queue: ledger.usage[(queue, accelerator_type)] for queue in usage}
+    try:
+        for queue, amount in usage.items():
+            ledger.usage[(queue, accelerator_type)] -= amount + 1e-6
+        return QuotaLedger.check(ledger, workload.cluster_queue, accelerator_type, workload.demand()).ok
+    finally:
+        for queue, value in saved.items():
+            ledger.usage[(queue, accelerator_type)] = value
 
 
 def _within_nominal(state: _State, workload: Workload, accelerator_type: str) -> bool:
@@ -213,8 +576,8 @@ def _within_nominal(state: _State, workload: Workload, accelerator_type: str) ->
 def _fits(state: _State, workload: Workload, accelerator_type: str) -> bool:
     if not state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()).ok:
         return False
-    probe = [copy.deepcopy(node) for node in state.nodes_of(accelerator_type)]
-    return place_gang(probe, workers=workload.workers_min, devices=workload.devices_per_worker) is not None
+    return workload.workers_min <= 0 or state.pool(accelerator_type).slots(workload.devices_per_worker) \
+        >= workload.workers_min
 
 
 def _reserve(state: _State, workload: Workload, types) -> bool:
@@ -222,18 +585,15 @@ def _reserve(state: _State, workload: Workload, types) -> bool:
     for accelerator_type in types:
         if not state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()).ok:
             continue
-        nodes = [node for node in state.nodes_of(accelerator_type) if node.schedulable]
-        capacity = sum(node.capacity for node in nodes)
+        pool = state.pool(accelerator_type)
+        capacity = sum(node.capacity for node in pool.sched)
         if capacity + EPS < workload.demand():
             continue
-        by_group: dict[str, list[NodeState]] = defaultdict(list)
-        for node in nodes:
-            by_group[node.leaf_group].append(node)
-        ordered = sorted(by_group.values(),
-                         key=lambda group: (-sum(n.free_total() for n in group), group[0].leaf_group))
+        ordered = sorted(pool.groups.values(), key=lambda group: (-sum(n.free for n in group), group[0].leaf_group))
         remaining = workload.demand()
         for group in ordered:
-            for node in sorted(group, key=lambda n: (-n.free_total(), n.name)):
+            for node in sorted(group, key=lambda n: (-n.free, n.name)):
+                touched = False
                 for index, share in enumerate(node.device_free):
                     if remaining <= EPS:
                         break
@@ -241,13 +601,16 @@ def _reserve(state: _State, workload: Workload, types) -> bool:
                         taken = min(share, remaining)
                         node.device_free[index] -= taken
                         remaining -= taken
+                        touched = True
+                if touched:
+                    pool.refresh(node)
         state.ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
         return True
     return False
 
 
 def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiting_types: set[str]) -> None:
-    admitted_now = {admit.workload_id for admit in result.admitted}
+    admitted_now = {admit.workload_id: i for i, admit in enumerate(result.admitted)}
     elastic = sorted((r for r in state.running.values()
                       if r.workload.id not in preempted and len(r.workers) < r.workload.workers_max),
                      key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id))
@@ -256,23 +619,27 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
         if accelerator_type in waiting_types:
             continue  # someone waits for this chip: do not grow into it
         added: list[WorkerPlacement] = []
-        groups = {state.nodes[w.node].leaf_group for w in running.workers}
+        pool = state.pool(accelerator_type)
+        devices = workload.devices_per_worker
         while len(running.workers) + len(added) < workload.workers_max:
-            if not state.ledger.check(workload.cluster_queue, accelerator_type, workload.devices_per_worker).ok:
+            if not state.ledger.check(workload.cluster_queue, accelerator_type, devices).ok:
                 break
-            nodes = state.nodes_of(accelerator_type)
-            near = [n for n in nodes if n.leaf_group in groups] + [n for n in nodes if n.leaf_group not in groups]
-            placement = place_gang(near, workers=1, devices=workload.devices_per_worker, leaf_group_aware=False)
-            if placement is None:
+            if pool.slots(devices) < 1:
                 break
-            state.ledger.add(workload.cluster_queue, accelerator_type, workload.devices_per_worker)
-            added.extend(placement.workers)
+            best = None  # the fullest node that still fits (best fit), ties by name
+            for n in pool.sched:
+                if n.slots[devices] > 0 and (best is None or (n.free - devices, n.name) < (best.free - devices,
+                                                                                             best.name)):
+                    best = n
+            node = best
+            state.ledger.add(workload.cluster_queue, accelerator_type, devices)
+            added.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
         if not added:
             continue
         workers = running.workers + tuple(added)
         state.running[workload.id] = Running(workload, accelerator_type, workers, running.work_since_checkpoint_s)
         if workload.id in admitted_now:
-            index = next(i for i, a in enumerate(result.admitted) if a.workload_id == workload.id)
+            index = admitted_now[workload.id]
             admit = result.admitted[index]
             result.admitted[index] = Admit(admit.workload_id, admit.accelerator_type, workers,
                                            admit.borrowed, admit.reason + f"; started with {len(workers)} workers "

@@ -1,0 +1,307 @@
+"""Scale of one scheduling cycle: time per cycle (p50/p99) and peak memory from 1k to 100k accelerators.
+
+Run from the repository root::
+
+    .venv/bin/python -m benchmarks.scale [--sizes 1000,10000,100000] [--pending 10000] [--cycles 20] [--seed 0]
+                                         [--max-cycles-large 10]
+
+Each size builds deterministic synthetic clusters (seeded): 8 devices per node, leaf groups of 32 nodes, four
+pools of different accelerator types (h100 40%, a100 30%, l40s 20%, p800 10% of the nodes), eight
+ClusterQueues in one cohort (nominal quotas that add up to the cluster; some with borrowing or lending
+limits), a running set filling about 70% of the devices (whole-node gang workers, 1/2/4-device jobs,
+fractional 0.25/0.5 inference replicas, some elastic), and `--pending` pending workloads: ~55% 1-8 devices
+on one node, ~12% multi-node gangs of 2-16 workers x 8, ~20% fractional 0.25/0.5 inference replicas, ~13%
+elastic 1-2 (up to 4) x 8; priorities 0-3 (running 0-2), one or two accepted types.
+
+Per size, `--cycles` cycles of `schedule(snapshot)` are timed with time.perf_counter over up to four
+different seeded snapshots (used round-robin), then one more cycle runs under tracemalloc for the peak
+memory (a separate pass, as tracemalloc slows Python down). Snapshot construction is not timed. At sizes
+of 50,000 accelerators or more, at most `--max-cycles-large` cycles run (so a full run stays within
+minutes); the table says how many cycles each p50/p99 comes from. Results go to
+``benchmarks/results/scale.{json,csv}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import gc
+import json
+import platform as host_platform
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT / "platform") not in sys.path:  # `platform/` is the source root of controlplane
+    sys.path.insert(0, str(REPO_ROOT / "platform"))
+
+from controlplane.scheduling.model import (  # noqa: E402
+    ClusterQueueSpec,
+    NodeSpec,
+    Quota,
+    Running,
+    Snapshot,
+    Workload,
+)
+from controlplane.scheduling.placement import WorkerPlacement  # noqa: E402
+from controlplane.scheduling.scheduler import schedule  # noqa: E402
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+DEVICES_PER_NODE = 8
+LEAF_GROUP_NODES = 32
+POOLS = (("nvidia-h100", 0.40), ("nvidia-a100", 0.30), ("nvidia-l40s", 0.20), ("kunlun-p800", 0.10))
+QUEUES = 8
+RUNNING_FILL = 0.70
+LARGE = 50_000
+SNAPSHOT_VARIANTS = 4
+# Accepted-type sets of pending workloads (training prefers h100 then a100; inference l40s or a100).
+TRAIN_TYPES = (("nvidia-h100",), ("nvidia-h100", "nvidia-a100"), ("nvidia-a100",), ("kunlun-p800",),
+               ("nvidia-a100", "nvidia-h100"))
+INFER_TYPES = (("nvidia-l40s",), ("nvidia-l40s", "nvidia-a100"), ("nvidia-a100", "nvidia-l40s"))
+
+
+def build_nodes(accelerators: int) -> tuple[NodeSpec, ...]:
+    count = max(len(POOLS), accelerators // DEVICES_PER_NODE)
+    nodes = []
+    assigned = 0
+    for index, (accelerator_type, share) in enumerate(POOLS):
+        pool_nodes = count - assigned if index == len(POOLS) - 1 else max(1, round(count * share))
+        assigned += pool_nodes
+        short = accelerator_type.split("-")[1]
+        for i in range(pool_nodes):
+            nodes.append(NodeSpec(f"{short}-n{i:05d}", f"{short}-pool", accelerator_type,
+                                  f"{short}-lg{i // LEAF_GROUP_NODES:03d}", DEVICES_PER_NODE,
+                                  schedulable=(i % 97) != 13))  # ~1% cordoned
+    return tuple(nodes)
+
+
+def build_queues(nodes: tuple[NodeSpec, ...]) -> tuple[ClusterQueueSpec, ...]:
+    capacity: dict[str, float] = {}
+    for node in nodes:
+        capacity[node.accelerator_type] = capacity.get(node.accelerator_type, 0) + node.devices
+    queues = []
+    weights = [3, 2, 2, 1, 1, 1, 1, 1]
+    for q in range(QUEUES):
+        quotas = {}
+        for accelerator_type, total in capacity.items():
+            nominal = float(round(total * weights[q] / sum(weights)))
+            borrowing = None if q % 3 == 0 else float(round(nominal * 0.5))
+            lending = None if q % 4 != 1 else float(round(nominal * 0.5))
+            quotas[accelerator_type] = Quota(nominal, borrowing, lending)
+        queues.append(ClusterQueueSpec(f"team-{q}", quotas, "org"))
+    return tuple(queues)
+
+
+def build_running(nodes: tuple[NodeSpec, ...], rng: random.Random) -> tuple[Running, ...]:
+    """Fill about RUNNING_FILL of the devices with running workloads, pool by pool, leaf group by leaf group."""
+    running: list[Running] = []
+    by_type: dict[str, list[NodeSpec]] = {}
+    for node in nodes:
+        by_type.setdefault(node.accelerator_type, []).append(node)
+    serial = 0
+
+    def add(accelerator_type, devices_per_worker, workers, queue=None, workers_max=None):
+        nonlocal serial
+        serial += 1
+        workload = Workload(f"run-{serial:06d}", queue or f"team-{rng.randrange(QUEUES)}", (accelerator_type,),
+                            devices_per_worker, len(workers) if workers_max is None else 1,
+                            workers_max or len(workers), rng.choices((0, 1, 2), (6, 3, 1))[0],
+                            -rng.uniform(0, 86_400), preemptible=rng.random() < 0.95)
+        running.append(Running(workload, accelerator_type, tuple(workers), rng.uniform(0, 3600)))
+
+    for accelerator_type, members in by_type.items():
+        free = [[1.0] * node.devices for node in members]
+        target = RUNNING_FILL * len(members) * DEVICES_PER_NODE
+        busy = 0.0
+        order = list(range(len(members)))
+        rng.shuffle(order)
+        position = 0
+        while busy < target and position < len(order):
+            kind = rng.random()
+            if kind < 0.55:  # a gang of whole nodes (1-4 workers x 8), on consecutive shuffled nodes
+                gang = []
+                for _ in range(rng.choice((1, 1, 2, 2, 4))):
+                    if position >= len(order):
+                        break
+                    i = order[position]
+                    position += 1
+                    free[i] = [0.0] * DEVICES_PER_NODE
+                    gang.append(WorkerPlacement(members[i].name, tuple((d, 1.0) for d in range(DEVICES_PER_NODE))))
+                if gang:
+                    elastic = len(gang) >= 2 and rng.random() < 0.2
+                    add(accelerator_type, 8.0, gang, workers_max=len(gang) if elastic else None)
+                    if elastic:  # an elastic job running above its minimum of 1 worker
+                        last = running[-1]
+                        running[-1] = Running(Workload(last.workload.id, last.workload.cluster_queue,
+                                                       last.workload.accepted_types, 8.0, 1, len(gang),
+                                                       last.workload.priority, last.workload.arrival),
+                                              accelerator_type, last.workers, last.work_since_checkpoint_s)
+                    busy += 8 * len(gang)
+            else:  # a node shared by small jobs and fractional replicas, left partly free
+                i = order[position]
+                position += 1
+                fill = rng.randint(2, 7)
+                device = 0
+                while device < fill:
+                    size = min(rng.choice((1, 1, 2, 4)), fill - device)
+                    if rng.random() < 0.25:  # fractional replicas sharing one device
+                        share = rng.choice((0.25, 0.5))
+                        for _ in range(rng.randint(1, int(1 / share))):
+                            add(accelerator_type, share, [WorkerPlacement(members[i].name, ((device, share),))])
+                            free[i][device] -= share
+                            busy += share
+                        device += 1
+                        continue
+                    taken = tuple((d, 1.0) for d in range(device, device + size))
+                    add(accelerator_type, float(size), [WorkerPlacement(members[i].name, taken)])
+                    for d in range(device, device + size):
+                        free[i][d] = 0.0
+                    busy += size
+                    device += size
+    return tuple(running)
+
+
+def build_pending(count: int, rng: random.Random) -> tuple[Workload, ...]:
+    pending = []
+    for i in range(count):
+        kind = rng.random()
+        priority = rng.choices((0, 1, 2, 3), (55, 25, 15, 5))[0]
+        queue = f"team-{rng.choices(range(QUEUES), (3, 2, 2, 1, 1, 1, 1, 1))[0]}"
+        arrival = rng.uniform(0, 3600)
+        if kind < 0.55:
+            devices, workers, workers_max, types = rng.choice((1, 1, 1, 2, 2, 4, 8)), 1, 1, rng.choice(TRAIN_TYPES)
+        elif kind < 0.67:
+            workers = rng.choice((2, 2, 4, 4, 8, 16))
+            devices, workers_max, types = 8, workers, rng.choice(TRAIN_TYPES[:3])
+        elif kind < 0.87:
+            devices, workers, types = rng.choice((0.25, 0.5)), 1, rng.choice(INFER_TYPES)
+            workers_max = rng.choice((1, 1, 2, 4))
+        else:
+            workers = rng.choice((1, 2))
+            devices, workers_max, types = 8, rng.choice((2, 4)), rng.choice(TRAIN_TYPES[:3])
+        pending.append(Workload(f"wl-{i:06d}", queue, types, float(devices), workers, max(workers, workers_max),
+                                priority, arrival, preemptible=True))
+    return tuple(pending)
+
+
+def build_snapshot(accelerators: int, pending: int, seed: int) -> Snapshot:
+    rng = random.Random(f"scale-{accelerators}-{pending}-{seed}")
+    nodes = build_nodes(accelerators)
+    return Snapshot(nodes, build_queues(nodes), running=build_running(nodes, rng), pending=build_pending(pending, rng))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = q / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def measure(accelerators: int, pending: int, cycles: int, seed: int) -> dict:
+    snapshots = [build_snapshot(accelerators, pending, seed + v) for v in range(min(cycles, SNAPSHOT_VARIANTS))]
+    first = snapshots[0]
+    times, admitted, preempted, waiting = [], [], [], []
+    for cycle in range(cycles):
+        snapshot = snapshots[cycle % len(snapshots)]
+        gc.collect()
+        start = time.perf_counter()
+        result = schedule(snapshot)
+        times.append((time.perf_counter() - start) * 1000)
+        admitted.append(len(result.admitted))
+        preempted.append(len(result.preempted) + len(result.shrunk))
+        waiting.append(len(result.waiting))
+    gc.collect()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base, _ = tracemalloc.get_traced_memory()
+    schedule(first)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    devices = sum(node.devices for node in first.nodes)
+    busy = sum(r.usage for r in first.running)
+    return {
+        "accelerators": devices, "nodes": len(first.nodes), "pending": len(first.pending),
+        "running": len(first.running), "running_fill": round(busy / devices, 3), "cycles": cycles,
+        "p50_ms": round(statistics.median(times), 2), "p99_ms": round(percentile(times, 99), 2),
+        "max_ms": round(max(times), 2), "mean_ms": round(statistics.fmean(times), 2),
+        "peak_mib": round((peak - base) / 2**20, 2),
+        "admitted_per_cycle": round(statistics.fmean(admitted), 1),
+        "preempted_or_shrunk_per_cycle": round(statistics.fmean(preempted), 1),
+        "waiting_per_cycle": round(statistics.fmean(waiting), 1),
+        "times_ms": [round(t, 3) for t in times],
+    }
+
+
+COLUMNS = (("accelerators", "accelerators", "d"), ("nodes", "nodes", "d"), ("pending", "pending", "d"),
+           ("running", "running", "d"), ("cycles", "cycles", "d"), ("p50_ms", "p50 ms", ".1f"),
+           ("p99_ms", "p99 ms", ".1f"), ("peak_mib", "peak MiB", ".1f"), ("admitted_per_cycle", "admitted", ".0f"),
+           ("preempted_or_shrunk_per_cycle", "preempt+shrink", ".0f"), ("waiting_per_cycle", "waiting", ".0f"))
+
+
+def table(rows: list[dict]) -> str:
+    cells = [[format(row[key], fmt) for key, _, fmt in COLUMNS] for row in rows]
+    widths = [max(len(title), *(len(c[i]) for c in cells)) for i, (_, title, _) in enumerate(COLUMNS)]
+    lines = ["  ".join(title.rjust(w) for (_, title, _), w in zip(COLUMNS, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1000,10000,100000", help="accelerators per cluster, comma-separated")
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--max-cycles-large", type=int, default=10,
+                        help=f"at most this many timed cycles at {LARGE:,} accelerators or more")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RESULTS_DIR / "scale"), help="output path without extension")
+    parser.add_argument("--target-ms", type=float, default=100.0, help="p99 target at the largest size")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    rows = []
+    for size in sizes:
+        cycles = min(args.cycles, args.max_cycles_large) if size >= LARGE else args.cycles
+        started = time.perf_counter()
+        row = measure(size, args.pending, cycles, args.seed)
+        rows.append(row)
+        print(f"  {size:,} accelerators: {cycles} cycles in {time.perf_counter() - started:.1f} s", flush=True)
+    print(table(rows))
+    largest = rows[-1]
+    verdict = "met" if largest["p99_ms"] < args.target_ms else "MISSED"
+    print(f"target: p99 < {args.target_ms:g} ms at {largest['accelerators']:,} accelerators: {verdict} "
+          f"(p99 {largest['p99_ms']:.1f} ms)")
+    payload = {
+        "benchmark": "scale", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "parameters": {"sizes": sizes, "pending": args.pending, "cycles": args.cycles,
+                       "max_cycles_large": args.max_cycles_large, "large_from": LARGE, "seed": args.seed,
+                       "devices_per_node": DEVICES_PER_NODE, "leaf_group_nodes": LEAF_GROUP_NODES,
+                       "pools": dict(POOLS), "queues": QUEUES, "running_fill": RUNNING_FILL,
+                       "snapshot_variants": SNAPSHOT_VARIANTS},
+        "host": {"python": sys.version.split()[0], "machine": host_platform.machine(),
+                 "processor": host_platform.processor()},
+        "target": {"p99_ms": args.target_ms, "accelerators": largest["accelerators"], "met": verdict == "met"},
+        "results": rows,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1))
+    with open(out.with_suffix(".csv"), "w", newline="") as fh:
+        writer = csv.writer(fh)
+        keys = [key for key in rows[0] if key != "times_ms"]
+        writer.writerow(["date", "seed", *keys])
+        for row in rows:
+            writer.writerow([payload["date"], args.seed, *(row[key] for key in keys)])
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
