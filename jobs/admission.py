@@ -44,14 +44,20 @@ def _devices(job: TrainingJob, accelerator_type: str) -> float:
     return job.cpus_per_worker if accelerator_type == "cpu" else float(job.devices_per_worker)
 
 
+# Victims must be able to leave by a transition of the table: an admitted job goes back to QUEUED,
+# a running one to PREEMPTED. A job STARTING or RECOVERING is left alone until it settles.
+PREEMPTIBLE_STATES = {JobState.ADMITTED, JobState.RUNNING}
+
+
 def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload:
     types = tuple(job.accelerator_types)
+    preemptible = job.priority_class.preemptible if job.priority_class else True
     return Workload(
         id=str(job.pk), cluster_queue=job.local_queue.cluster_queue.name, accepted_types=types,
         devices_per_worker=_devices(job, accelerator_type or types[0]), workers_min=job.workers_min,
         workers_max=job.workers_max, priority=job.priority_class.value if job.priority_class else 0,
         arrival=job.created_at.timestamp(), workload_class=job.trainer,
-        preemptible=job.priority_class.preemptible if job.priority_class else True,
+        preemptible=preemptible and (job.state == JobState.QUEUED or job.state in PREEMPTIBLE_STATES),
     )
 
 

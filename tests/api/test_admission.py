@@ -100,3 +100,33 @@ def test_console_job_detail_shows_position_and_placement(api, cluster, world):
     assert "Queue position" in page and "1 in cluster queue shared" in page
     page = browser.get(f"/jobs/{admitted}/").content.decode()
     assert "2 workers on nvidia-h100" in page and "h100-pool-0" in page
+
+
+def test_preemption_in_the_platform_requeues_an_admitted_victim(api, cluster, world):
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    victim = submit(client, name="low", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    assert status(client, victim)["state"] == "ADMITTED"
+    urgent = submit(client, name="urgent", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"],
+                    priority="urgent")
+    body = status(client, victim)
+    assert body["state"] == "QUEUED" and body["placement"] == []
+    events = client.get(f"/api/v1/training-jobs/{victim}/events/").json()["results"]
+    assert events[-1]["to_state"] == "QUEUED" and "preempted for" in events[-1]["reason"]
+    run_cycle()  # the victim is gone: the preemptor starts on the freed devices
+    assert status(client, urgent)["state"] == "ADMITTED"
+
+
+def test_a_starting_job_is_never_chosen_as_a_victim(api, cluster, world):
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    victim = submit(client, name="low", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    TrainingJob.objects.filter(pk=victim).update(state="STARTING")
+    urgent = submit(client, name="urgent", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"],
+                    priority="urgent")
+    assert status(client, victim)["state"] == "STARTING"  # the cycle did not fail on an illegal transition
+    assert status(client, urgent)["state"] == "QUEUED"
