@@ -51,13 +51,14 @@ class QuotaLedger:
         """How much more `queue` may use in its cohort now: the cohort's unused nominal quota, less what
         each other member does not lend (a member lends at most `lending_limit` of its idle quota)."""
         members = self.members(queue)
-        room = sum(self.quota(m, accelerator_type).nominal - self.usage[(m, accelerator_type)] for m in members)
-        for other in members:
+        usage, queues = self.usage, self.queues
+        quotas = [queues[m].quotas.get(accelerator_type, _NO_QUOTA) for m in members]
+        room = sum([quota.nominal - usage[(m, accelerator_type)] for m, quota in zip(members, quotas, strict=True)])
+        for other, quota in zip(members, quotas, strict=True):
             if other == queue:
                 continue
-            quota = self.quota(other, accelerator_type)
             if quota.lending_limit is not None:
-                idle = max(0.0, quota.nominal - self.usage[(other, accelerator_type)])
+                idle = max(0.0, quota.nominal - usage[(other, accelerator_type)])
                 room -= max(0.0, idle - quota.lending_limit)  # idle beyond its lending limit stays home
         return max(0.0, room)
 
@@ -69,13 +70,15 @@ class QuotaLedger:
         return cache[key]
 
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
-        quota = self.quota(queue, accelerator_type)
-        used = self.usage[(queue, accelerator_type)]
+        spec = self.queues[queue]
+        quota = spec.quotas.get(accelerator_type, _NO_QUOTA)
+        usage = self.usage
+        used = usage[(queue, accelerator_type)]
         if used + amount <= quota.nominal + EPS:
             # Within nominal, unless others borrowed that idle quota: then it must be reclaimed first
             # (by preemption), or a preemptor holding it would lose it to a third workload.
-            members = self.members(queue)
-            cohort_used = sum(self.usage[(member, accelerator_type)] for member in members)
+            members = self.cohorts[spec.cohort] if spec.cohort else [queue]
+            cohort_used = sum([usage[(member, accelerator_type)] for member in members])
             cohort_nominal = self._cohort_nominal(queue, members, accelerator_type)
             if cohort_used + amount > cohort_nominal + EPS:
                 return QuotaCheck(False, 0.0, f"{queue}'s idle {accelerator_type} quota is lent to its cohort; "

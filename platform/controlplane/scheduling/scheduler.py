@@ -28,7 +28,11 @@ per-type list sorted once per cycle.
 
 from __future__ import annotations
 
+import gc
+import heapq
+from bisect import bisect_left, insort
 from collections import defaultdict
+from itertools import islice
 
 from controlplane.scheduling.model import (
     Admit,
@@ -44,6 +48,7 @@ from controlplane.scheduling.model import (
 from controlplane.scheduling.placement import EPS, WorkerPlacement
 from controlplane.scheduling.quota import QuotaCheck, QuotaLedger
 
+_WHOLE = 1.0 - EPS
 _EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
 
 
@@ -51,7 +56,7 @@ class _Node:
     """A node's devices (as placement.NodeState) plus the cached values the indexes are built from."""
 
     __slots__ = ("name", "accelerator_type", "leaf_group", "device_free", "schedulable", "free", "whole", "slots",
-                 "pool")
+                 "pool", "simple")
 
     def __init__(self, name, accelerator_type, leaf_group, devices, schedulable):
         self.name = name
@@ -61,6 +66,7 @@ class _Node:
         self.schedulable = schedulable
         self.free = 0.0
         self.whole = 0
+        self.simple = True  # every share is exactly 0.0 or 1.0 (then whole counts the 1.0s)
         self.slots: dict[float, int] = {}
         self.pool: _Pool | None = None
 
@@ -81,6 +87,14 @@ class _Node:
         if devices >= 1.0 - EPS:
             return self.whole // max(1, round(devices))
         return sum(int((share + EPS) // devices) for share in self.device_free)
+
+    def measure(self) -> None:
+        """Set free, whole and simple from device_free."""
+        free = self.device_free
+        ones = free.count(1.0)
+        self.simple = simple = ones + free.count(0.0) == len(free)
+        self.free = sum(free)
+        self.whole = ones if simple else len([share for share in free if share >= _WHOLE])
 
     def take(self, devices: float) -> tuple[tuple[int, float], ...]:  # as NodeState.take (best)
         free = self.device_free
@@ -110,14 +124,17 @@ class _Pool:
         for node in nodes:
             node.pool = self
         self.group_slots: dict[float, dict[str, int]] = {}
+        self.ranked: dict[float, list[tuple[int, str]]] = {}  # per shape: (group slots, group name), sorted
+        self.dirty: dict[float, dict[str, int]] = {}  # per shape: groups whose ranked entry is out of date -> it
+        self.shapes: list[tuple] = []  # per shape: (devices, divisor, per_one, per_zero, group_slots, dirty)
         self.total: dict[float, int] = {}
         self.free_sum = 0.0  # over schedulable nodes, exact while `inexact` is 0 and not `stale`
         self.inexact = 0
         self.stale = False
         self.whole_sum = 0
+        self.info: dict[float, tuple[int, int, int]] = {}
         for node in nodes:
-            node.free = sum(node.device_free)
-            node.whole = sum(1 for share in node.device_free if share >= 1.0 - EPS)
+            node.measure()
             if node.schedulable:
                 self.free_sum += node.free
                 self.whole_sum += node.whole
@@ -130,15 +147,29 @@ class _Pool:
         if slots is None:
             slots = self.group_slots[devices] = {}
             total = 0
+            info = self._info(devices)
             for name, members in self.groups.items():
                 count = 0
                 for node in members:
-                    node.slots[devices] = own = node.slots_for(devices)
+                    node.slots[devices] = own = _node_slots(node, devices, info)
                     count += own
                 slots[name] = count
                 total += count
             self.total[devices] = total
+            self.ranked[devices] = sorted((count, name) for name, count in slots.items())
+            self.dirty[devices] = {}
+            self.shapes.append((devices, *info, slots, self.dirty[devices]))
         return slots
+
+    def _info(self, devices: float) -> tuple[int, int, int]:
+        info = self.info.get(devices)
+        if info is None:
+            if devices >= _WHOLE:
+                info = (max(1, round(devices)), 0, 0)
+            else:
+                info = (0, int((1.0 + EPS) // devices), int((0.0 + EPS) // devices))
+            self.info[devices] = info
+        return info
 
     def slots(self, devices: float) -> int:
         if devices not in self.total:
@@ -147,25 +178,52 @@ class _Pool:
 
     def refresh(self, node: _Node) -> None:
         """Recompute a node's cached values after its device_free changed."""
-        free = sum(node.device_free)
-        whole = sum(1 for share in node.device_free if share >= 1.0 - EPS)
+        old_free, old_whole = node.free, node.whole
+        shares = node.device_free
+        ones = shares.count(1.0)
+        node.simple = simple = ones + shares.count(0.0) == len(shares)
+        node.free = free = sum(shares)
+        node.whole = whole = ones if simple else len([share for share in shares if share >= _WHOLE])
         if node.schedulable:
-            was_exact = (node.free * _EXACT).is_integer()
+            was_exact = (old_free * _EXACT).is_integer()
             now_exact = (free * _EXACT).is_integer()
             self.inexact += (not now_exact) - (not was_exact)
             if not (was_exact and now_exact):
                 self.stale = True
-            self.free_sum += free - node.free
-            self.whole_sum += whole - node.whole
-        node.free, node.whole = free, whole
-        if node.schedulable:
-            for devices, group_slots in self.group_slots.items():
-                own = node.slots_for(devices)
-                delta = own - node.slots[devices]
+            self.free_sum += free - old_free
+            self.whole_sum += whole - old_whole
+            node_slots = node.slots
+            group = node.leaf_group
+            capacity = len(shares)
+            for devices, divisor, per_one, per_zero, group_slots, dirty in self.shapes:
+                if divisor:
+                    own = whole // divisor
+                elif simple:
+                    own = ones * per_one + (capacity - ones) * per_zero
+                else:
+                    own = sum([int((share + EPS) // devices) for share in shares])
+                delta = own - node_slots[devices]
                 if delta:
-                    node.slots[devices] = own
-                    group_slots[node.leaf_group] += delta
+                    node_slots[devices] = own
+                    old = group_slots[group]
+                    group_slots[group] = old + delta
                     self.total[devices] += delta
+                    if group not in dirty:
+                        dirty[group] = old
+
+    def rank(self, devices: float) -> list[tuple[int, str]]:
+        """The (slots, group) list of a shape (after shape(devices)), sorted and up to date."""
+        ranked = self.ranked[devices]
+        dirty = self.dirty[devices]
+        if dirty:
+            group_slots = self.group_slots[devices]
+            for group, old in dirty.items():
+                new = group_slots[group]
+                if new != old:
+                    del ranked[bisect_left(ranked, (old, group))]
+                    insort(ranked, (new, group))
+            dirty.clear()
+        return ranked
 
     def free_total(self) -> float:
         if self.inexact:  # not exactly representable: add up in the straightforward order
@@ -173,6 +231,17 @@ class _Pool:
         if self.stale:  # exact again: start over from the exact sum
             self.free_sum, self.stale = sum(node.free for node in self.sched), False
         return self.free_sum + 0.0
+
+
+def _node_slots(node: _Node, devices: float, info: tuple[int, int, int]) -> int:
+    """node.slots_for(devices) for a schedulable node, with the shape's constants precomputed."""
+    divisor, per_one, per_zero = info
+    if divisor:
+        return node.whole // divisor
+    if node.simple:
+        ones = node.whole
+        return ones * per_one + (len(node.device_free) - ones) * per_zero
+    return sum(int((share + EPS) // devices) for share in node.device_free)
 
 
 class _Ledger(QuotaLedger):
@@ -254,6 +323,10 @@ class _Victims:
     def __init__(self, running):
         self.order = sorted(running, key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
         self.start = 0
+        self.priorities = [r.workload.priority for r in self.order]
+        self.positions: dict[str, list[int]] = {}  # queue -> its indexes in order
+        for index, r in enumerate(self.order):
+            self.positions.setdefault(r.workload.cluster_queue, []).append(index)
         self.totals: dict[int, dict[str, list[float]]] = {}  # priority -> queue -> [usage, shares, entries, n]
         self.cache: dict[tuple, tuple[dict[str, float], float, float, float]] = {}
         for r in self.order:
@@ -294,14 +367,23 @@ class _Victims:
         order = self.order
         while self.start < len(order) and order[self.start].workload.id in already:
             self.start += 1
-        for index in range(self.start, len(order)):
+        boundary = max(self.start, bisect_left(self.priorities, priority))  # lower priority before it
+        for index in range(self.start, boundary):
             running = order[index]
-            victim = running.workload
-            if victim.priority >= priority and not reclaim:
-                return
-            if victim.id in already:
-                continue
-            if victim.priority < priority or victim.cluster_queue in reclaim:
+            if running.workload.id not in already:
+                yield running
+        if not reclaim:
+            return
+        tails = []  # from the boundary on, only workloads of reclaimed queues are candidates
+        for queue in reclaim:
+            positions = self.positions.get(queue)
+            if positions:
+                at = bisect_left(positions, boundary)
+                if at < len(positions):
+                    tails.append(islice(positions, at, None))
+        for index in (tails[0] if len(tails) == 1 else heapq.merge(*tails)):
+            running = order[index]
+            if running.workload.id not in already:
                 yield running
 
 
@@ -361,13 +443,11 @@ def _place_gang(pool: _Pool, workers: int, devices: float) -> tuple[WorkerPlacem
     group_slots = pool.shape(devices)
     if pool.total[devices] < workers:
         return None  # every worker placed takes exactly one slot: the gang cannot fit anywhere
-    best = None
-    for name, slots in group_slots.items():
-        if slots >= workers and (best is None or (slots - workers, name) < best):
-            best = (slots - workers, name)
-    if best is not None:
+    ranked = pool.rank(devices)
+    at = bisect_left(ranked, (workers, ""))  # the group with the fewest slots >= workers, ties by name
+    if at < len(ranked):
         placed = []
-        members = pool.groups[best[1]]
+        members = pool.groups[ranked[at][1]]
         for _ in range(workers):
             fitting = [node for node in members if node.slots[devices] > 0]  # slots > 0: fits(devices)
             if not fitting:  # cannot happen (slots >= workers); roll back as place_gang does
@@ -400,6 +480,18 @@ def _give_back(pool: _Pool, name: str, taken) -> None:
 
 
 def schedule(snapshot: Snapshot) -> CycleResult:
+    # The cycle allocates many small objects and creates no reference cycles worth collecting while it
+    # runs: pause the cyclic garbage collector (it would walk the whole snapshot again and again).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _schedule(snapshot)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _schedule(snapshot: Snapshot) -> CycleResult:
     state = _State(snapshot)
     result = CycleResult()
     order = sorted(snapshot.pending, key=lambda w: (-w.priority, w.arrival, w.id))
@@ -614,6 +706,10 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
     elastic = sorted((r for r in state.running.values()
                       if r.workload.id not in preempted and len(r.workers) < r.workload.workers_max),
                      key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id))
+    # Per (type, shape): a heap of (free - devices, name, seq, free, node) over nodes with a slot for the shape;
+    # nodes only lose capacity here, so an entry is current iff its node's free is unchanged (and it has a slot).
+    heaps: dict[str, dict[float, list]] = {}
+    seq = 0
     for running in elastic:
         workload, accelerator_type = running.workload, running.accelerator_type
         if accelerator_type in waiting_types:
@@ -626,14 +722,26 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
                 break
             if pool.slots(devices) < 1:
                 break
-            best = None  # the fullest node that still fits (best fit), ties by name
-            for n in pool.sched:
-                if n.slots[devices] > 0 and (best is None or (n.free - devices, n.name) < (best.free - devices,
-                                                                                             best.name)):
-                    best = n
-            node = best
+            pool_heaps = heaps.setdefault(accelerator_type, {})
+            heap = pool_heaps.get(devices)
+            if heap is None:
+                heap = pool_heaps[devices] = [(n.free - devices, n.name, i, n.free, n)
+                                              for i, n in enumerate(pool.sched) if n.slots[devices] > 0]
+                heapq.heapify(heap)
+                seq = max(seq, len(heap))
+            while True:  # the fullest node that still fits (best fit), ties by name
+                entry = heap[0]
+                node = entry[4]
+                if node.free == entry[3] and node.slots[devices] > 0:
+                    break
+                heapq.heappop(heap)
             state.ledger.add(workload.cluster_queue, accelerator_type, devices)
             added.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
+            free = node.free
+            for shape, shape_heap in pool_heaps.items():
+                if node.slots[shape] > 0:
+                    seq += 1
+                    heapq.heappush(shape_heap, (free - shape, node.name, seq, free, node))
         if not added:
             continue
         workers = running.workers + tuple(added)
