@@ -330,3 +330,12 @@ def test_same_input_same_decisions_whatever_the_input_order(snapshot, rnd):
     other = Snapshot(tuple(reversed(snapshot.nodes)), snapshot.cluster_queues, pending=tuple(shuffled))
     assert schedule(snapshot) == schedule(snapshot)
     assert schedule(snapshot) == schedule(other)
+
+
+def test_a_placement_on_devices_a_node_no_longer_has_does_not_break_the_cycle():
+    from controlplane.scheduling.placement import WorkerPlacement
+
+    stale = Running(job("stale", devices=2), H100, (WorkerPlacement("h0", ((6, 1.0), (7, 1.0))),))
+    snap = Snapshot(nodes(count=1, devices=4), (queue("a", nvidia_h100=Quota(64)),), running=(stale,),
+                    pending=(job("new", devices=4),))
+    assert [a.workload_id for a in schedule(snap).admitted] == ["new"]

@@ -292,7 +292,8 @@ class _State:
                 if node is not None:
                     free = node.device_free
                     for index, share in worker.taken:
-                        free[index] = max(0.0, free[index] - share)
+                        if index < len(free):  # a node that shrank since: its lost devices hold nothing
+                            free[index] = max(0.0, free[index] - share)
             self.ledger.add(running.workload.cluster_queue, running.accelerator_type, running.usage)
             self.running[running.workload.id] = running
         self.started_before = frozenset(self.running)
