@@ -22,7 +22,7 @@ from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, 
 from controlplane.tenancy.selectors import team_list, visible_team_ids
 from inference.selectors import deployment_list
 from inference.states import DeploymentState
-from jobs.selectors import training_job_events, training_job_list
+from jobs.selectors import quota_usage, training_job_events, training_job_list, waiting_jobs
 from jobs.states import JobState
 
 JOBS_PER_PAGE = 50
@@ -81,8 +81,14 @@ def cluster(request):
 @login_required
 def queues(request):
     team_ids, context = _base_context(request, "queues")
+    usage = quota_usage()
+    cluster_queues = list(cluster_queue_list())
+    for cq in cluster_queues:
+        for quota in cq.quotas.all():
+            quota.used = usage.get((cq.name, quota.accelerator_type.slug), 0.0)
     context.update({
-        "cluster_queues": cluster_queue_list(),
+        "cluster_queues": cluster_queues,
+        "waiting_jobs": waiting_jobs(team_ids=team_ids),
         "local_queues": local_queue_list(team_ids=team_ids),
         "priority_classes": priority_class_list(),
     })

@@ -130,3 +130,21 @@ def test_a_starting_job_is_never_chosen_as_a_victim(api, cluster, world):
                     priority="urgent")
     assert status(client, victim)["state"] == "STARTING"  # the cycle did not fail on an illegal transition
     assert status(client, urgent)["state"] == "QUEUED"
+
+
+def test_console_queues_page_shows_usage_and_waiting_jobs(api, cluster, world):
+    from django.test import Client
+
+    client = api("alpha", "member")
+    submit(client, name="holder", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    submit(client, name="waiter", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"])
+    submit(api("beta", "member"), name="beta-secret", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"])
+    browser = Client()
+    browser.force_login(world["alpha"]["member"])
+    response = browser.get("/queues/")
+    page = response.content.decode()
+    used = {(cq.name, q.accelerator_type.slug): q.used for cq in response.context["cluster_queues"]
+            for q in cq.quotas.all()}
+    assert used[("shared", "nvidia-h100")] == 16 and used[("shared", "nvidia-a100")] == 0
+    assert "waiter" in page and "needs to borrow" in page
+    assert "beta-secret" not in page  # another team's waiting job is never shown
