@@ -6,14 +6,14 @@ import logging
 
 from celery import shared_task
 
+from controlplane.common.tasks import LIFECYCLE_TASK
 from controlplane.compute.registry import get_compute_backend
 from inference.models import Deployment
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="inference.tear_down_deployment", bind=True, acks_late=True, reject_on_worker_lost=True,
-             max_retries=5, retry_backoff=True, retry_backoff_max=60)
+@shared_task(name="inference.tear_down_deployment", bind=True, **LIFECYCLE_TASK)
 def tear_down_deployment(self, deployment_id: int) -> str | None:
     deployment = Deployment.objects.filter(pk=deployment_id).only("compute_handle").first()
     if deployment is None or not deployment.compute_handle:

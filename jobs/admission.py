@@ -32,17 +32,9 @@ from controlplane.scheduling.model import (
 from controlplane.scheduling.placement import WorkerPlacement
 from controlplane.scheduling.scheduler import schedule
 from jobs.models import TrainingJob, TrainingJobEvent
-from jobs.states import JobState
+from jobs.states import HOLDING_STATES, JobState
 
 log = logging.getLogger(__name__)
-
-HOLDING = [JobState.ADMITTED, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING]
-
-
-def _devices(job: TrainingJob, accelerator_type: str) -> float:
-    # CPU workers count CPU cores against the cpu quota; accelerator workers count devices.
-    return job.cpus_per_worker if accelerator_type == "cpu" else float(job.devices_per_worker)
-
 
 # Victims must be able to leave by a transition of the table: an admitted job goes back to QUEUED,
 # a running one to PREEMPTED. A job STARTING or RECOVERING is left alone until it settles.
@@ -54,7 +46,7 @@ def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload
     preemptible = job.priority_class.preemptible if job.priority_class else True
     return Workload(
         id=str(job.pk), cluster_queue=job.local_queue.cluster_queue.name, accepted_types=types,
-        devices_per_worker=_devices(job, accelerator_type or types[0]), workers_min=job.workers_min,
+        devices_per_worker=job.units_per_worker(accelerator_type or types[0]), workers_min=job.workers_min,
         workers_max=job.workers_max, priority=job.priority_class.value if job.priority_class else 0,
         arrival=job.created_at.timestamp(), workload_class=job.trainer,
         preemptible=preemptible and (job.state == JobState.QUEUED or job.state in PREEMPTIBLE_STATES),
@@ -84,11 +76,11 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
                   for q in queue.quotas.all()}
         queues.append(ClusterQueueSpec(queue.name, quotas, queue.cohort or None))
     jobs = {str(job.pk): job for job in TrainingJob.objects.select_related(
-        "local_queue__cluster_queue", "priority_class").filter(state__in=[JobState.QUEUED, *HOLDING])}
+        "local_queue__cluster_queue", "priority_class").filter(state__in=[JobState.QUEUED, *HOLDING_STATES])}
     running = tuple(
         Running(_workload(job, job.admitted_accelerator_type), job.admitted_accelerator_type,
                 _placement_from_json(job.placement))
-        for job in jobs.values() if job.state in HOLDING and job.admitted_accelerator_type
+        for job in jobs.values() if job.state in HOLDING_STATES and job.admitted_accelerator_type
     )
     pending = tuple(_workload(job) for job in jobs.values() if job.state == JobState.QUEUED)
     matrix = EfficiencyMatrix(chips=chip_facts_from_accelerator_facts(_facts()))

@@ -82,6 +82,10 @@ class TrainingJob(models.Model):
     def is_terminal(self) -> bool:
         return JOB_MACHINE.is_terminal(self.state)
 
+    def units_per_worker(self, accelerator_type: str) -> float:
+        """What one worker counts against quota: CPU cores on the `cpu` type, devices otherwise."""
+        return self.cpus_per_worker if accelerator_type == "cpu" else float(self.devices_per_worker)
+
 
 class TrainingJobEvent(LifecycleEvent):
     subject = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from jobs.models import TrainingJob, TrainingJobEvent
+from jobs.states import HOLDING_STATES
 
 
 def training_job_list(*, team_ids: list[int]) -> QuerySet[TrainingJob]:
@@ -17,19 +18,15 @@ def training_job_events(*, job: TrainingJob) -> QuerySet[TrainingJobEvent]:
     return job.events.all()
 
 
-HOLDING_STATES = ("ADMITTED", "STARTING", "RUNNING", "RECOVERING")
-
-
 def quota_usage() -> dict[tuple[str, str], float]:
     """Devices (CPU cores for `cpu`) held by admitted jobs, per (cluster queue, accelerator type)."""
     usage: dict[tuple[str, str], float] = {}
-    jobs = TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(admitted_accelerator_type="").values_list(
+    jobs = TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(admitted_accelerator_type="").only(
         "local_queue__cluster_queue__name", "admitted_accelerator_type", "placement", "devices_per_worker",
-        "cpus_per_worker")
-    for queue, accelerator_type, placement, devices, cpus in jobs:
-        per_worker = cpus if accelerator_type == "cpu" else devices
-        key = (queue, accelerator_type)
-        usage[key] = usage.get(key, 0.0) + len(placement) * per_worker
+        "cpus_per_worker").select_related("local_queue__cluster_queue")
+    for job in jobs:
+        key = (job.local_queue.cluster_queue.name, job.admitted_accelerator_type)
+        usage[key] = usage.get(key, 0.0) + len(job.placement) * job.units_per_worker(job.admitted_accelerator_type)
     return usage
 
 

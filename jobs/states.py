@@ -41,3 +41,6 @@ JOB_TRANSITIONS = {
 }
 
 JOB_MACHINE = StateMachine("training job", JobState, JOB_TRANSITIONS, initial=S.PENDING)
+
+# States in which an admitted job holds its quota and devices.
+HOLDING_STATES = (S.ADMITTED, S.STARTING, S.RUNNING, S.RECOVERING)

@@ -6,24 +6,23 @@ import logging
 
 from celery import shared_task
 
+from controlplane.common.tasks import LIFECYCLE_TASK
 from controlplane.compute.registry import get_compute_backend
 from jobs import services
 from jobs.models import TrainingJob
 
 log = logging.getLogger(__name__)
 
-TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": True, "max_retries": 5,
-                "retry_backoff": True, "retry_backoff_max": 60}
 
 
-@shared_task(name="jobs.enqueue_training_job", **TASK_OPTIONS)
+@shared_task(name="jobs.enqueue_training_job", **LIFECYCLE_TASK)
 def enqueue_training_job(job_id: int) -> str | None:
     job = services.training_job_enqueue(job_id=job_id)
     run_scheduling_cycle.delay()  # a new job may start at once
     return job.state if job else None
 
 
-@shared_task(name="jobs.stop_training_job", bind=True, **TASK_OPTIONS)
+@shared_task(name="jobs.stop_training_job", bind=True, **LIFECYCLE_TASK)
 def stop_training_job(self, job_id: int) -> str | None:
     job = TrainingJob.objects.filter(pk=job_id).only("compute_handle").first()
     if job is None or not job.compute_handle:
@@ -35,7 +34,7 @@ def stop_training_job(self, job_id: int) -> str | None:
         raise self.retry(exc=exc) from exc
 
 
-@shared_task(name="jobs.run_scheduling_cycle", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@shared_task(name="jobs.run_scheduling_cycle", **LIFECYCLE_TASK)
 def run_scheduling_cycle() -> dict:
     from jobs.admission import run_cycle
 

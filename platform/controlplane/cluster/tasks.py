@@ -7,12 +7,13 @@ import logging
 from celery import shared_task
 
 from controlplane.cluster.services import nodes_sync
+from controlplane.common.tasks import LIFECYCLE_TASK
 from controlplane.compute.registry import get_compute_backend
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="cluster.sync_nodes", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@shared_task(name="cluster.sync_nodes", **LIFECYCLE_TASK)
 def sync_nodes() -> dict | None:
     try:
         observed = get_compute_backend().list_nodes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from urllib.parse import urlparse
 
 from django.conf import settings
@@ -116,4 +117,4 @@ def dataset_delete(*, actor, dataset: Dataset) -> None:
     audit_record(actor=actor, team=dataset.team_id, action="dataset.delete", target=dataset,
                  data={"name": dataset.name, "versions": dataset.versions.count()})
     dataset.delete()
-    transaction.on_commit(lambda: [storage.remove_stored(storage.Path(path)) for path in uploaded])
+    transaction.on_commit(lambda: [storage.remove_stored(Path(path)) for path in uploaded])

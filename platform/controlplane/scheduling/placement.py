@@ -78,10 +78,6 @@ def best_fit(node: NodeState, devices: float) -> float:
     return node.free_total() - devices  # the fullest node that still fits
 
 
-def worst_fit(node: NodeState, devices: float) -> float:
-    return -(node.free_total() - devices)  # spread: the emptiest node
-
-
 @dataclass(frozen=True)
 class WorkerPlacement:
     node: str
@@ -94,9 +90,6 @@ class GangPlacement:
 
     def nodes(self) -> list[str]:
         return [worker.node for worker in self.workers]
-
-    def leaf_groups(self, nodes: dict[str, NodeState]) -> set[str]:
-        return {nodes[worker.node].leaf_group for worker in self.workers}
 
 
 def place_gang(nodes: Sequence[NodeState], *, workers: int, devices: float, score: NodeScore = best_fit,

@@ -30,6 +30,7 @@ class QuotaLedger:
         self.queues = {queue.name: queue for queue in queues}
         self.usage: dict[tuple[str, str], float] = defaultdict(float)
         self.cohorts: dict[str, list[str]] = defaultdict(list)
+        self._nominal_cache: dict[tuple[str, str], float] = {}
         for queue in self.queues.values():
             if queue.cohort:
                 self.cohorts[queue.cohort].append(queue.name)
@@ -64,10 +65,9 @@ class QuotaLedger:
 
     def _cohort_nominal(self, queue: str, members: list[str], accelerator_type: str) -> float:
         key = (self.queues[queue].cohort or queue, accelerator_type)
-        cache = self.__dict__.setdefault("_nominal_cache", {})
-        if key not in cache:  # quotas never change: add them up once, in member order
-            cache[key] = sum(self.quota(member, accelerator_type).nominal for member in members)
-        return cache[key]
+        if key not in self._nominal_cache:  # quotas never change: add them up once, in member order
+            self._nominal_cache[key] = sum(self.quota(member, accelerator_type).nominal for member in members)
+        return self._nominal_cache[key]
 
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
         spec = self.queues[queue]
