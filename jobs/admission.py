@@ -9,6 +9,7 @@ so it changes in the same transaction as the state change that causes it.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from django.db import transaction
 
@@ -30,7 +31,7 @@ from controlplane.scheduling.model import (
     Workload,
 )
 from controlplane.scheduling.placement import WorkerPlacement
-from controlplane.scheduling.scheduler import schedule
+from controlplane.scheduling.scheduler import place_additional_workers, schedule
 from jobs.models import TrainingJob, TrainingJobEvent
 from jobs.states import HOLDING_STATES, JobState
 
@@ -103,8 +104,11 @@ def run_cycle() -> CycleResult:
     list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
     snapshot, jobs = load_snapshot()
     result = schedule(snapshot)
+    from jobs.tasks import launch_training_job, stop_training_run
+
     for admit in result.admitted:
         job = jobs[admit.workload_id]
+        transaction.on_commit(lambda pk=job.pk: launch_training_job.delay(pk))
         TrainingJob.objects.filter(pk=job.pk).update(
             admitted_accelerator_type=admit.accelerator_type, placement=_placement_to_json(admit.workers),
             queue_position=None)
@@ -120,6 +124,9 @@ def run_cycle() -> CycleResult:
         TrainingJob.objects.filter(pk=job.pk).update(admitted_accelerator_type="", placement=[])
         transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=target,
                    reason=preempt.reason, system="scheduler", data={"for": preempt.for_workload})
+        if target == JobState.PREEMPTED and job.compute_handle:
+            transaction.on_commit(lambda pk=job.pk: stop_training_run.delay(pk, checkpoint=True,
+                                                                            reason="preempted"))
     for change in [*result.shrunk, *result.grown]:
         job = jobs[change.workload_id]
         kept = _placement_from_json(job.placement)
@@ -136,3 +143,51 @@ def run_cycle() -> CycleResult:
         if job.queue_position != wait.position or job.state_reason != reason:
             TrainingJob.objects.filter(pk=job.pk).update(queue_position=wait.position, state_reason=reason)
     return result
+
+
+@transaction.atomic
+def replace_workers(*, job_id: int, exclude: list[str]) -> TrainingJob | None:
+    """Give a running gang new nodes for the workers it has on `exclude` (lost or cordoned nodes).
+
+    Same lock and snapshot as the cycle. The gang keeps its quota; its workers on other nodes stay
+    where they are. If the lost workers cannot all be placed, the gang shrinks to the workers it kept
+    when `workers_min` allows; otherwise the placement is left as it is and the next pass retries.
+    Returns the job with its new placement (and `recovery_exclude` cleared), or None when it waits.
+    """
+    list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
+    job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
+    if job is None or job.state not in HOLDING_STATES or not job.admitted_accelerator_type:
+        return None
+    excluded = set(exclude)
+    current = _placement_from_json(job.placement)
+    kept = tuple(w for w in current if w.node not in excluded)
+    missing = len(current) - len(kept)
+    if missing == 0:
+        TrainingJob.objects.filter(pk=job.pk).update(recovery_exclude=[])
+        return TrainingJob.objects.get(pk=job.pk)
+    snapshot, _ = load_snapshot()
+    snapshot = replace(
+        snapshot,
+        nodes=tuple(replace(n, schedulable=n.schedulable and n.name not in excluded) for n in snapshot.nodes),
+        running=tuple(Running(r.workload, r.accelerator_type, kept) if r.workload.id == str(job.pk) else r
+                      for r in snapshot.running))
+    accelerator_type = job.admitted_accelerator_type
+    added = place_additional_workers(snapshot, accelerator_type=accelerator_type, workers=missing,
+                                     devices=job.units_per_worker(accelerator_type))
+    if added is None and (len(kept) < job.workers_min or not kept):
+        if not job.state_reason.startswith("waiting for capacity"):
+            record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                         reason=f"waiting for capacity: {missing} worker(s) to re-place off "
+                                f"{', '.join(sorted(excluded))}; at least {job.workers_min} needed",
+                         system="scheduler")
+            TrainingJob.objects.filter(pk=job.pk).update(
+                state_reason=f"waiting for capacity to re-place {missing} worker(s)")
+        return None
+    workers = kept + (added or ())
+    how = (f"re-placed {missing} worker(s) on {', '.join(sorted({w.node for w in added}))}" if added
+           else f"shrunk to the {len(kept)} worker(s) still placeable (min {job.workers_min})")
+    TrainingJob.objects.filter(pk=job.pk).update(placement=_placement_to_json(workers), recovery_exclude=[])
+    record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                 reason=f"{how}; leaving {', '.join(sorted(excluded))}", system="scheduler",
+                 data={"workers": len(workers), "excluded": sorted(excluded)})
+    return TrainingJob.objects.get(pk=job.pk)

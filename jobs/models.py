@@ -56,10 +56,20 @@ class TrainingJob(models.Model):
     admitted_accelerator_type = models.CharField(max_length=63, blank=True)
     placement = models.JSONField(default=list, blank=True,
                                  help_text="one entry per worker: node and the device shares it holds")
+    # Set by the run workflow (jobs/workflows.py) from what the run reports:
+    attempt = models.PositiveIntegerField(default=0, help_text="launches so far; the handle names the attempt")
+    runtime_state = models.CharField(max_length=32, blank=True, help_text="the run's own state, as reported")
+    events_cursor = models.BigIntegerField(default=0, help_text="last run event applied (exactly once)")
+    current_step = models.IntegerField(default=-1)
+    last_checkpoint_step = models.IntegerField(default=-1)
+    observed_nodes = models.JSONField(default=list, blank=True, help_text="one node per running worker")
+    recovery_exclude = models.JSONField(default=list, blank=True,
+                                        help_text="nodes the run must leave (lost, cordoned) until re-placed")
+    goodput = models.JSONField(default=dict, blank=True, help_text="the effective-training-time ledger")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
                                    blank=True, related_name="+")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    started_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="first start; ETTR counts from here")
     finished_at = models.DateTimeField(null=True, blank=True)
 
     machine = JOB_MACHINE
@@ -92,3 +102,79 @@ class TrainingJobEvent(LifecycleEvent):
 
     class Meta(LifecycleEvent.Meta):
         pass
+
+
+class TrainingMetric(models.Model):
+    """One worker's step: loss, step time (wall), compute time (without the all-reduce wait), throughput."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metrics")
+    attempt = models.PositiveIntegerField(default=0)
+    step = models.IntegerField()
+    worker = models.PositiveIntegerField()
+    loss = models.FloatField(null=True)
+    step_time_s = models.FloatField(null=True)
+    compute_time_s = models.FloatField(null=True)
+    tokens_per_s = models.FloatField(null=True)
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["job", "step"])]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step} worker {self.worker}: loss {self.loss}"
+
+
+class TrainingLogLine(models.Model):
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="log_lines")
+    attempt = models.PositiveIntegerField(default=0)
+    worker = models.PositiveIntegerField(null=True)
+    line = models.TextField()
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} worker {self.worker}: {self.line[:80]}"
+
+
+class FaultKind(models.TextChoices):
+    WORKER_CRASH = "worker_crash", "Worker crash"
+    NODE_LOST = "node_lost", "Node lost"
+    HANG = "hang", "Hang"
+    SLOW_NODE = "slow_node", "Slow node"
+    BAD_LOSS = "bad_loss", "NaN or inf loss"
+
+
+class TrainingFault(models.Model):
+    """A detected fault with its evidence, and how the run recovered from it."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="faults")
+    attempt = models.PositiveIntegerField(default=0)
+    kind = models.CharField(max_length=16, choices=FaultKind.choices)
+    node = models.CharField(max_length=128, blank=True, db_index=True)
+    worker = models.PositiveIntegerField(null=True)
+    step = models.IntegerField(default=-1)
+    evidence = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    advisory = models.BooleanField(default=False, help_text="reported, the run kept going (a slow node)")
+    occurred_at = models.DateTimeField()
+    detected_at = models.DateTimeField()
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    recomputed_steps = models.PositiveIntegerField(default=0)
+    recomputed_s = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on {self.node or '?'} (job {self.job_id}, worker {self.worker})"
+
+    @property
+    def detection_s(self) -> float:
+        return (self.detected_at - self.occurred_at).total_seconds()
+
+    @property
+    def restart_s(self) -> float | None:
+        return (self.resumed_at - self.detected_at).total_seconds() if self.resumed_at else None

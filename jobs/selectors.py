@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from datetime import UTC, datetime
 
-from jobs.models import TrainingJob, TrainingJobEvent
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from jobs.models import TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
+from jobs.runtime.goodput import GoodputLedger, GoodputSummary, cluster_ettr
 from jobs.states import HOLDING_STATES
 
 
@@ -33,3 +37,74 @@ def quota_usage() -> dict[tuple[str, str], float]:
 def waiting_jobs(*, team_ids: list[int]) -> QuerySet[TrainingJob]:
     return training_job_list(team_ids=team_ids).filter(state="QUEUED").order_by(
         "local_queue__cluster_queue__name", "queue_position", "created_at")
+
+
+# ------------------------------------------------------------------------------ runs: metrics, logs, ETTR
+
+def training_job_metrics(*, job: TrainingJob, since_step: int | None = None, worker: int | None = None,
+                         after_id: int | None = None) -> QuerySet[TrainingMetric]:
+    rows = job.metrics.all()
+    if since_step is not None:
+        rows = rows.filter(step__gte=since_step)
+    if worker is not None:
+        rows = rows.filter(worker=worker)
+    if after_id is not None:
+        rows = rows.filter(id__gt=after_id)
+    return rows.order_by("id")
+
+
+def training_job_logs(*, job: TrainingJob, after_id: int | None = None,
+                      worker: int | None = None) -> QuerySet[TrainingLogLine]:
+    rows = job.log_lines.all()
+    if after_id is not None:
+        rows = rows.filter(id__gt=after_id)
+    if worker is not None:
+        rows = rows.filter(worker=worker)
+    return rows.order_by("id")
+
+
+def training_job_faults(*, job: TrainingJob) -> QuerySet[TrainingFault]:
+    return job.faults.all().order_by("id")
+
+
+def training_job_checkpoints(*, job: TrainingJob) -> list[dict]:
+    """The job's complete checkpoints, read from where they live (a partial one is never listed)."""
+    from jobs.runtime.checkpoints import list_checkpoints
+    from jobs.workflows import checkpoint_dir
+
+    return [{"step": info.step, "name": info.name, "size_bytes": info.size_bytes,
+             "created_at": datetime.fromtimestamp(info.created_at, tz=UTC), "files": sorted(info.files),
+             "metadata": info.metadata}
+            for info in list_checkpoints(checkpoint_dir(job))]
+
+
+def training_job_goodput(*, job: TrainingJob) -> GoodputSummary | None:
+    """Effective training time since the first start (to now, or to the end for a finished job)."""
+    if job.started_at is None:
+        return None
+    data = {k: v for k, v in (job.goodput or {}).items() if k not in ("paused_since", "pause_kind")}
+    ledger = GoodputLedger.from_dict(data) if data else GoodputLedger(first_started_at=job.started_at.timestamp())
+    end = job.finished_at or timezone.now()
+    paused_since = (job.goodput or {}).get("paused_since")
+    if paused_since and job.finished_at is None:
+        ledger.record_pause(kind=(job.goodput or {}).get("pause_kind", "preempted"),
+                            start=max(paused_since, ledger.first_started_at), end=max(end.timestamp(), paused_since))
+    return ledger.summary(max(end.timestamp(), ledger.first_started_at))
+
+
+def goodput_overview(*, team_ids: list[int]) -> dict:
+    """ETTR per job and for all of them together (sum of productive time / sum of wall time)."""
+    jobs = training_job_list(team_ids=team_ids).exclude(started_at=None)
+    per_job = []
+    summaries = []
+    for job in jobs:
+        summary = training_job_goodput(job=job)
+        if summary is None:
+            continue
+        summaries.append(summary)
+        per_job.append({"id": job.pk, "name": job.name, "team": job.team.name, "state": job.state,
+                        **summary.to_dict()})
+    totals = {key: sum(getattr(s, key) for s in summaries)
+              for key in ("wall_s", "productive_s", "detection_s", "restart_s", "recompute_s", "paused_s")}
+    return {"jobs": len(summaries), "ettr": cluster_ettr(summaries) if summaries else None, **totals,
+            "per_job": per_job}

@@ -87,10 +87,10 @@ def training_job_cancel(*, actor, job: TrainingJob, reason: str = "") -> Trainin
                      to=JobState.CANCELLED, reason=reason or f"cancelled by {actor.get_username()}",
                      actor=actor)
     TrainingJob.objects.filter(pk=job.pk).update(queue_position=None)
-    from jobs.tasks import run_scheduling_cycle, stop_training_job
+    from jobs.tasks import run_scheduling_cycle, stop_training_run
 
     if job.compute_handle:
-        transaction.on_commit(lambda: stop_training_job.delay(job.pk))
+        transaction.on_commit(lambda: stop_training_run.delay(job.pk, checkpoint=False, reason="cancelled"))
     transaction.on_commit(run_scheduling_cycle.delay)  # its quota and devices are free for others
     return job
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
-from jobs.models import Trainer, TrainingJob, TrainingJobEvent
+from jobs import selectors
+from jobs.models import Trainer, TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
 from jobs.states import JobState
 
 
@@ -57,15 +58,39 @@ class TrainingJobSpecSerializer(serializers.ModelSerializer):
         return {"interval_steps": obj.checkpoint_interval_steps, "keep_last": obj.checkpoint_keep_last}
 
 
+class GoodputSerializer(serializers.Serializer):
+    ettr = serializers.FloatField(help_text="effective training time ratio: productive / wall since first start")
+    wall_s = serializers.FloatField()
+    productive_s = serializers.FloatField()
+    detection_s = serializers.FloatField()
+    restart_s = serializers.FloatField()
+    recompute_s = serializers.FloatField()
+    paused_s = serializers.FloatField()
+    interruptions = serializers.DictField(child=serializers.IntegerField())
+    recomputed_steps = serializers.IntegerField()
+
+
 class TrainingJobStatusSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=[s.value for s in JobState])
     reason = serializers.CharField(source="state_reason")
     changed_at = serializers.DateTimeField(source="state_changed_at")
+    run_state = serializers.CharField(source="runtime_state")
+    step = serializers.IntegerField(source="current_step")
+    workers = serializers.SerializerMethodField()
+    goodput = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
         fields = ["state", "reason", "changed_at", "queue_position", "admitted_accelerator_type", "placement",
-                  "compute_handle", "restarts", "started_at", "finished_at"]
+                  "compute_handle", "attempt", "run_state", "step", "last_checkpoint_step", "workers",
+                  "observed_nodes", "restarts", "started_at", "finished_at", "goodput"]
+
+    def get_workers(self, obj) -> int:
+        return len(obj.observed_nodes or [])
+
+    def get_goodput(self, obj) -> GoodputSerializer | None:
+        summary = selectors.training_job_goodput(job=obj)
+        return summary.to_dict() if summary else None
 
 
 class TrainingJobSerializer(serializers.ModelSerializer):
@@ -87,3 +112,47 @@ class TrainingJobEventSerializer(serializers.ModelSerializer):
 
 class CancelSerializer(StrictInputSerializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class TrainingMetricSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TrainingMetric
+        fields = ["id", "attempt", "step", "worker", "loss", "step_time_s", "compute_time_s", "tokens_per_s",
+                  "recorded_at"]
+
+
+class TrainingLogLineSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TrainingLogLine
+        fields = ["id", "attempt", "worker", "line", "recorded_at"]
+
+
+class TrainingFaultSerializer(serializers.ModelSerializer):
+    detection_s = serializers.FloatField(read_only=True)
+    restart_s = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = TrainingFault
+        fields = ["id", "attempt", "kind", "node", "worker", "step", "evidence", "data", "advisory", "occurred_at",
+                  "detected_at", "resumed_at", "detection_s", "restart_s", "recomputed_steps", "recomputed_s"]
+
+
+class CheckpointSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    name = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    files = serializers.ListField(child=serializers.CharField())
+    metadata = serializers.DictField()
+
+
+class StreamQuerySerializer(StrictInputSerializer):
+    """Query parameters of the metrics and logs endpoints."""
+
+    after = serializers.IntegerField(min_value=0, required=False, help_text="only rows with a larger id")
+    since_step = serializers.IntegerField(min_value=0, required=False)
+    worker = serializers.IntegerField(min_value=0, required=False)
+    limit = serializers.IntegerField(min_value=1, max_value=10000, default=1000)
+    follow = serializers.BooleanField(default=False, help_text="stream new rows (NDJSON) until the job ends")
+    timeout = serializers.IntegerField(min_value=1, max_value=3600, default=300,
+                                       help_text="with follow: stop streaming after this many seconds")

@@ -1,18 +1,30 @@
-"""REST endpoints for training jobs: submit, list, get, cancel, delete, and the event timeline."""
+"""REST endpoints for training jobs: submit, list, get, cancel, delete, the event timeline, and the
+run's metrics and logs (queryable, or streamed with `follow`), faults, checkpoints and ETTR."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+import json
+import time
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.common import references
+from controlplane.compute.registry import get_compute_backend
 from controlplane.tenancy.api.scoping import TeamScopedMixin
 from controlplane.tenancy.models import Role
-from jobs import selectors, services
+from jobs import selectors, services, workflows
 from jobs.api import serializers as s
 from jobs.api.filters import TrainingJobFilter
+from jobs.models import TrainingJob
+
+FOLLOW_POLL_S = 0.5
+_STREAM_PARAMS = [OpenApiParameter(name, type=kind, required=False) for name, kind in
+                  (("after", int), ("since_step", int), ("worker", int), ("limit", int), ("follow", bool),
+                   ("timeout", int))]
 
 
 class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -66,3 +78,83 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         job = self.get_object()
         page = self.paginate_queryset(selectors.training_job_events(job=job))
         return self.get_paginated_response(s.TrainingJobEventSerializer(page, many=True).data)
+
+    @extend_schema(parameters=_STREAM_PARAMS, responses=s.TrainingMetricSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        """Per-worker step metrics (step, loss, step time, compute time, tokens/s), oldest first."""
+        job = self.get_object()
+        query = _stream_query(request)
+
+        def rows(after):
+            return selectors.training_job_metrics(job=job, since_step=query.get("since_step"),
+                                                  worker=query.get("worker"), after_id=after)
+        return _respond(job, query, rows, s.TrainingMetricSerializer)
+
+    @extend_schema(parameters=_STREAM_PARAMS, responses=s.TrainingLogLineSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The run's log lines (every worker; `worker=` for one), oldest first; `follow=true` streams."""
+        job = self.get_object()
+        query = _stream_query(request)
+
+        def rows(after):
+            return selectors.training_job_logs(job=job, after_id=after, worker=query.get("worker"))
+        return _respond(job, query, rows, s.TrainingLogLineSerializer)
+
+    @extend_schema(responses=s.TrainingFaultSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def faults(self, request, pk=None):
+        """Detected faults with node, worker, evidence, detection time and how the run recovered."""
+        job = self.get_object()
+        return Response(s.TrainingFaultSerializer(selectors.training_job_faults(job=job), many=True).data)
+
+    @extend_schema(responses=s.CheckpointSerializer(many=True))
+    @action(detail=True, methods=["get", "post"])
+    def checkpoints(self, request, pk=None):
+        """GET: the complete checkpoints (step, size, time). POST: ask the running job for one now."""
+        job = self.get_object()
+        if request.method == "POST":
+            self.require_role(job.team_id, Role.MEMBER)
+            step = workflows.training_job_request_checkpoint(actor=request.user, job=job,
+                                                             backend=get_compute_backend())
+            return Response({"requested": True, "step": step}, status=status.HTTP_202_ACCEPTED)
+        return Response(s.CheckpointSerializer(selectors.training_job_checkpoints(job=job), many=True).data)
+
+    @extend_schema(responses=s.GoodputSerializer)
+    @action(detail=False, methods=["get"])
+    def goodput(self, request):
+        """Effective training time ratio of the jobs you can see, together and per job."""
+        return Response(selectors.goodput_overview(team_ids=self.team_ids))
+
+
+def _stream_query(request) -> dict:
+    data = s.StreamQuerySerializer(data=request.query_params.dict())
+    data.is_valid(raise_exception=True)
+    return dict(data.validated_data)
+
+
+def _respond(job: TrainingJob, query: dict, rows, serializer):
+    """A page (`results` + `next_after`), or with follow an NDJSON stream that ends with the job."""
+    limit = query["limit"]
+    if not query["follow"]:
+        page = list(rows(query.get("after"))[:limit])
+        return Response({"results": serializer(page, many=True).data,
+                         "next_after": page[-1].id if page else query.get("after")})
+
+    def stream():
+        after = query.get("after")
+        deadline = time.monotonic() + query["timeout"]
+        while True:
+            ended = TrainingJob.objects.filter(pk=job.pk, state__in=TrainingJob.terminal_state_values()).exists()
+            page = list(rows(after)[:limit])
+            for item in serializer(page, many=True).data:
+                yield json.dumps(item) + "\n"
+            if page:
+                after = page[-1].id
+                continue
+            if ended or time.monotonic() >= deadline:
+                return
+            time.sleep(FOLLOW_POLL_S)
+
+    return StreamingHttpResponse(stream(), content_type="application/x-ndjson")

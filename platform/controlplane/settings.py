@@ -48,6 +48,19 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be positive")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:
@@ -260,6 +273,9 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 FLEETYARD_NODE_SYNC_SECONDS = env_int("FLEETYARD_NODE_SYNC_SECONDS", 10)
 FLEETYARD_SCHEDULING_SECONDS = env_int("FLEETYARD_SCHEDULING_SECONDS", 5)
+FLEETYARD_TRAINING_SYNC_SECONDS = env_float("FLEETYARD_TRAINING_SYNC_SECONDS", 2.0)
+# Overrides of jobs.runtime.faults.DetectionPolicy (hang_factor, hang_floor_s, heartbeat_timeout_s ...).
+FLEETYARD_FAULT_DETECTION: dict = {}
 
 # Compute backend: "ray" talks to the cluster at RAY_ADDRESS (scripts/up starts a local one and
 # writes its address); "memory" is the in-process fake for unit tests.
@@ -282,4 +298,5 @@ LOGGING = {
 CELERY_BEAT_SCHEDULE = {
     "sync-nodes": {"task": "cluster.sync_nodes", "schedule": float(FLEETYARD_NODE_SYNC_SECONDS)},
     "scheduling-cycle": {"task": "jobs.run_scheduling_cycle", "schedule": float(FLEETYARD_SCHEDULING_SECONDS)},
+    "sync-training-jobs": {"task": "jobs.sync_training_jobs", "schedule": FLEETYARD_TRAINING_SYNC_SECONDS},
 }

@@ -6,23 +6,22 @@ from __future__ import annotations
 import pytest
 from django.test import TestCase
 
-from controlplane.cluster.services import node_pool_create, nodes_sync
-from controlplane.compute.memory import InMemoryComputeBackend
-from controlplane.compute.topology import load_topology
 from jobs.admission import run_cycle
 from jobs.models import TrainingJob
 from tests.conftest import JOB_BODY
 
 
+@pytest.fixture(autouse=True)
+def admission_only(monkeypatch):
+    """These tests are about admission: admitted jobs are not launched (tests/api/test_training_runs.py is)."""
+    from jobs.tasks import launch_training_job
+
+    monkeypatch.setattr(launch_training_job, "delay", lambda *args, **kwargs: None)
+
+
 @pytest.fixture
-def cluster(world, accel):
-    """The demo topology's pools and nodes (2x8 h100, 2x8 a100, 1x8 p800, a CPU node), all healthy."""
-    topology = load_topology()
-    for pool in topology.pools:
-        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
-                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
-    nodes_sync(observed=InMemoryComputeBackend.from_topology(topology).list_nodes())
-    return topology
+def cluster(demo_cluster):
+    return demo_cluster
 
 
 def submit(client, **overrides):

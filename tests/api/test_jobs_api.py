@@ -102,20 +102,23 @@ def test_cancel_then_delete(api):
     assert not TrainingJob.objects.exists()
 
 
-def test_cancel_of_a_placed_job_stops_its_gang(api, monkeypatch):
-    from controlplane.compute.base import GangRequest
+def test_cancel_of_a_running_job_stops_and_releases_its_run(api, monkeypatch):
     from controlplane.compute.registry import get_compute_backend
+    from jobs import workflows
 
     client = api("alpha", "member")
     job = submit(client, workers_min=1, workers_max=1).json()
     backend = get_compute_backend()
-    handle = f"job-{job['id']}"
-    assert backend.launch_gang(GangRequest(handle=handle, accelerator_type="nvidia-h100", workers=1,
-                                           devices_per_worker=8)).state == "ready"
-    TrainingJob.objects.filter(pk=job["id"]).update(compute_handle=handle)
+    placed = TrainingJob.objects.get(pk=job["id"])
+    TrainingJob.objects.filter(pk=placed.pk).update(
+        state="ADMITTED", admitted_accelerator_type="nvidia-h100",
+        placement=[{"node": "h100-pool-0", "taken": [[i, 1.0] for i in range(8)]}])
+    workflows.training_job_launch(job_id=placed.pk, backend=backend)
+    handle = TrainingJob.objects.get(pk=placed.pk).compute_handle
+    assert handle in backend.list_training_handles()
     with TestCase.captureOnCommitCallbacks(execute=True):
         client.post(f"/api/v1/training-jobs/{job['id']}/cancel/")
-    assert backend.observe_gang(handle).state == "stopped"
+    assert handle not in backend.list_training_handles()
 
 
 def test_unknown_fields_are_rejected_by_name(api):

@@ -60,3 +60,64 @@ class ComputeBackend(Protocol):
     def observe_gang(self, handle: str) -> GangStatus: ...
 
     def stop_gang(self, handle: str) -> GangStatus: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# training runs: a gang of workers watched by a supervisor (jobs/runtime/supervisor.py on Ray)
+
+# States a run reports. "awaiting_placement": the gang lost a node and waits for `place_training`.
+RUN_STATES = ("starting", "running", "recovering", "awaiting_placement", "succeeded", "failed", "stopped",
+              "unknown")
+RUN_TERMINAL_STATES = ("succeeded", "failed", "stopped")
+
+
+@dataclass(frozen=True)
+class TrainingLaunch:
+    """Everything a run needs: the nodes (one per worker, as the scheduler placed them) and the
+    runtime spec (trainer, hyperparameters, checkpoint dir and policy, restarts, detection policy)."""
+
+    handle: str
+    job_id: int
+    nodes: tuple[str, ...]
+    accelerator_type: str
+    devices_per_worker: float
+    cpus_per_worker: float
+    runtime: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainingReport:
+    """A run's state and the events (metric, log, checkpoint, fault, recovery, state, placement_needed)
+    with sequence numbers after the cursor the caller passed."""
+
+    handle: str
+    state: str
+    reason: str = ""
+    step: int = -1
+    nodes: tuple[str, ...] = ()
+    restarts: int = 0
+    last_checkpoint_step: int = -1
+    events: tuple[dict, ...] = ()
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in RUN_TERMINAL_STATES
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """The training half of the compute backend (both implementations provide it)."""
+
+    def launch_training(self, launch: TrainingLaunch) -> TrainingReport: ...
+
+    def observe_training(self, handle: str, since: int = 0) -> TrainingReport: ...
+
+    def place_training(self, handle: str, nodes: list[str], reason: str = "") -> None: ...
+
+    def checkpoint_training(self, handle: str) -> bool: ...
+
+    def stop_training(self, handle: str, *, checkpoint: bool, reason: str = "") -> None: ...
+
+    def release_training(self, handle: str) -> None: ...
+
+    def list_training_handles(self) -> list[str]: ...

@@ -7,8 +7,15 @@ so tests of services and tasks exercise the same protocol as the Ray backend.
 from __future__ import annotations
 
 import threading
+import time
 
-from controlplane.compute.base import GangRequest, GangStatus, ObservedNode
+from controlplane.compute.base import (
+    GangRequest,
+    GangStatus,
+    ObservedNode,
+    TrainingLaunch,
+    TrainingReport,
+)
 from controlplane.compute.topology import ACCEL_RESOURCE_PREFIX, Topology
 
 
@@ -21,6 +28,8 @@ class InMemoryComputeBackend:
         self._free = {node.name: dict(node.free or node.capacity) for node in nodes or []}
         self._gangs: dict[str, GangStatus] = {}
         self._reservations: dict[str, list[tuple[str, dict[str, float]]]] = {}
+        self.runs: dict[str, _FakeRun] = {}
+        self.steps_per_observe = 50
 
     @classmethod
     def from_topology(cls, topology: Topology) -> InMemoryComputeBackend:
@@ -103,3 +112,146 @@ class InMemoryComputeBackend:
         if request.pool and node.pool != request.pool:
             return False
         return not (request.leaf_group and node.leaf_group != request.leaf_group)
+
+    # ------------------------------------------------------------------ training runs (simulated)
+
+    def launch_training(self, launch: TrainingLaunch) -> TrainingReport:
+        with self._lock:
+            if launch.handle not in self.runs:
+                self.runs[launch.handle] = _FakeRun(launch)
+            return self.runs[launch.handle].report(0)
+
+    def observe_training(self, handle: str, since: int = 0) -> TrainingReport:
+        with self._lock:
+            run = self.runs.get(handle)
+            if run is None:
+                return TrainingReport(handle=handle, state="unknown", reason="no run with this name")
+            run.advance(self.steps_per_observe)
+            return run.report(since)
+
+    def place_training(self, handle: str, nodes: list[str], reason: str = "") -> None:
+        with self._lock:
+            self._run(handle).place(list(nodes), reason)
+
+    def checkpoint_training(self, handle: str) -> bool:
+        with self._lock:
+            run = self._run(handle)
+            run.checkpoint()
+            return True
+
+    def stop_training(self, handle: str, *, checkpoint: bool, reason: str = "") -> None:
+        with self._lock:
+            run = self.runs.get(handle)
+            if run is not None and run.state not in ("succeeded", "failed", "stopped"):
+                if checkpoint:
+                    run.checkpoint()
+                run.set_state("stopped", reason or "stopped")
+
+    def release_training(self, handle: str) -> None:
+        with self._lock:
+            self.runs.pop(handle, None)
+
+    def list_training_handles(self) -> list[str]:
+        with self._lock:
+            return sorted(self.runs)
+
+    def inject_training_fault(self, handle: str, *, rank: int, fault: str, node_lost: bool = False) -> None:
+        """Simulate a fault: a lost node waits for placement; anything else restarts in place."""
+        with self._lock:
+            self._run(handle).fault(rank, fault, node_lost=node_lost)
+
+    def _run(self, handle: str) -> _FakeRun:
+        run = self.runs.get(handle)
+        if run is None:
+            raise LookupError(f"no training run {handle!r}")
+        return run
+
+
+class _FakeRun:
+    """A simulated run: each observation advances it by some steps (per worker metrics, periodic
+    checkpoints), and faults produce the same events as the Ray supervisor."""
+
+    def __init__(self, launch: TrainingLaunch) -> None:
+        self.launch = launch
+        runtime = launch.runtime or {}
+        self.total_steps = int((runtime.get("hyperparameters") or {}).get("steps", 200))
+        self.interval = int(runtime.get("checkpoint_interval_steps", 100))
+        self.max_restarts = int(runtime.get("max_restarts", 3))
+        self.nodes = list(launch.nodes)
+        self.state, self.reason = "starting", "starting the gang"
+        self.step = -1
+        self.last_checkpoint_step = -1
+        self.restarts = 0
+        self.events: list[dict] = []
+        self.seq = 0
+        self.recovering: dict | None = None
+        self.clock = time.time() - 3600.0  # simulated time runs ahead of real time; start it in the past
+        self.set_state("running", f"{len(self.nodes)} worker(s) on {', '.join(self.nodes)}")
+
+    def event(self, **event) -> None:
+        self.seq += 1
+        self.events.append({**event, "seq": self.seq, "at": event.get("at", self.clock)})
+
+    def set_state(self, state: str, reason: str) -> None:
+        self.state, self.reason = state, reason
+        self.event(type="state", state=state, reason=reason, step=self.step, nodes=list(self.nodes),
+                   restarts=self.restarts)
+
+    def checkpoint(self) -> None:
+        if self.step >= 0 and self.step > self.last_checkpoint_step:
+            self.last_checkpoint_step = self.step
+            self.event(type="checkpoint", rank=0, step=self.step, size_bytes=1024, path="", save_s=0.01)
+
+    def advance(self, steps: int) -> None:
+        if self.state != "running":
+            return
+        for _ in range(steps):
+            if self.step + 1 >= self.total_steps:
+                break
+            self.step += 1
+            self.clock += 0.1
+            for rank in range(len(self.nodes)):
+                self.event(type="metric", rank=rank, step=self.step, loss=5.0 / (1 + self.step / 50),
+                           step_time=0.1, compute_time=0.08, tokens_per_s=10240.0)
+            if self.recovering is not None:
+                self.event(type="recovery", **self.recovering, resumed_at=self.clock, restarts=self.restarts,
+                           nodes=list(self.nodes))
+                self.recovering = None
+            if (self.step + 1) % self.interval == 0 or self.step + 1 == self.total_steps:
+                self.checkpoint()
+        if self.step + 1 >= self.total_steps:
+            self.set_state("succeeded", f"all {len(self.nodes)} worker(s) finished at step {self.step}")
+
+    def fault(self, rank: int, kind: str, *, node_lost: bool) -> None:
+        node = self.nodes[rank]
+        self.clock += 1.0
+        self.event(type="fault", kind=kind, rank=rank, node=node, occurred_at=self.clock - 1.0,
+                   detected_at=self.clock, evidence=f"simulated {kind}", data={}, step=self.step)
+        self.recovering = {"kind": kind, "occurred_at": self.clock - 1.0, "detected_at": self.clock, "node": node,
+                           "rank": rank, "recomputed_steps": max(0, self.step - self.last_checkpoint_step),
+                           "recomputed_s": 0.1 * max(0, self.step - self.last_checkpoint_step),
+                           "from_step": self.step, "checkpoint_step": self.last_checkpoint_step}
+        self.restarts += 1
+        self.step = self.last_checkpoint_step
+        if self.restarts > self.max_restarts:
+            self.set_state("failed", f"gave up after {self.max_restarts} restart(s); last fault: {kind} on {node}")
+            return
+        if node_lost:
+            self.set_state("awaiting_placement", f"{kind} on {node}: waiting for the control plane")
+            self.event(type="placement_needed", exclude=[node], nodes=list(self.nodes), reason=kind)
+        else:
+            self.set_state("recovering", f"restarting after {kind} on {node}")
+            self.set_state("running", f"{len(self.nodes)} worker(s) on {', '.join(self.nodes)}")
+
+    def place(self, nodes: list[str], reason: str) -> None:
+        if self.state == "running":
+            self.checkpoint()
+        self.nodes = nodes
+        self.set_state("recovering", reason or "new placement")
+        self.set_state("running", f"{len(nodes)} worker(s) on {', '.join(nodes)}")
+
+    def report(self, since: int) -> TrainingReport:
+        self.events = [e for e in self.events if e["seq"] > since]
+        return TrainingReport(handle=self.launch.handle, state=self.state, reason=self.reason, step=self.step,
+                              nodes=tuple(self.nodes), restarts=self.restarts,
+                              last_checkpoint_step=self.last_checkpoint_step, events=tuple(self.events))

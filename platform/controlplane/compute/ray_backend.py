@@ -9,13 +9,20 @@ Nodes are read from the GCS directly (no dashboard needed).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.compute.base import GangRequest, GangStatus, ObservedNode
+from controlplane.compute.base import (
+    GangRequest,
+    GangStatus,
+    ObservedNode,
+    TrainingLaunch,
+    TrainingReport,
+)
 from controlplane.compute.topology import (
     ACCEL_RESOURCE_PREFIX,
     LABEL_ACCELERATOR,
@@ -29,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 _CONNECT_LOCK = threading.Lock()
 LAUNCH_WAIT_S = 1.0
+OBSERVE_TIMEOUT_S = 10.0
+# Supervisors run on the head node (it outlives the worker nodes); Ray gives the head this resource.
+HEAD_RESOURCE = "node:__internal_head__"
+TRAINING_PREFIX = "fy-train-"
 
 # Resources that describe the node rather than schedulable capacity a workload asks for.
 _HIDDEN_RESOURCES = ("memory", "object_store_memory")
@@ -148,6 +159,87 @@ class RayComputeBackend:
             group_id = PlacementGroupID(bytes.fromhex(info["placement_group_id"]))
             remove_placement_group(PlacementGroup(group_id))
         return GangStatus(handle=handle, state="stopped")
+
+    # ------------------------------------------------------------------ training runs
+
+    def launch_training(self, launch: TrainingLaunch) -> TrainingReport:
+        """Start the run's supervisor (a detached actor on the head, named by the handle); idempotent."""
+        ray = self._ray()
+        from jobs.runtime.supervisor import GangSupervisor
+
+        request = GangRequest(handle=launch.handle, accelerator_type=launch.accelerator_type,
+                              workers=len(launch.nodes), devices_per_worker=launch.devices_per_worker,
+                              cpus_per_worker=launch.cpus_per_worker)
+        spec = {**launch.runtime, "handle": launch.handle, "job_id": launch.job_id, "nodes": list(launch.nodes),
+                "bundle": gang_bundle(request), "node_label": LABEL_NODE}
+        ray.remote(GangSupervisor).options(
+            name=launch.handle, namespace=self.namespace, lifetime="detached", get_if_exists=True,
+            num_cpus=0, max_concurrency=16, max_restarts=0, resources={HEAD_RESOURCE: 0.001},
+        ).remote(spec)
+        return self.observe_training(launch.handle)
+
+    def observe_training(self, handle: str, since: int = 0) -> TrainingReport:
+        supervisor = self._supervisor(handle)
+        if supervisor is None:
+            return TrainingReport(handle=handle, state="unknown", reason="no supervisor with this name")
+        ray = self._ray()
+        try:
+            raw = ray.get(supervisor.report.remote(since), timeout=OBSERVE_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            return TrainingReport(handle=handle, state="unknown", reason=f"supervisor unreachable: {exc}")
+        return TrainingReport(handle=handle, state=raw["state"], reason=raw["reason"], step=raw["step"],
+                              nodes=tuple(raw["nodes"]), restarts=raw["restarts"],
+                              last_checkpoint_step=raw["last_checkpoint_step"], events=tuple(raw["events"]))
+
+    def place_training(self, handle: str, nodes: list[str], reason: str = "") -> None:
+        supervisor = self._require_supervisor(handle)
+        self._ray().get(supervisor.place.remote(list(nodes), reason), timeout=OBSERVE_TIMEOUT_S)
+
+    def checkpoint_training(self, handle: str) -> bool:
+        supervisor = self._require_supervisor(handle)
+        return bool(self._ray().get(supervisor.request_checkpoint.remote(), timeout=OBSERVE_TIMEOUT_S))
+
+    def stop_training(self, handle: str, *, checkpoint: bool, reason: str = "") -> None:
+        supervisor = self._supervisor(handle)
+        if supervisor is not None:
+            self._ray().get(supervisor.stop.remote(checkpoint, reason), timeout=OBSERVE_TIMEOUT_S)
+
+    def release_training(self, handle: str) -> None:
+        """End the supervisor (and anything it still holds). Releasing an unknown run is a no-op."""
+        supervisor = self._supervisor(handle)
+        if supervisor is None:
+            return
+        ray = self._ray()
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            ray.get(supervisor.shutdown.remote(), timeout=OBSERVE_TIMEOUT_S)
+        try:
+            ray.kill(supervisor, no_restart=True)
+        except Exception as exc:  # already gone
+            logger.debug("kill supervisor %s: %s", handle, exc)
+
+    def list_training_handles(self) -> list[str]:
+        ray = self._ray()
+        names = ray.util.list_named_actors(all_namespaces=True)
+        return sorted(entry["name"] for entry in names
+                      if entry.get("namespace") == self.namespace and entry["name"].startswith(TRAINING_PREFIX))
+
+    def inject_training_fault(self, handle: str, *, rank: int, fault: str, factor: float = 3.0) -> None:
+        """Fault injection (tests, the fault benchmark): crash / hang / slow / nan on one worker."""
+        supervisor = self._require_supervisor(handle)
+        self._ray().get(supervisor.inject.remote(rank, fault, factor), timeout=OBSERVE_TIMEOUT_S)
+
+    def _supervisor(self, handle: str):
+        ray = self._ray()
+        try:
+            return ray.get_actor(handle, namespace=self.namespace)
+        except ValueError:
+            return None
+
+    def _require_supervisor(self, handle: str):
+        supervisor = self._supervisor(handle)
+        if supervisor is None:
+            raise LookupError(f"no training run {handle!r}")
+        return supervisor
 
     # ------------------------------------------------------------------ helpers
 

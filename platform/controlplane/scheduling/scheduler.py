@@ -756,3 +756,16 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
         else:
             result.grown.append(Grow(workload.id, len(workers), tuple(added),
                                      f"grown to {len(workers)} workers into idle {accelerator_type} capacity"))
+
+
+def place_additional_workers(snapshot: Snapshot, *, accelerator_type: str, workers: int,
+                             devices: float) -> tuple[WorkerPlacement, ...] | None:
+    """Where `workers` more workers of `devices` each would go, given everything already running.
+
+    Used to re-place the workers a running gang lost (a dead or cordoned node): the gang keeps its
+    quota, so only capacity matters. Same placement rules as admission (leaf groups, best fit);
+    None when they do not all fit.
+    """
+    if workers <= 0:
+        return ()
+    return _place_gang(_State(snapshot).pool(accelerator_type), workers, devices)

@@ -1,0 +1,430 @@
+"""The gang supervisor: a detached Ray actor per training job that runs, watches and recovers its gang.
+
+It lives on the head node (it must outlive the worker nodes it watches), holds the gang's placement
+group (one bundle per worker, each pinned by label to the node the scheduler chose), starts one
+`worker.TrainingWorker` per bundle, polls every worker twice a second and feeds the samples to the
+pure detector (`faults.detect_faults`). On a fault it records the evidence and recovers:
+
+- worker crash, hang, NaN/inf loss: restart every worker in the same placement group from the latest
+  complete checkpoint (a gang restarts as a whole: data-parallel ranks must agree on the step);
+- node lost, slow node: the gang needs other nodes; it releases its placement group and waits in
+  `awaiting_placement` until the control plane (which owns quotas and placement) calls `place()`
+  with new nodes, possibly fewer (shrink, when min_workers allows) or more (grow);
+- more than `max_restarts` restarts: it gives up with the reason.
+
+The control plane talks to it only through actor calls: `report(since)` returns the state and every
+event (metric, log, checkpoint, fault, recovery, state) after a cursor, `place`, `request_checkpoint`,
+`stop`, `inject` (fault injection for tests and the benchmark) and `shutdown`. No Django here.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+import traceback
+
+from jobs.runtime.faults import DetectionPolicy, Fault, FaultKind, WorkerSample, detect_faults
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.5
+NODE_CHECK_INTERVAL_S = 0.5
+START_TIMEOUT_S = 90.0
+PLACEMENT_TIMEOUT_S = 30.0
+STOP_CHECKPOINT_TIMEOUT_S = 60.0
+# Faults after which the gang must move off the worker's node; the others restart in place, except a
+# slow node, which is advisory: the gang keeps running (slow beats stopped) and the control plane
+# moves it only if it finds a better node.
+NEEDS_NEW_NODES = (FaultKind.NODE_LOST,)
+TERMINAL = ("succeeded", "failed", "stopped")
+
+
+class GangSupervisor:
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.handle = spec["handle"]
+        self.policy = DetectionPolicy(**(spec.get("detection") or {}))
+        self._lock = threading.RLock()
+        self._events: list[dict] = []
+        self._seq = 0
+        self.state = "starting"
+        self.reason = "starting the gang"
+        self.nodes: list[str] = list(spec["nodes"])
+        self.restarts = 0
+        self.step = -1
+        self.last_checkpoint_step = -1
+        self._group = None
+        self._workers: list = []
+        self._samples: dict[int, dict] = {}
+        self._pending_nodes: list[str] | None = None
+        self._pending_reason = ""
+        self._stop_request: dict | None = None
+        self._inflight: dict[int, object] = {}
+        self._node_alive: dict[str, bool] = {}
+        self._node_checked = 0.0
+        self._recovery: dict | None = None  # the fault being recovered from, until the first new step
+        self._step_times: list[float] = []
+        self._slow_reported: set[str] = set()
+        self._thread = threading.Thread(target=self._main, name=f"supervise-{self.handle}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ control-plane calls
+
+    def report(self, since: int = 0) -> dict:
+        """State plus every event with seq > since; events up to `since` are acknowledged and dropped."""
+        with self._lock:
+            self._events = [e for e in self._events if e["seq"] > since]
+            return {"state": self.state, "reason": self.reason, "step": self.step, "nodes": list(self.nodes),
+                    "workers": len(self.nodes), "restarts": self.restarts,
+                    "last_checkpoint_step": self.last_checkpoint_step, "events": list(self._events)}
+
+    def place(self, nodes: list[str], reason: str = "") -> str:
+        """Run the gang on these nodes (after a node loss, or to shrink / grow): checkpoint, restart."""
+        if not nodes:
+            raise ValueError("nodes: at least one node is needed")
+        with self._lock:
+            self._pending_nodes = list(nodes)
+            self._pending_reason = reason or "new placement"
+            return self.state
+
+    def request_checkpoint(self) -> bool:
+        with self._lock:
+            workers = list(self._workers)
+        if not workers:
+            return False
+        workers[0].request_checkpoint.remote()
+        return True
+
+    def stop(self, checkpoint: bool = True, reason: str = "") -> str:
+        with self._lock:
+            if self.state not in TERMINAL:
+                self._stop_request = {"checkpoint": checkpoint, "reason": reason or "stopped"}
+            return self.state
+
+    def inject(self, rank: int, fault: str, factor: float = 3.0) -> None:
+        """Fault injection for tests and the benchmark: forwards to the worker of that rank."""
+        with self._lock:
+            worker = self._workers[rank]
+        worker.inject.remote(fault, factor)
+
+    def shutdown(self) -> None:
+        import ray
+
+        self._teardown(release=True)
+        ray.actor.exit_actor()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _main(self) -> None:
+        try:
+            self._launch(reason="first start")
+            while True:
+                with self._lock:
+                    if self.state in TERMINAL:
+                        return
+                    stop, pending = self._stop_request, self._pending_nodes
+                if stop is not None:
+                    self._stop(stop)
+                    return
+                if pending is not None:
+                    self._replace(pending)
+                elif self.state == "running":
+                    self._watch_once()
+                time.sleep(POLL_INTERVAL_S)
+        except Exception as exc:  # the supervisor must always end in a state the control plane can read
+            self._set_state("failed", f"supervisor error: {type(exc).__name__}: {exc}")
+            self._event({"type": "log", "rank": None, "line": traceback.format_exc(limit=8)})
+            self._teardown(release=True)
+
+    def _launch(self, *, reason: str) -> None:
+        """Reserve the nodes (all or none), start the workers, wait until every one answers."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from jobs.runtime.worker import TrainingWorker
+
+        spec = self.spec
+        self._set_state("starting" if self.restarts == 0 and self.step < 0 else "recovering", reason)
+        if self._group is None:
+            bundle = dict(spec["bundle"])
+            label = spec["node_label"]
+            group = placement_group([dict(bundle) for _ in self.nodes], strategy="PACK",
+                                    bundle_label_selector=[{label: node} for node in self.nodes])
+            if not group.wait(timeout_seconds=float(spec.get("placement_timeout_s", PLACEMENT_TIMEOUT_S))):
+                ray.util.remove_placement_group(group)
+                self._await_placement(f"nodes {', '.join(self.nodes)} could not be reserved "
+                                      f"within {spec.get('placement_timeout_s', PLACEMENT_TIMEOUT_S)} s")
+                return
+            self._group = group
+        actor = ray.remote(TrainingWorker)
+        cpus = float(spec["bundle"].get("CPU", 0.0))
+        resources = {k: v for k, v in spec["bundle"].items() if k != "CPU"}
+        world = len(self.nodes)
+        workers = [
+            actor.options(num_cpus=cpus, resources=resources, max_concurrency=4, max_restarts=0,
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                              placement_group=self._group, placement_group_bundle_index=rank)
+                          ).remote(spec, rank, world, self.nodes[rank])
+            for rank in range(world)
+        ]
+        with self._lock:
+            self._workers = workers
+            self._samples = {}
+            self._inflight = {}
+        addr, port = ray.get(workers[0].rendezvous.remote(), timeout=START_TIMEOUT_S)
+        ray.get([w.start.remote(addr, port) for w in workers], timeout=START_TIMEOUT_S)
+        now = time.time()
+        with self._lock:
+            for rank, node in enumerate(self.nodes):
+                self._samples[rank] = {"rank": rank, "node": node, "step": -1, "progress_at": now,
+                                       "heartbeat_at": now, "alive": True, "loss": None, "compute_times": [],
+                                       "done": False, "error": "", "phase": "starting"}
+        self._set_state("running", f"{world} worker(s) on {', '.join(self.nodes)}")
+
+    def _watch_once(self) -> None:
+        import ray
+
+        now = time.time()
+        with self._lock:
+            workers = list(self._workers)
+        for rank, worker in enumerate(workers):
+            if rank not in self._inflight and self._samples[rank]["alive"]:
+                self._inflight[rank] = worker.poll.remote()
+        refs = list(self._inflight.values())
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=POLL_INTERVAL_S)
+        now = time.time()
+        for rank, ref in list(self._inflight.items()):
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            del self._inflight[rank]
+            sample = self._samples[rank]
+            try:
+                result = ray.get(ref)
+            except Exception as exc:  # the actor died: a crash, or its node went away
+                sample["alive"] = False
+                sample["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if "node" in str(exc).lower() and ("died" in str(exc).lower() or "dead" in str(exc).lower()):
+                    self._node_alive[sample["node"]] = False
+                continue
+            self._absorb(sample, result, now)
+        self._check_nodes(now)
+        samples = [self._worker_sample(s) for s in self._samples.values()]
+        if self._samples and all(s["done"] for s in self._samples.values()):
+            self._finish()
+            return
+        faults = detect_faults(samples, now=now, policy=self.policy)
+        slow = [f for f in faults if f.kind == FaultKind.SLOW_NODE]
+        faults = [f for f in faults if f.kind != FaultKind.SLOW_NODE]
+        if faults:
+            self._recover(faults, now)
+            return
+        for fault in slow:
+            if fault.node not in self._slow_reported:
+                self._slow_reported.add(fault.node)
+                self._event({"type": "fault", "kind": str(fault.kind), "rank": fault.rank, "node": fault.node,
+                             "occurred_at": self._occurred_at(fault), "detected_at": fault.detected_at,
+                             "evidence": fault.evidence, "data": dict(fault.data), "step": self.step,
+                             "advisory": True})
+                self._event({"type": "placement_needed", "exclude": [fault.node], "nodes": list(self.nodes),
+                             "advisory": True, "reason": f"slow node {fault.node}: {fault.evidence}"})
+
+    def _absorb(self, sample: dict, result: dict, now: float) -> None:
+        sample["heartbeat_at"] = now
+        if result["step"] > sample["step"]:
+            sample["progress_at"] = now
+            resumed_from = -1 if result.get("resumed_from") is None else result["resumed_from"]
+            if self._recovery is not None and result["step"] > resumed_from:
+                self._resumed(now)
+        sample.update(step=result["step"], loss=result["loss"], compute_times=result["compute_times"],
+                      done=result["done"], error=result["error"], phase=result["phase"])
+        if result["error"]:
+            sample["alive"] = False
+        for event in result["events"]:
+            if event["type"] == "checkpoint":
+                self.last_checkpoint_step = max(self.last_checkpoint_step, event["step"])
+            if event["type"] == "metric" and event["rank"] == 0:
+                self._step_times.append(event["compute_time"])
+                del self._step_times[:-200]
+            self._event(event)
+        with self._lock:
+            self.step = max(self.step, result["step"])
+
+    def _check_nodes(self, now: float) -> None:
+        import ray
+
+        if now - self._node_checked < NODE_CHECK_INTERVAL_S:
+            return
+        self._node_checked = now
+        label = self.spec["node_label"]
+        alive: dict[str, bool] = {}
+        for raw in ray.nodes():
+            name = (raw.get("Labels") or {}).get(label)
+            if name:
+                alive[name] = alive.get(name, False) or bool(raw.get("Alive"))
+        for node in self.nodes:
+            if not alive.get(node, False):
+                self._node_alive[node] = False
+
+    def _worker_sample(self, sample: dict) -> WorkerSample:
+        return WorkerSample(rank=sample["rank"], node=sample["node"], step=sample["step"],
+                            last_progress_at=sample["progress_at"], step_times=tuple(sample["compute_times"]),
+                            last_loss=sample["loss"], heartbeat_at=sample["heartbeat_at"], alive=sample["alive"],
+                            node_alive=self._node_alive.get(sample["node"], True))
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self, faults: list[Fault], now: float) -> None:
+        fault = _primary(faults, self._samples)
+        occurred = self._occurred_at(fault)
+        recomputed_steps = max(0, self.step - max(self.last_checkpoint_step, -1))
+        median = statistics.median(self._step_times) if self._step_times else 0.0
+        self._event({"type": "fault", "kind": str(fault.kind), "rank": fault.rank, "node": fault.node,
+                     "occurred_at": occurred, "detected_at": fault.detected_at, "evidence": fault.evidence,
+                     "data": dict(fault.data), "step": self.step,
+                     "others": [{"kind": str(f.kind), "rank": f.rank, "evidence": f.evidence}
+                                for f in faults if f is not fault]})
+        self._recovery = {"kind": str(fault.kind), "occurred_at": occurred, "detected_at": fault.detected_at,
+                          "node": fault.node, "rank": fault.rank, "recomputed_steps": recomputed_steps,
+                          "recomputed_s": recomputed_steps * median, "from_step": self.step,
+                          "checkpoint_step": self.last_checkpoint_step}
+        self._kill_workers()
+        self.restarts += 1
+        max_restarts = int(self.spec.get("max_restarts", 3))
+        if self.restarts > max_restarts:
+            self._teardown(release=True)
+            self._set_state("failed", f"gave up after {max_restarts} restart(s); last fault: {fault.kind} on "
+                                      f"{fault.node or '?'} (rank {fault.rank}): {fault.evidence}")
+            return
+        self.step = self.last_checkpoint_step
+        if fault.kind in NEEDS_NEW_NODES:
+            self._teardown(release=True)
+            self._await_placement(f"{fault.kind} on {fault.node}: waiting for the control plane to place "
+                                  f"the gang on other nodes", exclude=[fault.node] if fault.node else [])
+            return
+        self._launch(reason=f"restarting after {fault.kind} on {fault.node} (rank {fault.rank}) from "
+                            f"checkpoint step {self.last_checkpoint_step} (restart {self.restarts}/{max_restarts})")
+
+    def _occurred_at(self, fault: Fault) -> float:
+        """Best estimate of when the fault began: the last good sign of life of the worker(s) it hit."""
+        if fault.rank is None or fault.rank not in self._samples:
+            return fault.detected_at
+        sample = self._samples[fault.rank]
+        if fault.kind == FaultKind.HANG:
+            return sample["progress_at"]
+        if fault.kind == FaultKind.SLOW_NODE:
+            return fault.detected_at
+        return min(sample["heartbeat_at"], fault.detected_at)
+
+    def _resumed(self, now: float) -> None:
+        recovery, self._recovery = self._recovery, None
+        self._event({"type": "recovery", **recovery, "resumed_at": now, "restarts": self.restarts,
+                     "nodes": list(self.nodes)})
+
+    def _await_placement(self, reason: str, exclude: list[str] | None = None) -> None:
+        self._set_state("awaiting_placement", reason)
+        self._event({"type": "placement_needed", "exclude": exclude or [], "nodes": list(self.nodes),
+                     "reason": reason})
+
+    def _replace(self, nodes: list[str]) -> None:
+        with self._lock:
+            self._pending_nodes = None
+            reason = self._pending_reason
+        if self.state == "running" and self._workers:
+            self._checkpoint_then_stop()
+        self._teardown(release=True)
+        self.nodes = list(nodes)
+        self._slow_reported.clear()
+        self._launch(reason=f"{reason}: {len(nodes)} worker(s) on {', '.join(nodes)}")
+
+    def _checkpoint_then_stop(self) -> None:
+        """Ask rank 0 for a checkpoint at its current step and wait until it is complete."""
+        import ray
+
+        wanted = self.step
+        self._workers[0].request_checkpoint.remote()
+        deadline = time.time() + STOP_CHECKPOINT_TIMEOUT_S
+        while time.time() < deadline and self.last_checkpoint_step < max(wanted, 0):
+            self._watch_once_without_detection()
+            if all(s["done"] for s in self._samples.values()):
+                break
+            time.sleep(0.1)
+        for worker in self._workers:
+            worker.stop.remote()
+        ray.wait([w.poll.remote() for w in self._workers], num_returns=len(self._workers), timeout=2)
+        self._kill_workers()
+
+    def _watch_once_without_detection(self) -> None:
+        import ray
+
+        refs = {rank: w.poll.remote() for rank, w in enumerate(self._workers) if self._samples[rank]["alive"]}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=1.0)
+        now = time.time()
+        for rank, ref in refs.items():
+            if ref in ready:
+                try:
+                    self._absorb(self._samples[rank], ray.get(ref), now)
+                except Exception:
+                    self._samples[rank]["alive"] = False
+        self._inflight = {}
+
+    def _stop(self, request: dict) -> None:
+        if request["checkpoint"] and self.state == "running" and self._workers:
+            self._checkpoint_then_stop()
+        self._teardown(release=True)
+        self._set_state("stopped", request["reason"])
+
+    def _finish(self) -> None:
+        self._teardown(release=True)
+        self._set_state("succeeded", f"all {len(self.nodes)} worker(s) finished at step {self.step}")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _kill_workers(self) -> None:
+        import ray
+
+        with self._lock:
+            workers, self._workers = self._workers, []
+            self._inflight = {}
+        for worker in workers:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception as exc:  # already gone
+                log.debug("kill worker: %s", exc)
+
+    def _teardown(self, *, release: bool) -> None:
+        import ray
+
+        self._kill_workers()
+        if release and self._group is not None:
+            try:
+                ray.util.remove_placement_group(self._group)
+            except Exception as exc:
+                log.debug("remove placement group: %s", exc)
+            self._group = None
+
+    def _set_state(self, state: str, reason: str) -> None:
+        with self._lock:
+            self.state, self.reason = state, reason
+        self._event({"type": "state", "state": state, "reason": reason, "step": self.step,
+                     "nodes": list(self.nodes), "restarts": self.restarts})
+
+    def _event(self, event: dict) -> None:
+        with self._lock:
+            self._seq += 1
+            self._events.append({**event, "seq": self._seq, "at": event.get("at") or time.time()})
+
+
+def _primary(faults: list[Fault], samples: dict[int, dict]) -> Fault:
+    """The fault to act on. In a synchronous gang a hang stops every rank; the culprit is the rank
+    still computing (the others wait in the all-reduce), else the one furthest behind."""
+    hangs = [f for f in faults if f.kind == FaultKind.HANG]
+    if hangs and len(hangs) == len(faults):
+        computing = [f for f in hangs if samples.get(f.rank, {}).get("phase") == "compute"]
+        pool = computing or hangs
+        return min(pool, key=lambda f: (samples.get(f.rank, {}).get("step", 0), f.rank))
+    return faults[0]

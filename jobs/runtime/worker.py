@@ -1,0 +1,326 @@
+"""One training worker of a gang: a threaded Ray actor that trains and answers polls while it does.
+
+Why Fleetyard's own actors rather than Ray Train v2 workers: the platform must see each worker's
+progress every half second (to notice a hang or a slow node within seconds), ask rank 0 for a
+checkpoint at any step (preemption, cordon, resize), inject faults in tests, and restart the gang on
+nodes the scheduler picks. Ray Train v2 owns its worker group, its restarts and its placement, and
+reports only what the training function returns; the control loop Fleetyard needs would sit outside
+it. So a gang here is one placement group (pinned to the scheduler's nodes) and one `TrainingWorker`
+per bundle, coordinated by `supervisor.GangSupervisor`; data parallelism is torch.distributed (gloo
+on CPU; NCCL where CUDA devices are present), exactly what Ray Train would set up.
+
+The training loop runs in a background thread; `poll()` returns the progress made since the last
+poll (step, loss, per-step compute time, log lines, checkpoints) and never blocks on training.
+Two trainers:
+- the built-in transformer language model (`jobs.runtime.lm`), trained data-parallel, checkpointed
+  by rank 0 every `checkpoint_interval_steps`, on demand and at the end;
+- a user entrypoint: a shell command run in its working dir with RANK / WORLD_SIZE / MASTER_ADDR /
+  MASTER_PORT / FLEETYARD_CHECKPOINT_DIR set; lines it prints like `fleetyard: step=12 loss=3.4`
+  report progress, everything it prints is its log.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import socket
+import subprocess
+import threading
+import time
+import traceback
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+# Fault injection (tests and the fault benchmark): what a worker can be told to do to itself.
+INJECTABLE = ("crash", "hang", "slow", "nan")
+RECENT_STEP_TIMES = 20
+
+
+def free_port(host: str = "") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray (unit tests)
+        return "127.0.0.1"
+
+
+class TrainingWorker:
+    """A worker of one gang; `spec` is the plain dict the control plane built (see supervisor)."""
+
+    def __init__(self, spec: dict, rank: int, world_size: int, node: str) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.world_size = world_size
+        self.node = node
+        self._lock = threading.Lock()
+        self._events: list[dict] = []
+        self._step = -1
+        self._resumed_from = None
+        self._last_loss: float | None = None
+        self._compute_times: deque[float] = deque(maxlen=RECENT_STEP_TIMES)
+        self._done = False
+        self._error = ""
+        self._phase = "idle"
+        self._checkpoint_requested = threading.Event()
+        self._stop = threading.Event()
+        self._faults: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen | None = None
+
+    # ------------------------------------------------------------------ called by the supervisor
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address for torch.distributed's TCP store."""
+        ip = node_ip()
+        return ip, free_port()
+
+    def start(self, master_addr: str, master_port: int) -> str:
+        if self._thread is None:
+            target = self._run_entrypoint if self.spec.get("trainer") == "entrypoint" else self._run_builtin
+            self._thread = threading.Thread(target=self._guard, args=(target, master_addr, master_port),
+                                            name=f"train-rank{self.rank}", daemon=True)
+            self._thread.start()
+        return self.node
+
+    def poll(self) -> dict:
+        with self._lock:
+            events, self._events = self._events, []
+            return {
+                "rank": self.rank, "node": self.node, "step": self._step, "loss": self._last_loss,
+                "compute_times": list(self._compute_times), "phase": self._phase, "done": self._done,
+                "error": self._error, "resumed_from": self._resumed_from, "events": events,
+                "pid": os.getpid(),
+            }
+
+    def request_checkpoint(self) -> None:
+        self._checkpoint_requested.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+
+    def inject(self, fault: str, factor: float = 3.0) -> None:
+        """Fault injection: crash (the process exits), hang (the loop blocks), slow, nan (next loss)."""
+        if fault not in INJECTABLE:
+            raise ValueError(f"fault: {fault!r} is not one of {', '.join(INJECTABLE)}")
+        if fault == "crash":
+            self._faults["crash"] = 1.0
+        else:
+            self._faults[fault] = factor
+
+    # ------------------------------------------------------------------ training
+
+    def _guard(self, target, master_addr: str, master_port: int) -> None:
+        try:
+            target(master_addr, master_port)
+        except Exception as exc:  # reported through poll(); the supervisor decides what to do
+            with self._lock:
+                self._error = f"{type(exc).__name__}: {exc}"
+                self._events.append(self._log(f"worker failed: {self._error}\n{traceback.format_exc(limit=5)}"))
+
+    def _log(self, line: str) -> dict:
+        return {"type": "log", "at": time.time(), "rank": self.rank, "line": line}
+
+    def _emit(self, event: dict) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    def _run_builtin(self, master_addr: str, master_port: int) -> None:
+        import torch
+
+        from jobs.runtime import checkpoints, lm
+        from jobs.runtime.corpus import corpus_bytes
+
+        torch.set_num_threads(max(1, int(self.spec.get("torch_threads", 1))))
+        hp = lm.TrainHyperparameters.from_dict(self.spec.get("hyperparameters") or {})
+        group = self._init_process_group(master_addr, master_port)
+        dataset_path = self.spec.get("dataset_path") or ""
+        data = Path(dataset_path).read_bytes() if dataset_path else corpus_bytes(hp.seed, 20000)
+        tokens = lm.tokens_from_bytes(data)
+        model = lm.build_model(hp.model_config(), seed=hp.seed)
+        optimizer = lm.make_optimizer(model, hp)
+        ckpt_root = Path(self.spec["checkpoint_dir"])
+        start_step = 0
+        latest = checkpoints.load_latest(ckpt_root)
+        if latest is not None:
+            info, files = latest
+            start_step = lm.load_model_state(files, model, optimizer)  # steps completed
+            self._emit(self._log(f"rank {self.rank}: resumed from checkpoint step {info.step}"))
+        with self._lock:
+            self._resumed_from = start_step - 1
+            self._step = start_step - 1
+        interval = max(1, int(self.spec.get("checkpoint_interval_steps", 100)))
+        keep_last = max(1, int(self.spec.get("checkpoint_keep_last", 3)))
+        all_reduce = self._all_reduce if group else None
+        tokens_per_step = hp.batch_size * hp.context
+        for step in range(start_step, hp.steps):
+            if self._stop.is_set():
+                return
+            started = time.perf_counter()
+            self._phase = "compute"
+            self._apply_injected_faults(started)
+            x, y = lm.batch_for_step(tokens, step=step, rank=self.rank, world_size=self.world_size,
+                                     batch_size=hp.batch_size, context=hp.context, seed=hp.seed)
+            if hp.step_sleep_s:
+                time.sleep(hp.step_sleep_s)
+            timer = _StepTimer(self._set_phase)
+            loss = lm.train_step(model, optimizer, x, y, step=step, hp=hp,
+                                 all_reduce=timer.wrap(all_reduce) if all_reduce else None)
+            if "nan" in self._faults:
+                self._faults.pop("nan")
+                loss = float("nan")
+            elapsed = time.perf_counter() - started
+            compute = max(0.0, elapsed - timer.waited)
+            self._phase = "idle"
+            finished = step == hp.steps - 1
+            with self._lock:
+                self._step = step
+                self._last_loss = loss
+                self._compute_times.append(compute)
+                self._events.append({"type": "metric", "at": time.time(), "rank": self.rank, "step": step,
+                                     "loss": loss, "step_time": elapsed, "compute_time": compute,
+                                     "tokens_per_s": tokens_per_step / elapsed if elapsed > 0 else None})
+            if not math.isfinite(loss):
+                self._phase = "stopped"
+                self._emit(self._log(f"rank {self.rank}: loss is {loss} at step {step}; stopping for recovery"))
+                return
+            if step % 25 == 0 or finished:
+                self._emit(self._log(f"step {step} loss {loss:.4f} step_time {elapsed * 1000:.0f} ms"))
+            wanted = self._checkpoint_requested.is_set()
+            if self.rank == 0 and (finished or wanted or (step + 1) % interval == 0):
+                self._checkpoint_requested.clear()
+                saved = time.perf_counter()
+                info = checkpoints.save_checkpoint(
+                    ckpt_root, step=step, files=lm.model_state_bytes(model, optimizer, step=step + 1, hp=hp),
+                    metadata={"job_id": self.spec.get("job_id"), "world_size": self.world_size,
+                              "loss": loss, "trainer": "builtin-transformer-lm"})
+                checkpoints.apply_retention(ckpt_root, keep_last=keep_last)
+                self._emit({"type": "checkpoint", "at": time.time(), "rank": 0, "step": step,
+                            "size_bytes": info.size_bytes, "path": str(info.path),
+                            "save_s": time.perf_counter() - saved, "requested": wanted})
+        with self._lock:
+            self._done = True
+            self._phase = "done"
+
+    def _set_phase(self, phase: str) -> None:
+        self._phase = phase
+
+    def _apply_injected_faults(self, started: float) -> None:
+        if "crash" in self._faults:
+            os._exit(17)  # what a segfault or an OOM kill looks like from outside
+        if "hang" in self._faults:
+            self._phase = "compute"
+            self._stop.wait()  # blocks until the gang is torn down
+        if "slow" in self._faults and self._compute_times:
+            time.sleep(self._faults["slow"] * sorted(self._compute_times)[len(self._compute_times) // 2])
+
+    def _init_process_group(self, master_addr: str, master_port: int):
+        if self.world_size <= 1:
+            return None
+        import torch.distributed as dist
+
+        backend = "nccl" if _cuda_available() else "gloo"
+        dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}",
+                                rank=self.rank, world_size=self.world_size,
+                                timeout=timedelta(seconds=float(self.spec.get("collective_timeout_s", 120))))
+        return dist.group.WORLD
+
+    def _all_reduce(self, grads) -> None:
+        import torch
+        import torch.distributed as dist
+
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for grad in grads:
+            count = grad.numel()
+            grad.copy_(flat[offset:offset + count].view_as(grad))
+            offset += count
+
+    def _run_entrypoint(self, master_addr: str, master_port: int) -> None:
+        env = {**os.environ, **(self.spec.get("envs") or {})}
+        env.update({"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "MASTER_ADDR": master_addr,
+                    "MASTER_PORT": str(master_port), "FLEETYARD_CHECKPOINT_DIR": self.spec["checkpoint_dir"],
+                    "FLEETYARD_JOB_ID": str(self.spec.get("job_id", "")), "PYTHONUNBUFFERED": "1"})
+        Path(self.spec["checkpoint_dir"]).mkdir(parents=True, exist_ok=True)
+        workdir = self.spec.get("working_dir") or None
+        self._phase = "compute"
+        self._process = subprocess.Popen(["/bin/sh", "-c", self.spec["entrypoint"]], cwd=workdir, env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        last = time.perf_counter()
+        with self._lock:
+            self._resumed_from = -1
+        for raw in self._process.stdout:
+            line = raw.rstrip("\n")
+            self._emit(self._log(line))
+            fields = parse_progress_line(line)
+            if "step" in fields:
+                now = time.perf_counter()
+                loss = fields.get("loss")
+                with self._lock:
+                    self._step = int(fields["step"])
+                    self._last_loss = loss
+                    self._compute_times.append(now - last)
+                    self._events.append({"type": "metric", "at": time.time(), "rank": self.rank,
+                                         "step": self._step, "loss": loss, "step_time": now - last,
+                                         "compute_time": now - last, "tokens_per_s": None})
+                last = now
+        code = self._process.wait()
+        if code != 0 and not self._stop.is_set():
+            raise RuntimeError(f"entrypoint exited with code {code}")
+        with self._lock:
+            self._done = True
+            self._phase = "done"
+
+
+def parse_progress_line(line: str) -> dict[str, float]:
+    """`fleetyard: step=12 loss=3.4` -> {"step": 12.0, "loss": 3.4}; other lines -> {}."""
+    text = line.strip()
+    if not text.lower().startswith("fleetyard:"):
+        return {}
+    fields: dict[str, float] = {}
+    for part in shlex.split(text.split(":", 1)[1]):
+        key, sep, value = part.partition("=")
+        if sep and key in ("step", "loss"):
+            try:
+                fields[key] = float(value)
+            except ValueError:
+                continue
+    return fields
+
+
+class _StepTimer:
+    """Measures the time a step spends waiting in the gradient all-reduce (not compute)."""
+
+    def __init__(self, set_phase) -> None:
+        self.waited = 0.0
+        self._set_phase = set_phase
+
+    def wrap(self, all_reduce):
+        def timed(grads):
+            started = time.perf_counter()
+            self._set_phase("allreduce")
+            all_reduce(grads)
+            self._set_phase("compute")
+            self.waited += time.perf_counter() - started
+        return timed
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False

@@ -1,0 +1,391 @@
+"""The run workflow of a training job: launch, sync (apply what the run reports), re-place, stop.
+
+Services called by the Celery tasks in jobs/tasks.py (and by tests directly). The job row is the
+desired state (its `placement`, chosen by the scheduler) and the record of the observed state (the
+run's state, step, nodes, metrics, logs, faults); the run itself lives in the compute backend
+(a supervisor actor on Ray). Every function is idempotent and safe to run twice or after a crash:
+
+- `training_job_launch`: ADMITTED -> STARTING, then start the run (named by job and attempt).
+- `training_job_sync`: read the run's events after the job's cursor and apply them exactly once
+  (metrics, logs, checkpoints, faults with evidence, recoveries into the ETTR ledger, state changes),
+  then move the run toward the desired placement (re-place lost workers, shrink, grow), release a
+  finished run, and relaunch a run that disappeared.
+- `training_job_stop_run`: stop the run (with a checkpoint when preempting), then release it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.cluster.models import Node
+from controlplane.common.errors import ConflictError
+from controlplane.common.lifecycle import record_event, transition
+from controlplane.compute.base import TrainingLaunch, TrainingReport
+from controlplane.compute.ray_backend import TRAINING_PREFIX
+from controlplane.tenancy.services import audit_record
+from jobs.models import FaultKind, TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
+from jobs.runtime.goodput import GoodputLedger
+from jobs.states import JobState
+
+log = logging.getLogger(__name__)
+
+# Job states whose run the sync follows.
+SYNCED_STATES = (JobState.STARTING, JobState.RUNNING, JobState.RECOVERING, JobState.PREEMPTED)
+# A node with this many faults (crash, hang, bad loss, slow) within the window is cordoned.
+CORDON_AFTER_FAULTS = 2
+CORDON_WINDOW = timedelta(minutes=30)
+_RUN_TO_JOB_STATE = {
+    "running": JobState.RUNNING,
+    "recovering": JobState.RECOVERING,
+    "awaiting_placement": JobState.RECOVERING,
+    "succeeded": JobState.SUCCEEDED,
+    "failed": JobState.FAILED,
+}
+
+
+def run_handle(job: TrainingJob) -> str:
+    return f"{TRAINING_PREFIX}{job.pk}-a{job.attempt}"
+
+
+def checkpoint_dir(job: TrainingJob) -> Path:
+    """One directory per job (not per attempt): a preempted or recovered job resumes from it."""
+    return Path(settings.DATA_DIR) / "checkpoints" / f"job-{job.pk}"
+
+
+def placement_nodes(job: TrainingJob) -> list[str]:
+    """The desired nodes, one per worker, in the order of the scheduler's placement."""
+    return [entry["node"] for entry in job.placement or []]
+
+
+def build_launch(job: TrainingJob) -> TrainingLaunch:
+    dataset_path = dataset_local_path(job)
+    runtime = {
+        "trainer": job.trainer, "hyperparameters": dict(job.hyperparameters or {}), "entrypoint": job.entrypoint,
+        "working_dir": job.working_dir, "envs": dict(job.envs or {}), "dataset_path": dataset_path,
+        "checkpoint_dir": str(checkpoint_dir(job)), "checkpoint_interval_steps": job.checkpoint_interval_steps,
+        "checkpoint_keep_last": job.checkpoint_keep_last, "max_restarts": job.max_restarts,
+        "detection": dict(getattr(settings, "FLEETYARD_FAULT_DETECTION", {}) or {}),
+        "placement_timeout_s": 30.0,
+    }
+    accelerator_type = job.admitted_accelerator_type or job.accelerator_types[0]
+    return TrainingLaunch(handle=job.compute_handle, job_id=job.pk, nodes=tuple(placement_nodes(job)),
+                          accelerator_type=accelerator_type,
+                          devices_per_worker=0.0 if accelerator_type == "cpu" else float(job.devices_per_worker),
+                          cpus_per_worker=job.cpus_per_worker, runtime=runtime)
+
+
+# ------------------------------------------------------------------------------------------ launch
+
+def training_job_launch(*, job_id: int, backend) -> TrainingJob | None:
+    """ADMITTED -> STARTING and start the run. A job in any other state is left alone."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.state != JobState.ADMITTED or not job.placement:
+            return job
+        job.attempt += 1
+        job.compute_handle = run_handle(job)
+        job.events_cursor = 0
+        job.runtime_state = "starting"
+        job.observed_nodes = []
+        job.recovery_exclude = []
+        job.save(update_fields=["attempt", "compute_handle", "events_cursor", "runtime_state", "observed_nodes",
+                                "recovery_exclude"])
+        nodes = placement_nodes(job)
+        job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.STARTING,
+                         reason=f"launching {len(nodes)} worker(s) on {', '.join(nodes)} (attempt {job.attempt})",
+                         system="launcher", data={"handle": job.compute_handle, "nodes": nodes})
+    job = TrainingJob.objects.select_related("dataset_version").get(pk=job.pk)
+    backend.launch_training(build_launch(job))  # idempotent by name; a failure is retried by the sync
+    return job
+
+
+# ------------------------------------------------------------------------------------------ sync
+
+def training_job_sync(*, job_id: int, backend) -> TrainingJob | None:
+    job = TrainingJob.objects.select_related("dataset_version").filter(pk=job_id).first()
+    if job is None or not job.compute_handle or job.state not in SYNCED_STATES:
+        return job
+    report = backend.observe_training(job.compute_handle, since=job.events_cursor)
+    if report.state == "unknown":
+        return _run_missing(job, report, backend)
+    job = _apply_report(job.pk, report)
+    if report.terminal:
+        backend.release_training(job.compute_handle)
+        if job.state == JobState.PREEMPTED:
+            job = _requeue_after_preemption(job)
+        _kick_scheduler()
+        return job
+    if job.state in (JobState.RUNNING, JobState.RECOVERING):
+        _reconcile_placement(job, report, backend)
+    return job
+
+
+def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job_id)
+        events = sorted((e for e in report.events if e["seq"] > job.events_cursor), key=lambda e: e["seq"])
+        metrics, lines = [], []
+        for event in events:
+            kind = event["type"]
+            at = _when(event.get("at"))
+            if kind == "metric":
+                metrics.append(TrainingMetric(
+                    job=job, attempt=job.attempt, step=event["step"], worker=event["rank"], loss=_finite(event["loss"]),
+                    step_time_s=event.get("step_time"), compute_time_s=event.get("compute_time"),
+                    tokens_per_s=event.get("tokens_per_s"), recorded_at=at))
+            elif kind == "log":
+                lines.append(TrainingLogLine(job=job, attempt=job.attempt, worker=event.get("rank"),
+                                             line=str(event["line"])[:10000], recorded_at=at))
+            elif kind == "checkpoint":
+                job.last_checkpoint_step = max(job.last_checkpoint_step, event["step"])
+                lines.append(TrainingLogLine(
+                    job=job, attempt=job.attempt, worker=0, recorded_at=at,
+                    line=f"checkpoint saved at step {event['step']} ({event.get('size_bytes', 0)} bytes"
+                         f"{', requested' if event.get('requested') else ''})"))
+            elif kind == "fault":
+                job = _record_fault(job, event)
+            elif kind == "recovery":
+                _record_recovery(job, event)
+            elif kind == "placement_needed" and not event.get("advisory"):
+                job.recovery_exclude = sorted(set(job.recovery_exclude) | set(event.get("exclude") or []))
+            elif kind == "state":
+                job = _apply_state(job, event)
+        TrainingMetric.objects.bulk_create(metrics)
+        TrainingLogLine.objects.bulk_create(lines)
+        if events:
+            job.events_cursor = events[-1]["seq"]
+        job.runtime_state = report.state
+        job.current_step = max(job.current_step, report.step) if report.state != "recovering" else report.step
+        job.observed_nodes = list(report.nodes)
+        job.restarts = max(job.restarts, report.restarts)
+        job.last_checkpoint_step = max(job.last_checkpoint_step, report.last_checkpoint_step)
+        job.save(update_fields=["events_cursor", "runtime_state", "current_step", "observed_nodes", "restarts",
+                                "last_checkpoint_step", "recovery_exclude", "goodput"])
+        return job
+
+
+def _apply_state(job: TrainingJob, event: dict) -> TrainingJob:
+    target = _RUN_TO_JOB_STATE.get(event["state"])
+    if target is None or target == job.state or job.is_terminal or job.state == JobState.PREEMPTED:
+        return job
+    if not TrainingJob.machine.can(job.state, target):
+        return job
+    reason = event.get("reason") or event["state"]
+    if target == JobState.FAILED:
+        reason = f"training failed: {reason}"
+    saved = {"recovery_exclude": job.recovery_exclude, "goodput": job.goodput,
+             "last_checkpoint_step": job.last_checkpoint_step}
+    job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=target, reason=reason,
+                     system="training-runtime", data={"step": event.get("step"), "nodes": event.get("nodes")})
+    for key, value in saved.items():
+        setattr(job, key, value)
+    if target == JobState.RUNNING and job.started_at is None:
+        job.started_at = _when(event.get("at"))
+        job.goodput = GoodputLedger(first_started_at=job.started_at.timestamp()).to_dict()
+        TrainingJob.objects.filter(pk=job.pk).update(started_at=job.started_at)
+    elif target == JobState.RUNNING and job.goodput.get("paused_since"):
+        ledger = GoodputLedger.from_dict({k: v for k, v in job.goodput.items() if k not in _PAUSE_KEYS})
+        ledger.record_pause(kind=job.goodput.get("pause_kind", "preempted"), start=job.goodput["paused_since"],
+                            end=event.get("at") or timezone.now().timestamp())
+        job.goodput = ledger.to_dict()
+    return job
+
+
+_PAUSE_KEYS = ("paused_since", "pause_kind")
+
+
+def _ledger(job: TrainingJob) -> GoodputLedger | None:
+    if not job.goodput:
+        return None
+    return GoodputLedger.from_dict({k: v for k, v in job.goodput.items() if k not in _PAUSE_KEYS})
+
+
+def _record_fault(job: TrainingJob, event: dict) -> TrainingJob:
+    kind = event["kind"] if event["kind"] in FaultKind.values else FaultKind.WORKER_CRASH
+    fault = TrainingFault.objects.create(
+        job=job, attempt=job.attempt, kind=kind, node=event.get("node") or "", worker=event.get("rank"),
+        step=event.get("step", -1), evidence=event.get("evidence", ""), data=event.get("data") or {},
+        advisory=bool(event.get("advisory")), occurred_at=_when(event.get("occurred_at")),
+        detected_at=_when(event.get("detected_at")))
+    record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                 reason=f"{fault.get_kind_display().lower()} detected on {fault.node or '?'} (worker {fault.worker}): "
+                        f"{fault.evidence}", system="fault-detector",
+                 data={"fault": fault.pk, "kind": kind, "node": fault.node, "worker": fault.worker,
+                       "detection_s": round(fault.detection_s, 3), "advisory": fault.advisory})
+    _maybe_cordon(job, fault)
+    return job
+
+
+def _maybe_cordon(job: TrainingJob, fault: TrainingFault) -> None:
+    """Cordon a node that failed repeatedly, so the scheduler stops placing work on it."""
+    if not fault.node or fault.kind == FaultKind.NODE_LOST:
+        return  # a lost node is already unschedulable (the node sync marks it unreachable)
+    recent = TrainingFault.objects.filter(node=fault.node, detected_at__gte=fault.detected_at - CORDON_WINDOW).count()
+    if recent < CORDON_AFTER_FAULTS:
+        return
+    updated = Node.objects.filter(name=fault.node, cordoned=False).update(cordoned=True)
+    if updated:
+        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                     reason=f"node {fault.node} cordoned after {recent} faults within "
+                            f"{int(CORDON_WINDOW.total_seconds() // 60)} min", system="fault-detector",
+                     data={"node": fault.node, "faults": recent})
+        job.recovery_exclude = sorted(set(job.recovery_exclude) | {fault.node})
+
+
+def _record_recovery(job: TrainingJob, event: dict) -> None:
+    fault = (TrainingFault.objects.filter(job=job, kind=event["kind"], resumed_at__isnull=True, advisory=False)
+             .order_by("-id").first())
+    resumed = _when(event["resumed_at"])
+    if fault is not None:
+        fault.resumed_at = resumed
+        fault.recomputed_steps = int(event.get("recomputed_steps") or 0)
+        fault.recomputed_s = float(event.get("recomputed_s") or 0.0)
+        fault.save(update_fields=["resumed_at", "recomputed_steps", "recomputed_s"])
+    ledger = _ledger(job) or GoodputLedger(first_started_at=(job.started_at or resumed).timestamp())
+    occurred = min(event["occurred_at"], event["detected_at"])
+    ledger.record_interruption(kind=event["kind"], occurred_at=max(occurred, ledger.first_started_at),
+                               detected_at=max(event["detected_at"], ledger.first_started_at),
+                               resumed_at=max(event["resumed_at"], event["detected_at"], ledger.first_started_at),
+                               recomputed_s=float(event.get("recomputed_s") or 0.0),
+                               recomputed_steps=int(event.get("recomputed_steps") or 0))
+    extra = {k: v for k, v in job.goodput.items() if k in _PAUSE_KEYS}
+    job.goodput = {**ledger.to_dict(), **extra}
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+def _reconcile_placement(job: TrainingJob, report: TrainingReport, backend) -> None:
+    """Move the run toward the job's placement: re-place lost workers first, then follow resizes."""
+    from jobs.admission import replace_workers
+
+    if job.recovery_exclude:
+        job = replace_workers(job_id=job.pk, exclude=list(job.recovery_exclude)) or job
+    desired = placement_nodes(job)
+    if not desired or report.state not in ("running", "awaiting_placement"):
+        return
+    if job.recovery_exclude and report.state == "awaiting_placement":
+        return  # still waiting for capacity; the next pass tries again
+    if Counter(desired) != Counter(report.nodes) or report.state == "awaiting_placement":
+        reason = _resize_reason(len(report.nodes), len(desired))
+        backend.place_training(job.compute_handle, desired, reason)
+        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                     reason=f"{reason}: {', '.join(desired)}", system="launcher",
+                     data={"from": list(report.nodes), "to": desired})
+
+
+def _resize_reason(before: int, after: int) -> str:
+    if after < before:
+        return f"shrinking from {before} to {after} worker(s)"
+    if after > before:
+        return f"growing from {before} to {after} worker(s)"
+    return f"moving {after} worker(s) to new nodes"
+
+
+# ------------------------------------------------------------------------------------------ drift
+
+def _run_missing(job: TrainingJob, report: TrainingReport, backend) -> TrainingJob:
+    """The job says a run exists and Ray has none (the supervisor died, or the launch never happened)."""
+    if job.state == JobState.PREEMPTED:
+        return _requeue_after_preemption(job)
+    record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                 reason=f"run {job.compute_handle} not found ({report.reason}); launching it again from the "
+                        f"latest checkpoint", system="reconciler")
+    with transaction.atomic():
+        TrainingJob.objects.filter(pk=job.pk).update(events_cursor=0)
+    job.events_cursor = 0
+    backend.launch_training(build_launch(job))
+    return job
+
+
+def reconcile_orphan_runs(*, backend) -> list[str]:
+    """Stop runs whose job is gone or over (a Ray run with no live job row)."""
+    live = set(TrainingJob.objects.filter(state__in=SYNCED_STATES).exclude(compute_handle="")
+               .values_list("compute_handle", flat=True))
+    orphans = [handle for handle in backend.list_training_handles() if handle not in live]
+    for handle in orphans:
+        log.warning("stopping orphan training run %s", handle)
+        backend.stop_training(handle, checkpoint=False, reason="no live job owns this run")
+        backend.release_training(handle)
+    return orphans
+
+
+# ------------------------------------------------------------------------------------------ on demand
+
+def training_job_request_checkpoint(*, actor, job: TrainingJob, backend) -> int:
+    """Ask a running job for a checkpoint now; returns the step it was at. 409 unless RUNNING."""
+    if job.state != JobState.RUNNING or not job.compute_handle:
+        raise ConflictError(f"job {job.pk} is {job.state}; only a running job can checkpoint", field="state")
+    backend.checkpoint_training(job.compute_handle)
+    audit_record(actor=actor, team=job.team_id, action="training_job.checkpoint", target=job,
+                 data={"step": job.current_step})
+    return job.current_step
+
+
+# ------------------------------------------------------------------------------------------ stop
+
+def training_job_stop_run(*, job_id: int, backend, checkpoint: bool, reason: str) -> None:
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None or not job.compute_handle:
+        return
+    backend.stop_training(job.compute_handle, checkpoint=checkpoint, reason=reason)
+    if job.is_terminal:
+        backend.release_training(job.compute_handle)
+    if job.state == JobState.PREEMPTED:
+        with transaction.atomic():
+            locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
+            locked.goodput = {**(locked.goodput or {}), "paused_since": timezone.now().timestamp(),
+                              "pause_kind": "preempted"}
+            locked.save(update_fields=["goodput"])
+
+
+def _requeue_after_preemption(job: TrainingJob) -> TrainingJob:
+    with transaction.atomic():
+        locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if locked.state != JobState.PREEMPTED:
+            return locked
+        locked.compute_handle = ""
+        locked.runtime_state = "stopped"
+        locked.observed_nodes = []
+        locked.save(update_fields=["compute_handle", "runtime_state", "observed_nodes"])
+        locked = transition(obj=locked, machine=TrainingJob.machine, event_model=TrainingJobEvent,
+                            to=JobState.QUEUED, reason=f"checkpointed at step {locked.last_checkpoint_step} and "
+                                                       f"stopped; waiting to be admitted again", system="launcher")
+    _kick_scheduler()
+    return locked
+
+
+def _kick_scheduler() -> None:
+    from jobs.tasks import run_scheduling_cycle
+
+    transaction.on_commit(run_scheduling_cycle.delay)
+
+
+def _when(value) -> datetime:
+    if value is None:
+        return timezone.now()
+    return datetime.fromtimestamp(float(value), tz=UTC)
+
+
+def _finite(value):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def dataset_local_path(job: TrainingJob) -> str:
+    """A file the workers can read: datasets uploaded to the platform live under its data folder."""
+    version = job.dataset_version
+    if version is None:
+        return ""
+    parsed = urlparse(version.uri or "")
+    return unquote(parsed.path) if parsed.scheme == "file" else ""

@@ -1,0 +1,229 @@
+"""The run workflow of training jobs against the in-memory backend: launch, sync, faults, recovery,
+re-placement, shrink, preemption, drift repair, ETTR, and the run endpoints (metrics, logs, faults,
+checkpoints, goodput). The real Ray runtime is exercised in tests/integration/test_training_on_ray.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import TestCase
+
+from controlplane.cluster.models import Node
+from controlplane.compute.memory import InMemoryComputeBackend
+from controlplane.compute.topology import load_topology
+from jobs import tasks, workflows
+from jobs.admission import run_cycle
+from jobs.models import TrainingFault, TrainingJob, TrainingLogLine, TrainingMetric
+from jobs.runtime.checkpoints import save_checkpoint
+from tests.conftest import JOB_BODY
+
+
+@pytest.fixture
+def backend(monkeypatch, settings, tmp_path, demo_cluster):
+    settings.DATA_DIR = tmp_path
+    fake = InMemoryComputeBackend.from_topology(load_topology())
+    fake.steps_per_observe = 40
+    monkeypatch.setattr(tasks, "get_compute_backend", lambda: fake)
+    monkeypatch.setattr("jobs.api.views.get_compute_backend", lambda: fake)
+    return fake
+
+
+def submit(client, **overrides) -> TrainingJob:
+    body = {**JOB_BODY, "accelerator_types": ["nvidia-h100"], "workers_min": 2, "workers_max": 2,
+            "hyperparameters": {"steps": 100}, "checkpoint": {"interval_steps": 25}, **overrides}
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post("/api/v1/training-jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return TrainingJob.objects.get(pk=response.json()["id"])
+
+
+def sync(job, backend) -> TrainingJob:
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        workflows.training_job_sync(job_id=job.pk, backend=backend)
+    return TrainingJob.objects.get(pk=job.pk)
+
+
+def test_a_job_runs_from_admission_to_success_with_metrics_logs_and_ettr(api, backend):
+    client = api("alpha", "member")
+    job = submit(client)
+    assert job.state == "STARTING" and job.compute_handle == f"fy-train-{job.pk}-a1"
+    assert backend.list_training_handles() == [job.compute_handle]
+    job = sync(job, backend)
+    assert job.state == "RUNNING" and job.started_at is not None and job.current_step == 39
+    assert job.observed_nodes == ["h100-pool-0", "h100-pool-1"]
+    job = sync(sync(job, backend), backend)
+    assert job.state == "SUCCEEDED" and job.current_step == 99 and job.last_checkpoint_step == 99
+    assert backend.list_training_handles() == []  # released once its events were applied
+    assert TrainingMetric.objects.filter(job=job).count() == 200  # 100 steps x 2 workers, exactly once
+    body = client.get(f"/api/v1/training-jobs/{job.pk}/").json()["status"]
+    assert body["goodput"]["ettr"] == 1.0 and body["step"] == 99 and body["run_state"] == "succeeded"
+    states = [e["to_state"] for e in client.get(f"/api/v1/training-jobs/{job.pk}/events/").json()["results"]]
+    assert states == ["PENDING", "QUEUED", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+
+
+def test_applying_the_same_events_twice_records_them_once(api, backend):
+    job = submit(api("alpha", "member"))
+    report = backend.observe_training(job.compute_handle, since=0)
+    workflows._apply_report(job.pk, report)
+    workflows._apply_report(job.pk, report)  # a retried task sees the same report
+    assert TrainingMetric.objects.filter(job=job).count() == 80
+
+
+def test_a_crash_restarts_in_place_and_is_accounted(api, backend):
+    client = api("alpha", "member")
+    job = sync(submit(client), backend)
+    backend.inject_training_fault(job.compute_handle, rank=1, fault="worker_crash")
+    job = sync(job, backend)
+    fault = TrainingFault.objects.get(job=job)
+    assert fault.kind == "worker_crash" and fault.node == "h100-pool-1" and fault.worker == 1
+    assert fault.resumed_at is not None and fault.recomputed_steps == 39 - 24
+    assert job.restarts == 1 and job.state == "RUNNING"
+    goodput = client.get(f"/api/v1/training-jobs/{job.pk}/").json()["status"]["goodput"]
+    assert goodput["interruptions"] == {"worker_crash": 1} and goodput["detection_s"] == pytest.approx(1.0)
+    faults = client.get(f"/api/v1/training-jobs/{job.pk}/faults/").json()
+    assert faults[0]["evidence"] == "simulated worker_crash" and faults[0]["detection_s"] == pytest.approx(1.0)
+
+
+def test_a_lost_node_is_replaced_by_a_free_one(api, backend, world):
+    client = api("alpha", "member")
+    job = submit(client, workers_min=1, workers_max=1)
+    job = sync(job, backend)
+    lost = job.observed_nodes[0]
+    backend.inject_training_fault(job.compute_handle, rank=0, fault="node_lost", node_lost=True)
+    job = sync(job, backend)  # sees the fault, re-places the worker, tells the run
+    assert job.state == "RECOVERING" and lost not in [w["node"] for w in job.placement]
+    job = sync(job, backend)  # sees the run restarted on the new node
+    assert job.state == "RUNNING"
+    assert [w["node"] for w in job.placement] == job.observed_nodes and lost not in job.observed_nodes
+    reasons = [e.reason for e in job.events.all()]
+    assert any(r.startswith("re-placed 1 worker(s)") for r in reasons)
+    assert any("node lost detected on" in r for r in reasons)
+
+
+def test_a_gang_shrinks_when_its_lost_worker_cannot_be_placed_and_min_allows(api, backend, world):
+    client = api("alpha", "member")
+    job = sync(submit(client, workers_min=1, workers_max=2), backend)
+    assert len(job.observed_nodes) == 2  # both H100 nodes: nothing left to move to
+    backend.inject_training_fault(job.compute_handle, rank=1, fault="node_lost", node_lost=True)
+    job = sync(sync(job, backend), backend)
+    assert len(job.placement) == 1 and job.observed_nodes == ["h100-pool-0"]
+    assert any("shrunk to the 1 worker(s)" in e.reason for e in job.events.all())
+
+
+def test_a_gang_that_cannot_shrink_waits_for_capacity(api, backend):
+    job = sync(submit(api("alpha", "member")), backend)  # needs both H100 nodes
+    backend.inject_training_fault(job.compute_handle, rank=1, fault="node_lost", node_lost=True)
+    job = sync(job, backend)
+    assert job.state == "RECOVERING" and job.recovery_exclude == ["h100-pool-1"]
+    assert "waiting for capacity" in job.state_reason
+
+
+def test_a_job_fails_after_max_restarts_with_the_reason(api, backend):
+    job = sync(submit(api("alpha", "member"), max_restarts=1), backend)
+    backend.inject_training_fault(job.compute_handle, rank=0, fault="hang")
+    job = sync(job, backend)
+    backend.inject_training_fault(job.compute_handle, rank=0, fault="hang")
+    job = sync(job, backend)
+    assert job.state == "FAILED" and "gave up after 1 restart(s)" in job.state_reason
+    assert backend.list_training_handles() == []
+
+
+def test_repeated_faults_on_a_node_cordon_it(api, backend):
+    job = sync(submit(api("alpha", "member"), workers_min=1, workers_max=1, max_restarts=5), backend)
+    node = job.observed_nodes[0]
+    for _ in range(2):
+        backend.inject_training_fault(job.compute_handle, rank=0, fault="worker_crash")
+        job = sync(job, backend)
+    assert Node.objects.get(name=node).cordoned
+    job = sync(job, backend)
+    assert node not in job.observed_nodes  # moved off the cordoned node
+    assert any(f"node {node} cordoned after 2 faults" in e.reason for e in job.events.all())
+
+
+def test_a_vanished_run_is_launched_again(api, backend):
+    job = sync(submit(api("alpha", "member")), backend)
+    backend.release_training(job.compute_handle)  # e.g. the head node restarted
+    job = sync(job, backend)
+    assert job.compute_handle in backend.list_training_handles()
+    assert any("not found" in e.reason for e in job.events.all())
+
+
+def test_an_orphan_run_is_stopped(api, backend):
+    from controlplane.compute.base import TrainingLaunch
+
+    backend.launch_training(TrainingLaunch(handle="fy-train-999-a1", job_id=999, nodes=("h100-pool-0",),
+                                           accelerator_type="nvidia-h100", devices_per_worker=8, cpus_per_worker=1))
+    assert workflows.reconcile_orphan_runs(backend=backend) == ["fy-train-999-a1"]
+    assert backend.list_training_handles() == []
+
+
+def test_a_preempted_running_job_checkpoints_requeues_and_resumes(api, backend, world):
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    victim = sync(submit(client, name="low"), backend)
+    assert victim.state == "RUNNING"
+    urgent = submit(client, name="urgent", priority="urgent")
+    victim = TrainingJob.objects.get(pk=victim.pk)
+    assert victim.state == "PREEMPTED" and urgent.state == "QUEUED"
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        tasks.sync_training_jobs()
+    victim = TrainingJob.objects.get(pk=victim.pk)
+    assert victim.state == "QUEUED" and victim.compute_handle == "" and victim.last_checkpoint_step == 39
+    assert any("checkpointed at step 39" in e.reason for e in victim.events.all())
+    assert TrainingJob.objects.get(pk=urgent.pk).state == "STARTING"
+
+
+def test_run_endpoints_page_and_follow(api, backend):
+    client = api("alpha", "member")
+    job = submit(client)
+    job = sync(sync(sync(job, backend), backend), backend)
+    page = client.get(f"/api/v1/training-jobs/{job.pk}/metrics/?worker=1&limit=10").json()
+    assert [m["step"] for m in page["results"]] == list(range(10)) and page["next_after"]
+    more = client.get(f"/api/v1/training-jobs/{job.pk}/metrics/?worker=1&limit=10&after={page['next_after']}")
+    assert [m["step"] for m in more.json()["results"]] == list(range(10, 20))
+    TrainingLogLine.objects.create(job=job, worker=0, line="hello", recorded_at=job.created_at)
+    stream = client.get(f"/api/v1/training-jobs/{job.pk}/logs/?follow=true&timeout=5")
+    lines = [json.loads(line) for line in b"".join(stream.streaming_content).decode().splitlines()]
+    assert stream["Content-Type"] == "application/x-ndjson" and lines[-1]["line"] == "hello"
+    assert any("checkpoint saved at step 99" in line["line"] for line in lines)
+    bad = client.get(f"/api/v1/training-jobs/{job.pk}/metrics/?colour=red")
+    assert bad.status_code == 400 and "colour" in bad.json()
+    bad = client.get(f"/api/v1/training-jobs/{job.pk}/logs/?limit=0")
+    assert bad.status_code == 400 and "limit" in bad.json()
+
+
+def test_checkpoints_are_listed_from_storage_and_requested_on_demand(api, backend):
+    client = api("alpha", "member")
+    job = sync(submit(client), backend)
+    directory = workflows.checkpoint_dir(job)
+    save_checkpoint(directory, step=24, files={"model.pt": b"x" * 10})
+    (directory / ".tmp-half-written").mkdir()
+    listed = client.get(f"/api/v1/training-jobs/{job.pk}/checkpoints/").json()
+    assert [(c["step"], c["size_bytes"]) for c in listed] == [(24, 10)]
+    response = client.post(f"/api/v1/training-jobs/{job.pk}/checkpoints/")
+    assert response.status_code == 202 and response.json() == {"requested": True, "step": 39}
+    viewer = api("alpha", "viewer").post(f"/api/v1/training-jobs/{job.pk}/checkpoints/")
+    assert viewer.status_code == 403
+    queued = submit(client, name="second")
+    refused = client.post(f"/api/v1/training-jobs/{queued.pk}/checkpoints/")
+    assert refused.status_code == 409 and "state" in refused.json()
+
+
+def test_goodput_overview_weighs_jobs_by_wall_time(api, backend):
+    client = api("alpha", "member")
+    job = sync(submit(client, workers_min=1, workers_max=1), backend)
+    backend.inject_training_fault(job.compute_handle, rank=0, fault="worker_crash")
+    sync(job, backend)
+    body = client.get("/api/v1/training-jobs/goodput/").json()
+    assert body["jobs"] == 1 and 0 < body["ettr"] < 1 and body["detection_s"] == pytest.approx(1.0)
+    assert api("beta", "member").get("/api/v1/training-jobs/goodput/").json()["jobs"] == 0
+
+
+def test_run_cycle_launches_what_it_admits(api, backend):
+    job = submit(api("alpha", "member"))
+    assert job.state == "STARTING"
+    run_cycle()  # nothing new: idempotent
+    assert TrainingJob.objects.get(pk=job.pk).attempt == 1
