@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
@@ -88,7 +89,8 @@ class TrainingJobStatusSerializer(serializers.ModelSerializer):
     def get_workers(self, obj) -> int:
         return len(obj.observed_nodes or [])
 
-    def get_goodput(self, obj) -> GoodputSerializer | None:
+    @extend_schema_field(GoodputSerializer(allow_null=True))
+    def get_goodput(self, obj) -> dict | None:
         summary = selectors.training_job_goodput(job=obj)
         return summary.to_dict() if summary else None
 

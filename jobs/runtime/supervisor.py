@@ -20,6 +20,7 @@ event (metric, log, checkpoint, fault, recovery, state) after a cursor, `place`,
 from __future__ import annotations
 
 import logging
+import socket
 import statistics
 import threading
 import time
@@ -67,6 +68,7 @@ class GangSupervisor:
         self._recovery: dict | None = None  # the fault being recovered from, until the first new step
         self._step_times: list[float] = []
         self._slow_reported: set[str] = set()
+        self._raylets: dict[str, tuple[str, int]] = {}
         self._thread = threading.Thread(target=self._main, name=f"supervise-{self.handle}", daemon=True)
         self._thread.start()
 
@@ -207,12 +209,16 @@ class GangSupervisor:
                 result = ray.get(ref)
             except Exception as exc:  # the actor died: a crash, or its node went away
                 sample["alive"] = False
+                sample["process_dead"] = True
                 sample["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                if "node" in str(exc).lower() and ("died" in str(exc).lower() or "dead" in str(exc).lower()):
-                    self._node_alive[sample["node"]] = False
                 continue
             self._absorb(sample, result, now)
         self._check_nodes(now)
+        for sample in self._samples.values():
+            silent = now - sample["heartbeat_at"] > self.policy.heartbeat_timeout_s
+            if (not sample["alive"] or silent) and self._node_alive.get(sample["node"], True):
+                # The cluster takes seconds to declare a node dead; its raylet answers (or not) at once.
+                self._node_alive[sample["node"]] = self._raylet_answers(sample["node"])
         samples = [self._worker_sample(s) for s in self._samples.values()]
         if self._samples and all(s["done"] for s in self._samples.values()):
             self._finish()
@@ -266,9 +272,22 @@ class GangSupervisor:
             name = (raw.get("Labels") or {}).get(label)
             if name:
                 alive[name] = alive.get(name, False) or bool(raw.get("Alive"))
+                if raw.get("Alive"):
+                    self._raylets[name] = (raw.get("NodeManagerAddress", ""), int(raw.get("NodeManagerPort") or 0))
         for node in self.nodes:
             if not alive.get(node, False):
                 self._node_alive[node] = False
+
+    def _raylet_answers(self, node: str) -> bool:
+        """Whether the node's raylet accepts a TCP connection (refused or silent for 1 s: the node is gone)."""
+        host, port = self._raylets.get(node, ("", 0))
+        if not host or not port:
+            return True  # unknown address: leave the verdict to the cluster's own health checks
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def _worker_sample(self, sample: dict) -> WorkerSample:
         return WorkerSample(rank=sample["rank"], node=sample["node"], step=sample["step"],
@@ -427,4 +446,5 @@ def _primary(faults: list[Fault], samples: dict[int, dict]) -> Fault:
         computing = [f for f in hangs if samples.get(f.rank, {}).get("phase") == "compute"]
         pool = computing or hangs
         return min(pool, key=lambda f: (samples.get(f.rank, {}).get("step", 0), f.rank))
-    return faults[0]
+    # A worker whose process died is the cause; its peers fail in the collective right after it.
+    return min(faults, key=lambda f: (f.severity, not samples.get(f.rank, {}).get("process_dead", False), f.rank))

@@ -73,6 +73,7 @@ class TrainingWorker:
         self._checkpoint_requested = threading.Event()
         self._stop = threading.Event()
         self._faults: dict[str, float] = {}
+        self._slow_base: float | None = None
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen | None = None
 
@@ -110,7 +111,8 @@ class TrainingWorker:
             self._process.terminate()
 
     def inject(self, fault: str, factor: float = 3.0) -> None:
-        """Fault injection: crash (the process exits), hang (the loop blocks), slow, nan (next loss)."""
+        """Fault injection: crash (the process exits), hang (the loop blocks), slow (each step takes
+        `factor` x its healthy compute time), nan (the next loss)."""
         if fault not in INJECTABLE:
             raise ValueError(f"fault: {fault!r} is not one of {', '.join(INJECTABLE)}")
         if fault == "crash":
@@ -222,7 +224,9 @@ class TrainingWorker:
             self._phase = "compute"
             self._stop.wait()  # blocks until the gang is torn down
         if "slow" in self._faults and self._compute_times:
-            time.sleep(self._faults["slow"] * sorted(self._compute_times)[len(self._compute_times) // 2])
+            if self._slow_base is None:  # the healthy step time, taken once (not the slowed ones)
+                self._slow_base = sorted(self._compute_times)[len(self._compute_times) // 2]
+            time.sleep((self._faults["slow"] - 1.0) * self._slow_base)
 
     def _init_process_group(self, master_addr: str, master_port: int):
         if self.world_size <= 1:

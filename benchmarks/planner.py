@@ -1,0 +1,328 @@
+"""Parallel-strategy planner benchmark: the cost model against published training runs, mixed-chip plans,
+and the search time.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/planner.py [--json PATH] [--csv PATH] [--no-write] [--repeat N]
+
+1. Published runs (``platform/controlplane/planning/published_runs.json``: Table 1 of Narayanan et al.,
+   SC'21, and Table 5 of Korthikanti et al. 2022, all on A100 80GB DGX nodes). For each run: its layout and
+   published throughput; the planner's prediction for that same layout and the error; the planner's own
+   choice for the same model, batch and GPUs (all features, and only the features the run had), with its
+   predicted throughput and speed-up by its own model. Throughput is "TFLOPS per GPU" counted the way the
+   paper counts (Table 1: Eq. 3 hardware FLOPs with recomputation; Table 5: model FLOPs), over the step
+   time, so published and predicted compare like with like. Then the calibration: the one A100
+   ``achievable_fraction`` fitted on Table 1, each Table 1 row predicted by a fraction fitted on the other
+   nine (leave-one-out), and Table 5 as rows the constant never saw.
+2. Mixed chips: the planner's heterogeneous plan on H100 + A100 pools against the best plan on either
+   chip type alone. H100 has no published run in the JSON, so its ``achievable_fraction`` is the default
+   (0.5), a guess; the A100 one is calibrated.
+3. Search time for 1,024-device requests (homogeneous and mixed), median of ``--repeat`` runs.
+
+Results go to ``benchmarks/results/planner.{json,csv}`` unless ``--json``/``--csv`` say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT / "platform") not in sys.path:  # `platform/` is the source root of controlplane
+    sys.path.insert(0, str(REPO_ROOT / "platform"))
+
+from controlplane.cluster.accelerator_facts import facts_by_slug  # noqa: E402
+from controlplane.planning import (  # noqa: E402
+    CALIBRATED_ACHIEVABLE_FRACTION,
+    DevicePool,
+    ModelSpec,
+    PlanOptions,
+    PlanRequest,
+    device_type_from_facts,
+    plan,
+)
+from controlplane.planning.validation import (  # noqa: E402
+    calibrate,
+    compare,
+    counted_flops,
+    device_for,
+    load_published_runs,
+)
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+TOLERANCE = 0.15
+
+# DGX H100: NVLink 4 900 GB/s per GPU both ways = 450 GB/s each way; one 400 Gb/s NDR port per GPU = 50 GB/s.
+H100_LINKS = {"devices_per_node": 8, "intra_node_gbps": 450.0, "inter_node_gbps": 50.0}
+# DGX A100: NVLink 3 600 GB/s both ways = 300 GB/s each way; one 200 Gb/s HDR port per GPU = 25 GB/s.
+A100_LINKS = {"devices_per_node": 8, "intra_node_gbps": 300.0, "inter_node_gbps": 25.0}
+
+GPT3_175B = ModelSpec(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200, name="GPT-3 175B")
+LLAMA2_70B = ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, seq_len=4096, vocab=32000,
+                       gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False, name="Llama-2 70B")
+MIXED_CASES = [
+    # (model, global batch, H100 nodes, A100 nodes)
+    (GPT3_175B, 1536, 32, 32),
+    (GPT3_175B, 1536, 16, 48),
+    (LLAMA2_70B, 512, 16, 32),
+]
+TIMING_CASES = [
+    ("1,024 x H100, GPT-3 175B", GPT3_175B, 1536, 128, 0),
+    ("512 x H100 + 512 x A100, GPT-3 175B", GPT3_175B, 1536, 64, 64),
+    ("1,024 x A100, Llama-2 70B", LLAMA2_70B, 1024, 0, 128),
+]
+
+
+def layout_text(spec: dict) -> str:
+    text = f"TP{spec['tp']} PP{spec['pp']} DP{spec['dp']} mb{spec['micro_batch_size']}"
+    if spec.get("virtual_stages", 1) > 1:
+        text += f" v{spec['virtual_stages']}"
+    text += {"full": " full-rc", "selective": " sel-rc", "none": ""}[spec["recompute"]]
+    if spec.get("sequence_parallel"):
+        text += " SP"
+    return text
+
+
+def chosen_text(layout) -> str:
+    spec = layout.as_dict()
+    text = layout_text(spec)
+    if spec["zero"]:
+        text += " ZeRO1"
+    return text
+
+
+# -- 1. published runs ---------------------------------------------------------------------------------------
+
+def run_features(run: dict) -> PlanOptions:
+    """Only what the run's software had: its recompute mode (or none), ZeRO and sequence parallelism if used."""
+    spec = run["layout"]
+    return PlanOptions(flash_attention=False, allow_zero=spec.get("zero", False),
+                       allow_sequence_parallel=spec.get("sequence_parallel", False),
+                       allow_selective_recompute=spec["recompute"] == "selective",
+                       allow_recompute=spec["recompute"] != "none")
+
+
+def published_rows(data: dict) -> list[dict]:
+    rows = []
+    for run in data["runs"]:
+        comparison = compare(data, run)
+        model = comparison.request.model
+        gpus = run["layout"]["gpus"]
+        flops = counted_flops(run, model)
+        own = plan(replace(comparison.request, options=PlanOptions(flash_attention=False)))
+        same = plan(replace(comparison.request, options=run_features(run)))
+        row = {
+            "id": run["id"], "table": run["table"], "verified": run["verified"],
+            "params_b": round(model.parameters() / 1e9, 1), "gpus": gpus,
+            "published_layout": layout_text(run["layout"]),
+            "published_tflops": round(comparison.published_tflops, 1),
+            "predicted_tflops": round(comparison.predicted_tflops, 1),
+            "error_pct": round(100 * comparison.error, 1),
+            "predicted_step_s": round(comparison.prediction.step_time_s, 3),
+            "predicted_memory_gb": round(comparison.prediction.memory_gb, 1),
+        }
+        for key, result in (("chosen", own), ("chosen_run_features", same)):
+            if result.best is None:
+                row.update({f"{key}_layout": "infeasible", f"{key}_tflops": None, f"{key}_speedup": None})
+                continue
+            best = result.best
+            row.update({
+                f"{key}_layout": chosen_text(best.layout),
+                f"{key}_tflops": round(flops / best.step_time_s / gpus / 1e12, 1),
+                f"{key}_speedup": round(comparison.prediction.step_time_s / best.step_time_s, 3),
+            })
+        row["search_s"] = round(own.search_time_s, 3)
+        rows.append(row)
+    return rows
+
+
+def calibration(data: dict) -> dict:
+    table1 = [r for r in data["runs"] if r["table"] == "narayanan2021-table1" and r["verified"]]
+    fitted = calibrate(data, table1)
+    loo = {}
+    for run in table1:
+        others = [r for r in table1 if r is not run]
+        fraction = calibrate(data, others)
+        comparison = compare(data, run, replace(device_for(data), achievable_fraction=fraction))
+        loo[run["id"]] = {"fraction": fraction, "error_pct": round(100 * comparison.error, 1)}
+    return {"chip": data["hardware"]["device"], "fitted_on_table1": fitted,
+            "in_use": CALIBRATED_ACHIEVABLE_FRACTION.get(data["hardware"]["device"]), "leave_one_out": loo}
+
+
+# -- 2. mixed chips ------------------------------------------------------------------------------------------
+
+def mixed_rows() -> list[dict]:
+    facts = facts_by_slug()
+    h100 = device_type_from_facts(facts["nvidia-h100"])
+    a100 = device_type_from_facts(facts["nvidia-a100"])
+    rows = []
+    for model, batch, h_nodes, a_nodes in MIXED_CASES:
+        pools = (DevicePool(h100, h_nodes, **H100_LINKS), DevicePool(a100, a_nodes, **A100_LINKS))
+        mixed = plan(PlanRequest(model, batch, pools))
+        singles = {pool.name: plan(PlanRequest(model, batch, (pool,))) for pool in pools}
+        best_single_name, best_single = max(
+            ((name, r) for name, r in singles.items() if r.best is not None),
+            key=lambda item: item[1].best.tokens_per_s, default=(None, None))
+        row = {"model": model.name, "global_batch": batch,
+               "pools": f"{h_nodes * 8} x H100 + {a_nodes * 8} x A100"}
+        for name, result in singles.items():
+            row[f"{name}_only_tokens_s"] = round(result.best.tokens_per_s) if result.best else None
+            row[f"{name}_only_layout"] = result.best.layout.describe() if result.best else result.reason
+        if mixed.best is not None:
+            row["plan_tokens_s"] = round(mixed.best.tokens_per_s)
+            row["plan_layout"] = mixed.best.layout.describe()
+            row["plan_heterogeneous"] = mixed.best.layout.heterogeneous
+            row["plan_devices"] = mixed.best.layout.devices
+        if mixed.best and best_single:
+            row["speedup_vs_best_single"] = round(mixed.best.tokens_per_s / best_single.best.tokens_per_s, 3)
+            row["best_single"] = best_single_name
+            total = sum(r.best.tokens_per_s for r in singles.values() if r.best)
+            row["efficiency_vs_sum_of_singles"] = round(mixed.best.tokens_per_s / total, 3)
+        rows.append(row)
+    return rows
+
+
+# -- 3. timing -----------------------------------------------------------------------------------------------
+
+def timing_rows(repeat: int) -> list[dict]:
+    facts = facts_by_slug()
+    h100 = device_type_from_facts(facts["nvidia-h100"])
+    a100 = device_type_from_facts(facts["nvidia-a100"])
+    rows = []
+    for label, model, batch, h_nodes, a_nodes in TIMING_CASES:
+        pools = []
+        if h_nodes:
+            pools.append(DevicePool(h100, h_nodes, **H100_LINKS))
+        if a_nodes:
+            pools.append(DevicePool(a100, a_nodes, **A100_LINKS))
+        request = PlanRequest(model, batch, tuple(pools))
+        times, result = [], None
+        for _ in range(repeat):
+            started = time.perf_counter()
+            result = plan(request)
+            times.append(time.perf_counter() - started)
+        rows.append({"case": label, "devices": sum(p.devices for p in pools),
+                     "median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3),
+                     "candidates": result.candidates_evaluated,
+                     "best": result.best.layout.describe() if result.best else result.reason})
+    return rows
+
+
+# -- output --------------------------------------------------------------------------------------------------
+
+def _fmt(value, width, digits=1):
+    if value is None:
+        return "-".rjust(width)
+    if isinstance(value, float):
+        return f"{value:{width}.{digits}f}"
+    return str(value).rjust(width)
+
+
+def format_report(rows, cal, mixed, timing) -> str:
+    out = []
+    out.append("1. Published runs (A100 80GB, DGX A100): TFLOPS per GPU as each paper counts them")
+    header = (f"{'run':<44} {'params':>7} {'GPUs':>5}  {'published layout':<30} {'pub':>6} {'pred':>6} {'err%':>6} "
+              f"{'mem GB':>6}  {'planner choice (all features)':<38} {'TF/GPU':>6} {'x':>5}  "
+              f"{'choice (run features)':<30} {'TF/GPU':>6} {'x':>5}")
+    out.append(header)
+    out.append("-" * len(header))
+    for r in rows:
+        flag = "" if r["verified"] else " *"
+        out.append(
+            f"{r['id'] + flag:<44} {r['params_b']:>6.1f}B {r['gpus']:>5}  {r['published_layout']:<30} "
+            f"{r['published_tflops']:>6.1f} {r['predicted_tflops']:>6.1f} {r['error_pct']:>+6.1f} "
+            f"{r['predicted_memory_gb']:>6.1f}  {r['chosen_layout']:<38} {_fmt(r['chosen_tflops'], 6)} "
+            f"{_fmt(r['chosen_speedup'], 5, 2)}  {r['chosen_run_features_layout']:<30} "
+            f"{_fmt(r['chosen_run_features_tflops'], 6)} {_fmt(r['chosen_run_features_speedup'], 5, 2)}")
+    verified = [r for r in rows if r["verified"]]
+    errors = [abs(r["error_pct"]) for r in verified]
+    within = sum(e <= 100 * TOLERANCE for e in errors)
+    out.append(f"verified rows: {len(verified)}; within {100 * TOLERANCE:.0f}%: {within}; mean |error| "
+               f"{statistics.mean(errors):.1f}%, max {max(errors):.1f}%   (* = not verified: shown, not counted)")
+    for table in sorted({r["table"] for r in verified}):
+        errs = [abs(r["error_pct"]) for r in verified if r["table"] == table]
+        out.append(f"  {table}: mean |error| {statistics.mean(errs):.1f}%, max {max(errs):.1f}% over {len(errs)} rows")
+    faster = [r for r in rows if r["chosen_speedup"] is not None and r["chosen_speedup"] >= 1 - 1e-9]
+    out.append(f"planner's own choice at least as fast as the published layout (by its model): {len(faster)} of "
+               f"{len(rows)}")
+    out.append("")
+    out.append(f"Calibration: one achievable_fraction for {cal['chip']}: in use {cal['in_use']}, least-squares fit on "
+               f"Table 1 {cal['fitted_on_table1']}")
+    loo = cal["leave_one_out"]
+    out.append("  leave-one-out on Table 1 (fraction fitted on the other nine -> error on this row): "
+               + ", ".join(f"{k.rsplit('-', 1)[-1]} {v['fraction']:.3f}->{v['error_pct']:+.1f}%"
+                           for k, v in loo.items()))
+    out.append("  Table 5 rows are out of sample: the constant was fitted on Table 1 only.")
+    out.append("")
+    out.append("2. Mixed chips: the planner's plan on both pools vs the best plan on one chip type "
+               "(H100 achievable_fraction = default 0.5, uncalibrated; A100 calibrated)")
+    for m in mixed:
+        out.append(f"  {m['model']}, batch {m['global_batch']}, {m['pools']}:")
+        out.append(f"    plan:        {m.get('plan_tokens_s', 0):>10,} tokens/s  {m.get('plan_layout', '-')}")
+        for chip, label in (("nvidia-h100", "H100 only:  "), ("nvidia-a100", "A100 only:  ")):
+            out.append(f"    {label} {m[f'{chip}_only_tokens_s'] or 0:>10,} tokens/s  {m[f'{chip}_only_layout']}")
+        if "speedup_vs_best_single" in m:
+            out.append(f"    plan / best single type ({m['best_single']}): x{m['speedup_vs_best_single']:.3f}; "
+                       "plan / (H100-only + A100-only run side by side): "
+                       f"{100 * m['efficiency_vs_sum_of_singles']:.1f}%")
+    out.append("")
+    out.append(f"3. Search time on this machine ({os.cpu_count()} CPU cores, one process)")
+    for t in timing:
+        out.append(f"  {t['case']:<40} median {t['median_s']:.3f} s, max {t['max_s']:.3f} s, "
+                   f"{t['candidates']} layouts tried -> {t['best']}")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/planner.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, default=RESULTS_DIR / "planner.json")
+    parser.add_argument("--csv", type=Path, default=RESULTS_DIR / "planner.csv")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--repeat", type=int, default=5, help="timing repetitions (median reported)")
+    args = parser.parse_args(argv)
+
+    data = load_published_runs()
+    rows = published_rows(data)
+    cal = calibration(data)
+    mixed = mixed_rows()
+    timing = timing_rows(max(1, args.repeat))
+    report = format_report(rows, cal, mixed, timing)
+    print(report)
+    if args.no_write:
+        return 0
+    payload = {
+        "benchmark": "parallel-strategy planner vs published runs (issue 9)",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "tolerance": TOLERANCE,
+        "sources": data["sources"],
+        "hardware": data["hardware"],
+        "published_runs": rows,
+        "calibration": cal,
+        "mixed_chips": mixed,
+        "timing": timing,
+        "cpu_count": os.cpu_count(),
+        "report": report,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.csv, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["date", *rows[0].keys()])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({"date": payload["date"], **row})
+    print(f"\nwrote {args.json} and {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

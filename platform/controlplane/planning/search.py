@@ -1,0 +1,459 @@
+"""The planner's search: every DP x TP x PP (x EP) layout worth trying, ranked by the cost model.
+
+Homogeneous layouts (one pool): TP divides the node size and the attention heads (so it never leaves a
+node), PP divides the layers (equal stages), DP divides the global batch, DP x TP x PP <= the pool; then
+every micro-batch size up to ``max_micro_batch`` that divides the per-replica batch, Megatron's
+interleaved schedule where it applies, and EP for mixture-of-experts models.
+
+Heterogeneous layouts (several pools, ``allow_heterogeneous``): each data-parallel replica is one pipeline
+whose stages run on different pools, pool by pool, each pool with its own TP. The layers are split
+unevenly: each stage gets as many layers as it can run within a common per-micro-batch time and hold in
+its memory (``balance_layers``), so a faster chip gets more layers and a chip with less memory fewer. Each
+pool's part of the pipeline uses all its devices or half of them; heterogeneous pipelines use EP 1, no
+interleaving, and micro-batch sizes 1, 2, 4 and 8 (to keep a 1,024-device search well under a second).
+
+Memory is a hard limit. For each candidate the search takes the cheapest way to fit: nothing, then
+sequence parallelism, ZeRO-1 optimizer-state sharding (free in time in this model: reduce-scatter +
+all-gather move the bytes of one all-reduce), selective recomputation (cheap), full recomputation.
+
+Everything is deterministic: same request, same plan, ties broken by fewer devices, then simpler layouts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Iterable
+
+from controlplane.planning.cost import (
+    GB,
+    GRAD_BYTES,
+    MEMORY_USABLE_FRACTION,
+    OPTIMIZER_BYTES,
+    WEIGHT_BYTES,
+    CostModel,
+)
+from controlplane.planning.model import (
+    DevicePool,
+    Layout,
+    PlanRequest,
+    PlanResult,
+    Prediction,
+    Stage,
+)
+
+BYTES_PER_PARAMETER = 16  # weights 2 + gradients 2 + Adam state 12: the least any layout keeps in total
+HETEROGENEOUS_MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes the heterogeneous search tries
+
+
+def divisors(n: int) -> list[int]:
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
+
+def _tensor_degrees(request: PlanRequest, pool: DevicePool) -> list[int]:
+    m = request.model
+    return [t for t in divisors(pool.devices_per_node)
+            if m.heads % t == 0 and (m.kv % t == 0 or t % m.kv == 0) and m.ffn % t == 0 and t <= pool.devices]
+
+
+def _feature_ladder(request: PlanRequest, tp_max: int, dp: int) -> list[tuple[str, bool, bool]]:
+    """(recompute, sequence_parallel, zero) from fastest to most memory-saving. Sequence parallelism and
+    ZeRO-1 are on whenever allowed and meaningful: in this model they save memory and never cost time (SP
+    runs layer norm and dropout on 1/t of the tokens; ZeRO-1's reduce-scatter + all-gather move the bytes of
+    one all-reduce and the optimizer step touches 1/dp of the state). Only recomputation trades time."""
+    opts = request.options
+    recomputes = ["none"]
+    if opts.allow_recompute:
+        if opts.allow_selective_recompute and not opts.flash_attention:  # FlashAttention: nothing to save
+            recomputes.append("selective")
+        recomputes.append("full")
+    sp = opts.allow_sequence_parallel and tp_max > 1
+    zero = opts.allow_zero and dp > 1
+    return [(recompute, sp, zero) for recompute in recomputes]
+
+
+def _feature_cost(layout: Layout) -> int:
+    """How much machinery a layout needs, for breaking ties towards the simpler one."""
+    return ({"none": 0, "selective": 4, "full": 8}[layout.recompute] + 2 * layout.zero + layout.sequence_parallel
+            + (layout.virtual_stages > 1) + (layout.ep > 1))
+
+
+def _rank_key(prediction: Prediction):
+    layout = prediction.layout
+    return (round(prediction.step_time_s, 9), layout.devices, _feature_cost(layout), layout.pp, layout.tp,
+            layout.micro_batch_size, layout.virtual_stages, layout.recompute, layout.zero, layout.sequence_parallel,
+            tuple((s.pool, s.tp, s.layers) for s in layout.stages))
+
+
+class _Search:
+    def __init__(self, request: PlanRequest):
+        self.request = request
+        self.cost = CostModel(request)
+        self.evaluated = 0
+        self.best_per_shape: dict[tuple, Prediction] = {}
+        self.keep = request.options.max_alternatives + 1
+        self.threshold = math.inf  # the keep-th best shape's step time: anything slower cannot be shown
+        self.closest_miss: tuple[float, Layout, float, float] | None = None  # (share, layout, bytes, limit)
+        self.model_flops = request.global_batch_size * request.model.seq_len * self.cost.model_flops_per_token
+
+    # -- bookkeeping ---------------------------------------------------------------------------------------
+
+    def _lower_bound(self, flops_per_s: float) -> float:
+        """No layout runs faster than all its devices doing only the model's matrix multiplies."""
+        return self.model_flops / flops_per_s
+
+    def _consider(self, layout: Layout, note: str) -> None:
+        prediction = self.cost.evaluate(layout)
+        if note:
+            prediction = _with_reason(prediction, note)
+        shape = (tuple(sorted({(s.pool, s.tp) for s in layout.stages})), layout.dp, layout.pp)
+        current = self.best_per_shape.get(shape)
+        if current is None or _rank_key(prediction) < _rank_key(current):
+            self.best_per_shape[shape] = prediction
+            if prediction.step_time_s < self.threshold and len(self.best_per_shape) >= self.keep:
+                times = sorted(p.step_time_s for p in self.best_per_shape.values())
+                self.threshold = times[self.keep - 1]
+
+    def _miss(self, used: float, limit: float, make_layout) -> None:
+        share = used / limit
+        if self.closest_miss is None or share < self.closest_miss[0]:
+            self.closest_miss = (share, make_layout(), used, limit)
+
+    # -- homogeneous ---------------------------------------------------------------------------------------
+
+    def homogeneous(self, pool: DevicePool) -> None:
+        req, m = self.request, self.request.model
+        gbs = req.global_batch_size
+        device_rate = pool.device.peak(m.precision) * 1e12 * pool.device.achievable_fraction
+        limit = pool.device.memory_gb * MEMORY_USABLE_FRACTION * GB
+        for tp in _tensor_degrees(req, pool):
+            for pp in divisors(m.layers):
+                if tp * pp > pool.devices:
+                    break
+                per_stage = m.layers // pp
+                ends = (0,) if pp == 1 else (0, pp - 1)
+                # More replicas first: they are usually faster, so the pruning threshold drops early.
+                for dp in reversed(divisors(gbs)):
+                    if dp * tp * pp > pool.devices:
+                        continue
+                    if self._lower_bound(dp * tp * pp * device_rate) > self.threshold:
+                        continue
+                    ladder = _feature_ladder(req, tp, dp)
+                    eps = [e for e in divisors(math.gcd(m.experts, dp))] if m.is_moe else [1]
+                    for mbs in divisors(gbs // dp):
+                        if mbs > req.options.max_micro_batch:
+                            break
+                        micro = gbs // (dp * mbs)
+                        vs = [1]
+                        if req.options.allow_interleave and pp > 2 and micro % pp == 0:
+                            vs += [v for v in divisors(per_stage) if v > 1]
+                        for ep in eps:
+                            for v in vs:
+                                self._fit_homogeneous(pool, limit, ladder, tp, pp, per_stage, ends, dp, mbs, micro,
+                                                      ep, v)
+
+    def _fit_homogeneous(self, pool, limit, ladder, tp, pp, per_stage, ends, dp, mbs, micro, ep, v) -> None:
+        """Evaluate the cheapest rung of the feature ladder that fits (the first and last stages are the
+        fullest: the first holds the most micro-batches in flight, the last the logits)."""
+        cost = self.cost
+
+        def peak(rung):
+            recompute, sp, zero = rung
+            return max(cost.stage_memory(pool, tp, per_stage, index, pp, dp, mbs, micro, recompute, sp, zero, ep, v)
+                       for index in ends)
+
+        def layout(rung):
+            recompute, sp, zero = rung
+            return Layout(dp=dp, stages=tuple(Stage(pool.name, tp, per_stage) for _ in range(pp)),
+                          micro_batch_size=mbs, recompute=recompute, zero=zero, ep=ep, virtual_stages=v,
+                          sequence_parallel=sp)
+
+        self.evaluated += 1
+        used = peak(ladder[-1])
+        if used > limit:
+            self._miss(used, limit, lambda: layout(ladder[-1]))
+            return
+        skipped = []
+        for rung in ladder[:-1]:
+            self.evaluated += 1
+            used = peak(rung)
+            if used <= limit:
+                self._consider(layout(rung), _ladder_note(skipped, rung))
+                return
+            skipped.append((*rung, used / GB))
+        self._consider(layout(ladder[-1]), _ladder_note(skipped, ladder[-1]))
+
+    # -- heterogeneous -------------------------------------------------------------------------------------
+
+    def heterogeneous(self, pools: tuple[DevicePool, ...]) -> None:
+        req, m = self.request, self.request.model
+        gbs = req.global_batch_size
+        tps = {pool.name: _tensor_degrees(req, pool) for pool in pools}
+        rates = {pool.name: pool.device.peak(m.precision) * 1e12 * pool.device.achievable_fraction for pool in pools}
+        for order in itertools.permutations(pools):
+            for dp in reversed(divisors(gbs)):
+                if any(dp * min(tps[p.name] or [math.inf]) > p.devices for p in order):
+                    continue
+                for tp_choice in itertools.product(*(tps[p.name] for p in order)):
+                    counts = []
+                    for pool, tp in zip(order, tp_choice, strict=True):
+                        most = min(pool.devices // (dp * tp), m.layers)
+                        counts.append(sorted({c for c in (most, most // 2) if c >= 1}, reverse=True))
+                    if any(not c for c in counts):
+                        continue
+                    ladder = _feature_ladder(req, max(tp_choice), dp)
+                    sequence_parallel = ladder[0][1]
+                    for stage_counts in itertools.product(*counts):
+                        if sum(stage_counts) > m.layers:
+                            continue
+                        rate = sum(dp * tp * count * rates[pool.name]
+                                   for pool, tp, count in zip(order, tp_choice, stage_counts, strict=True))
+                        if self._lower_bound(rate) > self.threshold:
+                            continue
+                        slots = [(pool, tp) for pool, tp, count in zip(order, tp_choice, stage_counts, strict=True)
+                                 for _ in range(count)]
+                        for mbs in HETEROGENEOUS_MICRO_BATCHES:
+                            if mbs > req.options.max_micro_batch or gbs % (dp * mbs):
+                                continue
+                            # A tighter bound for this micro-batch size: with per-layer times c_i (no
+                            # recompute, the cheapest rung), L layers need t_max >= L / sum(1/c_i).
+                            micro = gbs // (dp * mbs)
+                            speed = sum(count / self.cost.layer_cost(pool, tp, mbs, "none", sequence_parallel,
+                                                                     1).time_s
+                                        for pool, tp, count in zip(order, tp_choice, stage_counts, strict=True))
+                            if micro * m.layers / speed > self.threshold:
+                                continue
+                            self._fit_heterogeneous(ladder, slots, dp, mbs)
+
+    def _fit_heterogeneous(self, ladder, slots, dp, mbs) -> None:
+        self.evaluated += 1
+        if balance_layers(self.cost, slots, dp, mbs, *ladder[-1]) is None:
+            return
+        skipped = []
+        for recompute, sp, zero in ladder:
+            self.evaluated += 1
+            layers = balance_layers(self.cost, slots, dp, mbs, recompute, sp, zero)
+            if layers is None:
+                skipped.append((recompute, sp, zero, None))
+                continue
+            stages = tuple(Stage(pool.name, tp, n) for (pool, tp), n in zip(slots, layers, strict=True))
+            layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
+                            sequence_parallel=sp)
+            self._consider(layout, _ladder_note(skipped, (recompute, sp, zero)))
+            return
+
+
+def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs: int, recompute: str,
+                   sequence_parallel: bool, zero: bool) -> list[int] | None:
+    """Layers per stage for a pipeline of ``slots`` (pool, tp), or None when the model cannot fit.
+
+    Each stage's time per micro-batch and memory are linear in its layer count (a per-layer part plus a
+    fixed part: embedding, output layer, point-to-point sends). Find the smallest common time T such that
+    the stages, each taking min(layers that run within T, layers that fit in memory), hold the whole
+    model; then take surplus layers off the slowest stages."""
+    req = cost.request
+    total = req.model.layers
+    p = len(slots)
+    if p > total:
+        return None
+    micro = req.global_batch_size // (dp * mbs)
+    optimizer_share = OPTIMIZER_BYTES / dp if zero else OPTIMIZER_BYTES
+    state_bytes = WEIGHT_BYTES + GRAD_BYTES + optimizer_share
+    per_layer, fixed, caps = [], [], []
+    profiles: dict[tuple, tuple] = {}
+    for index, (pool, tp) in enumerate(slots):
+        first, last = index == 0, index == p - 1
+        profile = profiles.get((pool.name, tp, first, last))
+        if profile is None:
+            layer = cost.layer_cost(pool, tp, mbs, recompute, sequence_parallel, 1)
+            extra_s, _f, extra_params, extra_act = cost.stage_extras(pool, tp, mbs, first, last, sequence_parallel)
+            base_bytes = extra_params * state_bytes + extra_act
+            if recompute == "full":
+                base_bytes += layer.working_bytes
+            profile = (layer.time_s, extra_s + cost.pp_comm_s(pool, tp, dp, mbs, p, first, last, 1),
+                       (layer.dense_params + layer.expert_params) * state_bytes, layer.stored_bytes,
+                       pool.device.memory_gb * MEMORY_USABLE_FRACTION * GB - base_bytes)
+            profiles[(pool.name, tp, first, last)] = profile
+        c, f, static_bytes, stored_bytes, room = profile
+        per_layer.append(c)
+        fixed.append(f)
+        cap = math.floor(room / (static_bytes + stored_bytes * min(p - index, micro)))
+        if cap < 1:
+            return None
+        caps.append(min(cap, total))
+    if sum(caps) < total:
+        return None
+    # The continuous optimum, stage caps included: stages whose share would exceed their cap are held at it.
+    free = set(range(p))
+    held = 0
+    while True:
+        inverse = sum(1 / per_layer[i] for i in free)
+        target = (total - held + sum(fixed[i] / per_layer[i] for i in free)) / inverse
+        over = [i for i in free if (target - fixed[i]) / per_layer[i] > caps[i]]
+        if not over:
+            break
+        for i in over:
+            free.discard(i)
+            held += caps[i]
+        if not free:
+            target = max(fixed[i] + caps[i] * per_layer[i] for i in range(p))
+            break
+    target = max(target, max(f + c for f, c in zip(fixed, per_layer, strict=True)))
+    floor = math.floor
+    counts = [max(0, min(cap, floor((target - f) / c + 1e-9)))
+              for f, c, cap in zip(fixed, per_layer, caps, strict=True)]
+    # Rounding down left a few layers over: give each to the stage that stays fastest with it.
+    deficit = total - sum(counts)
+    if deficit > 0:
+        heap = [(fixed[i] + (counts[i] + 1) * per_layer[i], i) for i in range(p) if counts[i] < caps[i]]
+        heapq.heapify(heap)
+        while deficit > 0:
+            if not heap:
+                return None
+            _, i = heapq.heappop(heap)
+            counts[i] += 1
+            deficit -= 1
+            if counts[i] < caps[i]:
+                heapq.heappush(heap, (fixed[i] + (counts[i] + 1) * per_layer[i], i))
+    # Rounding up to the common time can leave too many: take them off the slowest stages.
+    surplus = -deficit if deficit < 0 else 0
+    if surplus:
+        heap = [(-(fixed[i] + counts[i] * per_layer[i]), i) for i in range(p) if counts[i] > 1]
+        heapq.heapify(heap)
+        while surplus and heap:
+            _, i = heapq.heappop(heap)
+            counts[i] -= 1
+            surplus -= 1
+            if counts[i] > 1:
+                heapq.heappush(heap, (-(fixed[i] + counts[i] * per_layer[i]), i))
+    if min(counts) < 1:
+        return None
+    return counts
+
+
+def _ladder_note(skipped, chosen) -> str:
+    """Why the chosen layout recomputes: what the next cheaper rung would have needed."""
+    if not skipped:
+        return ""
+    recompute, _sp, _zero, used = skipped[-1]
+    previous = "without recomputation" if recompute == "none" else f"with {recompute} recompute"
+    need = f"it would need {used:.0f} GB per device" if used is not None else "its layers do not fit in memory"
+    return f"{chosen[0]} recompute because {previous} {need}"
+
+
+def _with_reason(prediction: Prediction, note: str) -> Prediction:
+    from dataclasses import replace
+
+    return replace(prediction, reason=note)
+
+
+# -- explanation ---------------------------------------------------------------------------------------------
+
+
+def _share(value: float, total: float) -> str:
+    return f"{100 * value / total:.0f}%"
+
+
+def explain(best: Prediction, others: Iterable[Prediction], request: PlanRequest, evaluated: int) -> str:
+    layout = best.layout
+    b = best.breakdown
+    step = best.step_time_s
+    parts = [f"{layout.describe()}: {best.tokens_per_s:,.0f} tokens/s, step {step:.3g} s, MFU {100 * best.mfu:.1f}%"]
+    others = list(others)
+    if others:
+        runner = others[0]
+        gain = runner.step_time_s / step - 1
+        parts.append(f"the fastest of {evaluated} layouts tried, {100 * gain:.1f}% faster than the next best "
+                     f"({runner.layout.describe()})")
+    else:
+        parts.append(f"the only layout of {evaluated} tried that fits")
+    why = [f"compute {_share(b['compute'], step)} of the step"]
+    if layout.tp > 1:
+        why.append(f"TP{layout.tp} all-reduces stay inside a node ({_share(b['tp_comm'], step)})")
+    if layout.pp > 1:
+        bubble = f"{layout.pp} stages with {best.num_micro_batches} micro-batches"
+        if layout.virtual_stages > 1:
+            bubble += f", interleaved x{layout.virtual_stages}"
+        why.append(f"pipeline bubble {_share(b['bubble'], step)} ({bubble})")
+    if layout.dp > 1:
+        hidden = ("fully hidden behind the backward pass" if b["dp_comm_exposed"] <= 0
+                  else f"{b['dp_comm_exposed']:.3g} s of it not hidden behind the backward pass")
+        why.append(f"DP{layout.dp} gradient all-reduce {b['dp_comm_total']:.3g} s, {hidden}")
+    if b.get("ep_comm"):
+        why.append(f"EP all-to-all {_share(b['ep_comm'], step)}")
+    parts.append("; ".join(why))
+    if layout.heterogeneous:
+        by_pool: dict[str, int] = {}
+        for stage in layout.stages:
+            by_pool[stage.pool] = by_pool.get(stage.pool, 0) + stage.layers
+        split = ", ".join(f"{layers} layers on {pool}" for pool, layers in by_pool.items())
+        parts.append(f"uneven pipeline split to match each chip's speed and memory: {split}")
+    parts.append(f"peak memory {best.memory_gb:.1f} GB of {best.memory_limit_gb:.1f} GB usable per device")
+    if best.reason:
+        parts.append(best.reason)
+    return "; ".join(parts) + "."
+
+
+def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
+    m = request.model
+    capable = [p for p in request.pools if p.device.peak(m.precision) is not None]
+    if not capable:
+        slugs = ", ".join(sorted({p.device.slug for p in request.pools}))
+        return f"no pool can run {m.precision}: no published {m.precision} peak for {slugs}"
+    params = m.parameters()
+    need = params * BYTES_PER_PARAMETER
+    have = sum(p.devices * p.device.memory_gb * MEMORY_USABLE_FRACTION for p in capable) * GB
+    raw = sum(p.memory_gb for p in capable)
+    if need > have:
+        return (f"needs at least {_size(need)} of device memory ({BYTES_PER_PARAMETER} bytes per parameter for "
+                f"weights, gradients and Adam state of {params / 1e9:.1f}B parameters, before activations); "
+                f"the pools have {_size(raw * GB)} ({_size(have)} usable)")
+    if search is not None and search.closest_miss is not None:
+        share, layout, used, limit = search.closest_miss
+        return (f"no layout fits in device memory: the closest, {layout.describe()}, needs {used / GB:.0f} GB "
+                f"per device where {limit / GB:.0f} GB is usable ({100 * share:.0f}%)")
+    return (f"no layout divides the work: global batch {request.global_batch_size}, {m.layers} layers, "
+            f"{m.heads} heads on pools of {', '.join(str(p.devices) for p in capable)} devices")
+
+
+def _size(nbytes: float) -> str:
+    if nbytes >= 1e12:
+        return f"{nbytes / 1e12:.1f} TB"
+    return f"{nbytes / 1e9:.0f} GB"
+
+
+def plan(request: PlanRequest) -> PlanResult:
+    """Search the layouts for ``request`` and return the fastest that fits, ranked alternatives (one per
+    shape: pool(s), DP, TP, PP), and a plain-language reason; or, when nothing fits, why not."""
+    started = time.perf_counter()
+    m = request.model
+    capable = tuple(p for p in request.pools if p.device.peak(m.precision) is not None)
+    search = None
+    if capable and m.parameters() * BYTES_PER_PARAMETER <= sum(
+            p.devices * p.device.memory_gb * MEMORY_USABLE_FRACTION for p in capable) * GB:
+        search = _Search(request)
+        for pool in capable:
+            search.homogeneous(pool)
+        if request.options.allow_heterogeneous and len(capable) > 1:
+            search.heterogeneous(capable)
+    ranked = sorted(search.best_per_shape.values(), key=_rank_key) if search else []
+    elapsed = time.perf_counter() - started
+    evaluated = search.evaluated if search else 0
+    if not ranked:
+        return PlanResult(best=None, alternatives=(), reason=infeasible_reason(request, search),
+                          candidates_evaluated=evaluated, search_time_s=elapsed)
+    best, others = ranked[0], ranked[1:]
+    reason = explain(best, others, request, evaluated)
+    best = _with_reason(best, reason)
+    alternatives = tuple(others[: request.options.max_alternatives])
+    return PlanResult(best=best, alternatives=alternatives, reason=reason, candidates_evaluated=evaluated,
+                      search_time_s=time.perf_counter() - started)
+
