@@ -146,13 +146,15 @@ def run_cycle() -> CycleResult:
 
 
 @transaction.atomic
-def replace_workers(*, job_id: int, exclude: list[str]) -> TrainingJob | None:
+def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = False) -> TrainingJob | None:
     """Give a running gang new nodes for the workers it has on `exclude` (lost or cordoned nodes).
 
     Same lock and snapshot as the cycle. The gang keeps its quota; its workers on other nodes stay
     where they are. If the lost workers cannot all be placed, the gang shrinks to the workers it kept
     when `workers_min` allows; otherwise the placement is left as it is and the next pass retries.
     Returns the job with its new placement (and `recovery_exclude` cleared), or None when it waits.
+    `require_all`: move only if every worker finds a new node (a slow node: a gang that keeps running
+    slowly is better than a smaller one), and record nothing otherwise.
     """
     list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
     job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
@@ -174,6 +176,8 @@ def replace_workers(*, job_id: int, exclude: list[str]) -> TrainingJob | None:
     accelerator_type = job.admitted_accelerator_type
     added = place_additional_workers(snapshot, accelerator_type=accelerator_type, workers=missing,
                                      devices=job.units_per_worker(accelerator_type))
+    if added is None and require_all:
+        return None
     if added is None and (len(kept) < job.workers_min or not kept):
         if not job.state_reason.startswith("waiting for capacity"):
             record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,

@@ -133,6 +133,7 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
         job = TrainingJob.objects.select_for_update().get(pk=job_id)
         events = sorted((e for e in report.events if e["seq"] > job.events_cursor), key=lambda e: e["seq"])
         metrics, lines = [], []
+        advisory: set[str] = set()
         for event in events:
             kind = event["type"]
             at = _when(event.get("at"))
@@ -154,7 +155,9 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
                 job = _record_fault(job, event)
             elif kind == "recovery":
                 _record_recovery(job, event)
-            elif kind == "placement_needed" and not event.get("advisory"):
+            elif kind == "placement_needed" and event.get("advisory"):
+                advisory.update(event.get("exclude") or [])
+            elif kind == "placement_needed":
                 job.recovery_exclude = sorted(set(job.recovery_exclude) | set(event.get("exclude") or []))
             elif kind == "state":
                 job = _apply_state(job, event)
@@ -169,6 +172,7 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
         job.last_checkpoint_step = max(job.last_checkpoint_step, report.last_checkpoint_step)
         job.save(update_fields=["events_cursor", "runtime_state", "current_step", "observed_nodes", "restarts",
                                 "last_checkpoint_step", "recovery_exclude", "goodput"])
+        job.advisory_exclude = sorted(advisory)  # slow nodes: move off them only if a better node is free
         return job
 
 
@@ -268,6 +272,8 @@ def _reconcile_placement(job: TrainingJob, report: TrainingReport, backend) -> N
 
     if job.recovery_exclude:
         job = replace_workers(job_id=job.pk, exclude=list(job.recovery_exclude)) or job
+    elif getattr(job, "advisory_exclude", None):
+        job = replace_workers(job_id=job.pk, exclude=job.advisory_exclude, require_all=True) or job
     desired = placement_nodes(job)
     if not desired or report.state not in ("running", "awaiting_placement"):
         return

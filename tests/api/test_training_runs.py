@@ -141,6 +141,24 @@ def test_repeated_faults_on_a_node_cordon_it(api, backend):
     assert any(f"node {node} cordoned after 2 faults" in e.reason for e in job.events.all())
 
 
+def test_a_slow_node_is_left_when_a_free_node_can_take_its_worker(api, backend):
+    job = sync(submit(api("alpha", "member"), workers_min=1, workers_max=1), backend)
+    slow = job.observed_nodes[0]
+    backend.inject_training_fault(job.compute_handle, rank=0, fault="slow_node")
+    job = sync(sync(job, backend), backend)
+    assert slow not in job.observed_nodes and job.restarts == 0
+    fault = TrainingFault.objects.get(job=job)
+    assert fault.advisory and fault.kind == "slow_node" and fault.node == slow
+
+
+def test_a_slow_node_is_kept_when_no_node_is_free(api, backend):
+    job = sync(submit(api("alpha", "member")), backend)  # both H100 nodes
+    backend.inject_training_fault(job.compute_handle, rank=1, fault="slow_node")
+    job = sync(sync(job, backend), backend)
+    assert job.restarts == 0 and job.observed_nodes == ["h100-pool-0", "h100-pool-1"] and job.recovery_exclude == []
+    assert not any("waiting for capacity" in e.reason for e in job.events.all())
+
+
 def test_a_vanished_run_is_launched_again(api, backend):
     job = sync(submit(api("alpha", "member")), backend)
     backend.release_training(job.compute_handle)  # e.g. the head node restarted

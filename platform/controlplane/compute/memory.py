@@ -225,6 +225,11 @@ class _FakeRun:
     def fault(self, rank: int, kind: str, *, node_lost: bool) -> None:
         node = self.nodes[rank]
         self.clock += 1.0
+        if kind == "slow_node":  # advisory: reported, the run keeps going
+            self.event(type="fault", kind=kind, rank=rank, node=node, occurred_at=self.clock, detected_at=self.clock,
+                       evidence="simulated slow node", data={}, step=self.step, advisory=True)
+            self.event(type="placement_needed", exclude=[node], nodes=list(self.nodes), advisory=True, reason=kind)
+            return
         self.event(type="fault", kind=kind, rank=rank, node=node, occurred_at=self.clock - 1.0,
                    detected_at=self.clock, evidence=f"simulated {kind}", data={}, step=self.step)
         self.recovering = {"kind": kind, "occurred_at": self.clock - 1.0, "detected_at": self.clock, "node": node,

@@ -1,0 +1,131 @@
+"""Training jobs on the real multi-node local Ray cluster, submitted through the REST API.
+
+The control plane's tasks run in this process (Celery eager); the runs are real: a gang supervisor
+on the head node, one TrainingWorker per placement-group bundle pinned to the scheduler's nodes,
+torch.distributed (gloo) data parallelism, checkpoints on disk. Faults are injected for real: a
+worker hangs, a worker slows down, a Ray node is killed (SIGKILL of its whole process group).
+
+This module kills a100-pool-1 in its last test; it is the last module to use the session cluster.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from controlplane.cluster.services import node_pool_create, nodes_sync
+from jobs import tasks
+from jobs.models import TrainingFault, TrainingJob, TrainingMetric
+
+pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
+
+BODY = {"name": "lm", "queue": "default", "workers_min": 2, "workers_max": 2, "devices_per_worker": 8,
+        "checkpoint": {"interval_steps": 10, "keep_last": 2}, "max_restarts": 3}
+
+
+@pytest.fixture
+def platform(ray_cluster, ray_backend, topology, world, accel, settings, tmp_path, monkeypatch):
+    """The demo pools in the database, nodes as Ray reports them, tasks talking to the real cluster."""
+    settings.DATA_DIR = tmp_path
+    for pool in topology.pools:
+        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
+                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
+    nodes_sync(observed=ray_backend.list_nodes())
+    monkeypatch.setattr(tasks, "get_compute_backend", lambda: ray_backend)
+    yield ray_backend
+    for handle in ray_backend.list_training_handles():  # nothing may outlive a test
+        ray_backend.stop_training(handle, checkpoint=False)
+        ray_backend.release_training(handle)
+
+
+def submit(api, **overrides) -> TrainingJob:
+    response = api("alpha", "member").post("/api/v1/training-jobs/", {**BODY, **overrides}, format="json")
+    assert response.status_code == 201, response.json()
+    return TrainingJob.objects.get(pk=response.json()["id"])
+
+
+def drive(job: TrainingJob, *, until, timeout: float = 120.0, on_tick=None) -> TrainingJob:
+    """Run the control plane's sync (the beat task) every half second until `until(job)` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks.sync_training_jobs()
+        job = TrainingJob.objects.get(pk=job.pk)
+        if on_tick is not None:
+            on_tick(job)
+        if until(job):
+            return job
+        assert not job.is_terminal or until(job), f"job ended {job.state}: {job.state_reason}"
+        assert time.monotonic() < deadline, f"timed out in {job.state} ({job.runtime_state}): {job.state_reason}"
+        time.sleep(0.5)
+
+
+def test_a_job_submitted_through_the_api_trains_to_completion_on_ray(api, platform):
+    job = submit(api, accelerator_types=["nvidia-h100"],
+                 hyperparameters={"steps": 40, "step_sleep_s": 0.02})
+    assert job.state == "STARTING" and job.compute_handle in platform.list_training_handles()
+    job = drive(job, until=lambda j: j.is_terminal)
+    assert job.state == "SUCCEEDED", job.state_reason
+    assert job.current_step == 39 and job.last_checkpoint_step == 39
+    assert job.observed_nodes == ["h100-pool-0", "h100-pool-1"]
+    assert job.compute_handle not in platform.list_training_handles()  # released
+    metrics = TrainingMetric.objects.filter(job=job)
+    assert metrics.count() == 80  # 40 steps x 2 workers, each exactly once
+    losses = [m.loss for m in metrics.filter(worker=0).order_by("step")]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5  # the model learns
+    client = api("alpha", "member")
+    checkpoints = client.get(f"/api/v1/training-jobs/{job.pk}/checkpoints/").json()
+    assert [c["step"] for c in checkpoints] == [29, 39]  # keep_last=2
+    logs = client.get(f"/api/v1/training-jobs/{job.pk}/logs/?limit=1000").json()["results"]
+    assert any("step 25 loss" in line["line"] for line in logs)
+    assert client.get(f"/api/v1/training-jobs/{job.pk}/").json()["status"]["goodput"]["ettr"] == 1.0
+
+
+def test_a_slow_worker_and_a_hung_worker_are_detected_and_handled(api, platform):
+    job = submit(api, accelerator_types=["nvidia-h100"], hyperparameters={"steps": 90, "step_sleep_s": 0.05})
+    injected: dict[str, float] = {}
+
+    def inject(current: TrainingJob) -> None:
+        if current.state != "RUNNING":
+            return
+        if "slow" not in injected and current.current_step >= 15:
+            platform.inject_training_fault(current.compute_handle, rank=1, fault="slow", factor=4.0)
+            injected["slow"] = time.time()
+        elif "hang" not in injected and current.current_step >= 45 and \
+                TrainingFault.objects.filter(job=current, kind="slow_node").exists():
+            platform.inject_training_fault(current.compute_handle, rank=1, fault="hang")
+            injected["hang"] = time.time()
+
+    job = drive(job, until=lambda j: j.is_terminal, timeout=180, on_tick=inject)
+    assert job.state == "SUCCEEDED" and job.current_step == 89, job.state_reason
+    slow = TrainingFault.objects.get(job=job, kind="slow_node")
+    assert slow.advisory and slow.node == "h100-pool-1" and slow.worker == 1
+    assert "peers' median" in slow.evidence
+    hang = TrainingFault.objects.get(job=job, kind="hang")
+    assert hang.node == "h100-pool-1" and hang.worker == 1 and "no step progress" in hang.evidence
+    assert hang.detected_at.timestamp() - injected["hang"] < 30  # target: a hang within 30 s
+    assert hang.resumed_at is not None and hang.restart_s < 20
+    assert job.restarts == 1
+
+
+def test_a_killed_node_is_detected_and_the_job_recovers_to_the_same_final_step(api, platform, ray_cluster):
+    job = submit(api, name="elastic", accelerator_types=["nvidia-a100"], workers_min=1, workers_max=2,
+                 hyperparameters={"steps": 70, "step_sleep_s": 0.05})
+    killed: dict[str, float] = {}
+
+    def kill(current: TrainingJob) -> None:
+        if not killed and current.state == "RUNNING" and current.current_step >= 25:
+            ray_cluster.kill_node("a100-pool-1")
+            killed["at"] = time.time()
+
+    job = drive(job, until=lambda j: j.is_terminal, timeout=180, on_tick=kill)
+    assert job.state == "SUCCEEDED" and job.current_step == 69, job.state_reason
+    fault = TrainingFault.objects.get(job=job)
+    assert fault.kind == "node_lost" and fault.node == "a100-pool-1"
+    assert fault.detected_at.timestamp() - killed["at"] < 5  # target: node loss within 5 s
+    assert fault.restart_s is not None and fault.restart_s < 20  # resumed within 20 s of detection
+    assert job.observed_nodes == ["a100-pool-0"] and len(job.placement) == 1  # shrunk: no spare A100 node
+    reasons = [e.reason for e in job.events.all()]
+    assert any(r.startswith("shrunk to the 1 worker(s)") for r in reasons)
+    summary = api("alpha", "member").get(f"/api/v1/training-jobs/{job.pk}/").json()["status"]["goodput"]
+    assert summary["interruptions"] == {"node_lost": 1} and 0 < summary["ettr"] < 1
