@@ -22,7 +22,13 @@ from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, 
 from controlplane.tenancy.selectors import team_list, visible_team_ids
 from inference.selectors import deployment_list
 from inference.states import DeploymentState
-from jobs.selectors import quota_usage, training_job_events, training_job_list, waiting_jobs
+from jobs.selectors import (
+    quota_usage,
+    training_job_events,
+    training_job_list,
+    training_job_run_view,
+    waiting_jobs,
+)
 from jobs.states import JobState
 
 JOBS_PER_PAGE = 50
@@ -132,6 +138,7 @@ def job_detail(request, job_id: int):
         "job": job,
         "events": training_job_events(job=job),
         "deployments": deployment_list(team_ids=team_ids).filter(source_job=job),
+        **training_job_run_view(job=job),
     })
     return render(request, "frontend/job_detail.html", context)
 

@@ -49,3 +49,11 @@ def get_item(mapping, key):
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+@register.filter
+def percent(value, digits: int = 2) -> str:
+    """0.99512 -> "99.51%"; None -> "—"."""
+    if value is None:
+        return "—"
+    return f"{float(value) * 100:.{int(digits)}f}%"

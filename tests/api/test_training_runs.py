@@ -245,3 +245,19 @@ def test_run_cycle_launches_what_it_admits(api, backend):
     assert job.state == "STARTING"
     run_cycle()  # nothing new: idempotent
     assert TrainingJob.objects.get(pk=job.pk).attempt == 1
+
+
+def test_console_job_page_shows_the_run(api, backend, world):
+    from django.test import Client
+
+    job = sync(submit(api("alpha", "member"), workers_min=1, workers_max=1), backend)
+    backend.inject_training_fault(job.compute_handle, rank=0, fault="worker_crash")
+    job = sync(sync(job, backend), backend)
+    save_checkpoint(workflows.checkpoint_dir(job), step=24, files={"model.pt": b"x" * 2048})
+    TrainingLogLine.objects.create(job=job, worker=0, line="step 25 loss 3.0 <b>", recorded_at=job.created_at)
+    browser = Client()
+    browser.force_login(world["alpha"]["member"])
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Effective training time" in page and "Worker crash" in page and "simulated worker_crash" in page
+    assert "<polyline" in page and "2.0\xa0KB" in page
+    assert "step 25 loss 3.0 &lt;b&gt;" in page  # log lines are escaped
