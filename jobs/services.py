@@ -12,6 +12,7 @@ from controlplane.quotas.selectors import check_workload_request
 from controlplane.tenancy.models import Team
 from controlplane.tenancy.services import audit_record
 from jobs.models import Trainer, TrainingJob, TrainingJobEvent
+from jobs.runtime.lm_config import TrainHyperparameters
 from jobs.states import JobState
 
 
@@ -39,6 +40,11 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     if trainer not in Trainer.values:
         raise ValidationFailed(f"{trainer!r} is not a trainer (choose {', '.join(Trainer.values)})",
                                field="trainer")
+    if trainer == Trainer.BUILTIN_LM:
+        try:
+            TrainHyperparameters.from_dict(hyperparameters or {})
+        except ValueError as exc:  # the message starts with the hyperparameter's name
+            raise ValidationFailed(str(exc), field="hyperparameters") from None
     check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
     if any(slug != "cpu" for slug in accelerator_types) and devices_per_worker < 1:
         raise ValidationFailed("accelerator workers need at least 1 device each", field="devices_per_worker")

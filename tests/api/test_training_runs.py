@@ -261,3 +261,16 @@ def test_console_job_page_shows_the_run(api, backend, world):
     assert "Effective training time" in page and "Worker crash" in page and "simulated worker_crash" in page
     assert "<polyline" in page and "2.0\xa0KB" in page
     assert "step 25 loss 3.0 &lt;b&gt;" in page  # log lines are escaped
+
+
+@pytest.mark.parametrize(("hyperparameters", "message"), [
+    ({"lr": -1}, "lr: must be"),
+    ({"stepz": 10}, "stepz"),
+    ({"steps": True}, "steps"),
+    ({"d_model": 30, "n_heads": 4}, "d_model"),
+])
+def test_bad_hyperparameters_of_the_builtin_trainer_are_a_400_naming_them(api, backend, hyperparameters, message):
+    response = api("alpha", "member").post("/api/v1/training-jobs/", {
+        **JOB_BODY, "hyperparameters": hyperparameters}, format="json")
+    assert response.status_code == 400 and message in str(response.json()["hyperparameters"])
+    assert not TrainingJob.objects.exists()
