@@ -19,6 +19,7 @@ event (metric, log, checkpoint, fault, recovery, state) after a cursor, `place`,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import statistics
@@ -299,6 +300,9 @@ class GangSupervisor:
 
     def _recover(self, faults: list[Fault], now: float) -> None:
         fault = _primary(faults, self._samples)
+        error = self._samples.get(fault.rank, {}).get("error") if fault.rank is not None else ""
+        if error and error not in fault.evidence:
+            fault = dataclasses.replace(fault, evidence=f"{fault.evidence}; worker error: {error[:500]}")
         occurred = self._occurred_at(fault)
         recomputed_steps = max(0, self.step - max(self.last_checkpoint_step, -1))
         median = statistics.median(self._step_times) if self._step_times else 0.0

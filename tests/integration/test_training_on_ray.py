@@ -10,6 +10,7 @@ This module kills a100-pool-1 in its last test; it is the last module to use the
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -106,6 +107,32 @@ def test_a_slow_worker_and_a_hung_worker_are_detected_and_handled(api, platform)
     assert hang.detected_at.timestamp() - injected["hang"] < 30  # target: a hang within 30 s
     assert hang.resumed_at is not None and hang.restart_s < 20
     assert job.restarts == 1
+
+
+def test_a_user_entrypoint_runs_on_the_cpu_pool_and_a_failing_one_gives_up(api, platform, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "assert os.environ['WORLD_SIZE'] == '1' and os.environ['FLEETYARD_CHECKPOINT_DIR']\n"
+        "for step in range(12):\n"
+        "    print(f'fleetyard: step={step} loss={5 - step * 0.25}', flush=True)\n"
+        "    time.sleep(0.05)\n"
+        "print('done', os.environ['GREETING'])\n"
+        "sys.exit(int(os.environ.get('EXIT_CODE', '0')))\n")
+    common = {"accelerator_types": ["cpu"], "workers_min": 1, "workers_max": 1, "devices_per_worker": 0,
+              "cpus_per_worker": 1, "trainer": "entrypoint", "entrypoint": f"{sys.executable} train.py",
+              "working_dir": str(tmp_path)}
+    job = submit(api, name="script", envs={"GREETING": "hello"}, **common)
+    job = drive(job, until=lambda j: j.is_terminal)
+    assert job.state == "SUCCEEDED" and job.current_step == 11, job.state_reason
+    assert job.observed_nodes == ["cpu-pool-0"]
+    lines = [line.line for line in job.log_lines.all()]
+    assert "done hello" in lines and "fleetyard: step=11 loss=2.25" in lines
+    assert [m.loss for m in job.metrics.order_by("step")][-1] == 2.25
+    failing = submit(api, name="failing", envs={"GREETING": "x", "EXIT_CODE": "3"}, max_restarts=1, **common)
+    failing = drive(failing, until=lambda j: j.is_terminal)
+    assert failing.state == "FAILED" and "gave up after 1 restart(s)" in failing.state_reason
+    assert "entrypoint exited with code 3" in failing.state_reason
 
 
 def test_a_killed_node_is_detected_and_the_job_recovers_to_the_same_final_step(api, platform, ray_cluster):
