@@ -123,8 +123,28 @@ def training_job_sync(*, job_id: int, backend) -> TrainingJob | None:
             job = _requeue_after_preemption(job)
         _kick_scheduler()
         return job
+    if _over_max_duration(job):
+        return _stop_over_max_duration(job, backend)
     if job.state in (JobState.RUNNING, JobState.RECOVERING):
         _reconcile_placement(job, report, backend)
+    return job
+
+
+def _over_max_duration(job: TrainingJob) -> bool:
+    if not job.max_duration_seconds or job.started_at is None or job.state not in (JobState.RUNNING,
+                                                                                     JobState.RECOVERING):
+        return False
+    return (timezone.now() - job.started_at).total_seconds() > job.max_duration_seconds
+
+
+def _stop_over_max_duration(job: TrainingJob, backend) -> TrainingJob:
+    """FAILED with the reason; the run checkpoints and stops, and the orphan pass releases it."""
+    with transaction.atomic():
+        job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.FAILED,
+                         reason=f"exceeded max_duration_seconds ({job.max_duration_seconds} s) at step "
+                                f"{job.current_step}; stopped after a final checkpoint", system="launcher")
+    backend.stop_training(job.compute_handle, checkpoint=True, reason="max duration exceeded")
+    _kick_scheduler()
     return job
 
 
@@ -317,9 +337,12 @@ def reconcile_orphan_runs(*, backend) -> list[str]:
                .values_list("compute_handle", flat=True))
     orphans = [handle for handle in backend.list_training_handles() if handle not in live]
     for handle in orphans:
-        log.warning("stopping orphan training run %s", handle)
-        backend.stop_training(handle, checkpoint=False, reason="no live job owns this run")
-        backend.release_training(handle)
+        report = backend.observe_training(handle, since=10**12)  # state only
+        if report.terminal or report.state == "unknown":
+            backend.release_training(handle)
+        else:  # stop first (it may be writing a final checkpoint); released on a later pass once stopped
+            log.warning("stopping orphan training run %s (%s)", handle, report.state)
+            backend.stop_training(handle, checkpoint=True, reason="no live job owns this run")
     return orphans
 
 

@@ -173,7 +173,9 @@ def test_an_orphan_run_is_stopped(api, backend):
     backend.launch_training(TrainingLaunch(handle="fy-train-999-a1", job_id=999, nodes=("h100-pool-0",),
                                            accelerator_type="nvidia-h100", devices_per_worker=8, cpus_per_worker=1))
     assert workflows.reconcile_orphan_runs(backend=backend) == ["fy-train-999-a1"]
-    assert backend.list_training_handles() == []
+    assert backend.runs["fy-train-999-a1"].state == "stopped"  # stopped first (a final checkpoint) ...
+    workflows.reconcile_orphan_runs(backend=backend)
+    assert backend.list_training_handles() == []  # ... released once it has stopped
 
 
 def test_a_preempted_running_job_checkpoints_requeues_and_resumes(api, backend, world):
@@ -274,3 +276,31 @@ def test_bad_hyperparameters_of_the_builtin_trainer_are_a_400_naming_them(api, b
         **JOB_BODY, "hyperparameters": hyperparameters}, format="json")
     assert response.status_code == 400 and message in str(response.json()["hyperparameters"])
     assert not TrainingJob.objects.exists()
+
+
+def test_a_job_over_its_max_duration_fails_after_a_final_checkpoint(api, backend):
+    from datetime import timedelta
+
+    job = sync(submit(api("alpha", "member"), max_duration_seconds=60), backend)
+    TrainingJob.objects.filter(pk=job.pk).update(started_at=job.started_at - timedelta(seconds=61))
+    job = sync(job, backend)
+    assert job.state == "FAILED" and "exceeded max_duration_seconds (60 s)" in job.state_reason
+    assert backend.runs[job.compute_handle].state == "stopped"
+    assert backend.runs[job.compute_handle].last_checkpoint_step >= 39
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        tasks.sync_training_jobs()
+    assert backend.list_training_handles() == []
+
+
+def test_an_elastic_job_grows_when_capacity_frees(api, backend, world):
+    client = api("alpha", "member")
+    blocker = sync(submit(client, name="blocker", workers_min=1, workers_max=1), backend)
+    elastic = sync(submit(client, name="elastic", workers_min=1, workers_max=2), backend)
+    assert len(elastic.observed_nodes) == 1  # admitted at its minimum: one H100 node is taken
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        client.post(f"/api/v1/training-jobs/{blocker.pk}/cancel/")  # frees a node; the cycle grows
+    elastic = TrainingJob.objects.get(pk=elastic.pk)
+    assert len(elastic.placement) == 2
+    elastic = sync(sync(elastic, backend), backend)
+    assert sorted(elastic.observed_nodes) == ["h100-pool-0", "h100-pool-1"]
+    assert any("growing from 1 to 2 worker(s)" in e.reason for e in elastic.events.all())
