@@ -148,6 +148,8 @@ class TrainingWorker:
         group = self._init_process_group(master_addr, master_port)
         dataset_path = self.spec.get("dataset_path") or ""
         data = Path(dataset_path).read_bytes() if dataset_path else corpus_bytes(hp.seed, 20000)
+        self._emit(self._log(f"rank {self.rank}: {len(data)} bytes of text from "
+                             f"{dataset_path or 'the generated corpus (no dataset given)'}"))
         tokens = lm.tokens_from_bytes(data)
         model = lm.build_model(hp.model_config(), seed=hp.seed)
         optimizer = lm.make_optimizer(model, hp)

@@ -81,4 +81,24 @@ def load_demo(*, topology: Topology | None = None) -> DemoLogin:
         if not LocalQueue.objects.filter(team=team, name="default").exists():
             local_queue_create(actor=demo, team=team, name="default",
                                cluster_queue=ClusterQueue.objects.get(name=queue_name))
+        _demo_corpus(actor=demo, team=team)
     return DemoLogin(username=DEMO_USERNAME, password=password)
+
+
+def _demo_corpus(*, actor, team: Team) -> None:
+    """The built-in trainer's text corpus as a dataset of the team (generated here: no download)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from controlplane.datasets.models import Dataset, DatasetFormat
+    from controlplane.datasets.services import dataset_create, dataset_version_upload
+    from jobs.runtime.corpus import CORPUS_NAME, corpus_bytes
+
+    dataset = Dataset.objects.filter(team=team, name=CORPUS_NAME).first()
+    if dataset is None:
+        dataset = dataset_create(actor=actor, team=team, name=CORPUS_NAME,
+                                 description="Generated short tales (a probabilistic grammar, seed 0) for the "
+                                             "built-in transformer language model")
+    if not dataset.versions.exists():
+        dataset_version_upload(actor=actor, dataset=dataset, fmt=DatasetFormat.TEXT,
+                               upload=SimpleUploadedFile(f"{CORPUS_NAME}.txt", corpus_bytes(0, 20000)),
+                               description="20,000 sentences, seed 0")

@@ -61,9 +61,19 @@ def drive(job: TrainingJob, *, until, timeout: float = 120.0, on_tick=None) -> T
         time.sleep(0.5)
 
 
-def test_a_job_submitted_through_the_api_trains_to_completion_on_ray(api, platform):
-    job = submit(api, accelerator_types=["nvidia-h100"],
+def test_a_job_submitted_through_the_api_trains_to_completion_on_ray(api, platform, world):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from controlplane.datasets.services import dataset_create, dataset_version_upload
+    from jobs.runtime.corpus import corpus_bytes
+
+    alpha = world["alpha"]
+    dataset = dataset_create(actor=alpha["admin"], team=alpha["team"], name="tales")
+    dataset_version_upload(actor=alpha["admin"], dataset=dataset, fmt="text",
+                           upload=SimpleUploadedFile("tales.txt", corpus_bytes(7, 3000)))
+    job = submit(api, accelerator_types=["nvidia-h100"], dataset="dataset://tales@1",
                  hyperparameters={"steps": 40, "step_sleep_s": 0.02})
+    assert job.dataset_version.dataset.name == "tales"
     assert job.state == "STARTING" and job.compute_handle in platform.list_training_handles()
     job = drive(job, until=lambda j: j.is_terminal)
     assert job.state == "SUCCEEDED", job.state_reason
@@ -79,6 +89,7 @@ def test_a_job_submitted_through_the_api_trains_to_completion_on_ray(api, platfo
     assert [c["step"] for c in checkpoints] == [29, 39]  # keep_last=2
     logs = client.get(f"/api/v1/training-jobs/{job.pk}/logs/?limit=1000").json()["results"]
     assert any("step 25 loss" in line["line"] for line in logs)
+    assert any("bytes of text from" in line["line"] and "tales.txt" in line["line"] for line in logs)
     assert client.get(f"/api/v1/training-jobs/{job.pk}/").json()["status"]["goodput"]["ettr"] == 1.0
 
 

@@ -94,3 +94,9 @@ def test_demo_loader_is_idempotent(db, settings, tmp_path):
     from django.contrib.auth import authenticate
 
     assert authenticate(username=first.username, password=first.password) is not None
+    from controlplane.datasets.models import DatasetVersion
+
+    corpora = DatasetVersion.objects.filter(dataset__name="fleetyard-tiny-tales")
+    assert corpora.count() == 2  # one per demo team, uploaded once
+    corpus = corpora.first()
+    assert corpus.uploaded and corpus.format == "text" and corpus.size_bytes > 500_000
