@@ -290,7 +290,13 @@ def _reconcile_placement(job: TrainingJob, report: TrainingReport, backend) -> N
     """Move the run toward the job's placement: re-place lost workers first, then follow resizes."""
     from jobs.admission import replace_workers
 
-    if job.recovery_exclude:
+    cordoned = sorted(set(Node.objects.filter(name__in=placement_nodes(job), cordoned=True)
+                          .values_list("name", flat=True)))
+    if cordoned and not job.recovery_exclude and report.state == "running":
+        # An operator cordoned a node under the gang: checkpoint and move off it where another node
+        # (or a smaller gang) allows; otherwise it keeps running there and no new work comes.
+        job = replace_workers(job_id=job.pk, exclude=cordoned) or job
+    elif job.recovery_exclude:
         job = replace_workers(job_id=job.pk, exclude=list(job.recovery_exclude)) or job
     elif getattr(job, "advisory_exclude", None):
         job = replace_workers(job_id=job.pk, exclude=job.advisory_exclude, require_all=True) or job

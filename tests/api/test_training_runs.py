@@ -304,3 +304,16 @@ def test_an_elastic_job_grows_when_capacity_frees(api, backend, world):
     elastic = sync(sync(elastic, backend), backend)
     assert sorted(elastic.observed_nodes) == ["h100-pool-0", "h100-pool-1"]
     assert any("growing from 1 to 2 worker(s)" in e.reason for e in elastic.events.all())
+
+
+def test_cordoning_a_node_under_a_running_gang_moves_it_off_after_a_checkpoint(api, backend, world):
+    from controlplane.cluster.services import node_set_cordoned
+
+    job = sync(submit(api("alpha", "member"), workers_min=1, workers_max=1,
+                      hyperparameters={"steps": 1000}, checkpoint={"interval_steps": 500}), backend)
+    node = job.observed_nodes[0]
+    node_set_cordoned(actor=world["ops"], node=Node.objects.get(name=node), cordoned=True, reason="maintenance")
+    job = sync(sync(job, backend), backend)
+    assert node not in job.observed_nodes and job.state == "RUNNING"
+    assert job.last_checkpoint_step == 79  # checkpointed at its current step before moving (not at 499)
+    assert any(f"leaving {node}" in e.reason for e in job.events.all())

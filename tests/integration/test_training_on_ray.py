@@ -120,6 +120,30 @@ def test_a_slow_worker_and_a_hung_worker_are_detected_and_handled(api, platform)
     assert job.restarts == 1
 
 
+def test_a_crashed_worker_and_a_nan_loss_restart_the_gang_from_its_checkpoint(api, platform):
+    job = submit(api, name="faulty", accelerator_types=["nvidia-h100"],
+                 hyperparameters={"steps": 60, "step_sleep_s": 0.05})
+    injected: dict[str, int] = {}
+
+    def inject(current: TrainingJob) -> None:
+        if current.state != "RUNNING":
+            return
+        if "crash" not in injected and current.current_step >= 15:
+            platform.inject_training_fault(current.compute_handle, rank=1, fault="crash")
+            injected["crash"] = current.current_step
+        elif "nan" not in injected and current.restarts == 1 and current.current_step >= 35:
+            platform.inject_training_fault(current.compute_handle, rank=0, fault="nan")
+            injected["nan"] = current.current_step
+
+    job = drive(job, until=lambda j: j.is_terminal, timeout=180, on_tick=inject)
+    assert job.state == "SUCCEEDED" and job.current_step == 59 and job.restarts == 2, job.state_reason
+    crash, nan = TrainingFault.objects.filter(job=job).order_by("id")
+    assert (crash.kind, crash.node, crash.worker) == ("worker_crash", "h100-pool-1", 1)
+    assert (nan.kind, nan.worker) == ("bad_loss", 0) and "nan" in nan.evidence.lower()
+    assert crash.resumed_at and nan.resumed_at and crash.recomputed_steps < 10 and nan.recomputed_steps < 10
+    assert TrainingMetric.objects.filter(job=job, attempt=job.attempt, step=59).count() == 2
+
+
 def test_a_user_entrypoint_runs_on_the_cpu_pool_and_a_failing_one_gives_up(api, platform, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
