@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5
 NODE_CHECK_INTERVAL_S = 0.5
-START_TIMEOUT_S = 90.0
+# Ray Train waits 60 s for a worker group by default; a worker here is up in 2-10 s on a busy 2-core
+# host (most of it importing torch), so 45 s is generous, and a miss is retried as a restart.
+START_TIMEOUT_S = 45.0
 PLACEMENT_TIMEOUT_S = 30.0
 STOP_CHECKPOINT_TIMEOUT_S = 60.0
 # Faults after which the gang must move off the worker's node; the others restart in place, except a
@@ -177,8 +179,13 @@ class GangSupervisor:
             self._workers = workers
             self._samples = {}
             self._inflight = {}
-        addr, port = ray.get(workers[0].rendezvous.remote(), timeout=START_TIMEOUT_S)
-        ray.get([w.start.remote(addr, port) for w in workers], timeout=START_TIMEOUT_S)
+        try:
+            addr, port = ray.get(workers[0].rendezvous.remote(), timeout=START_TIMEOUT_S)
+            ray.get([w.start.remote(addr, port) for w in workers], timeout=START_TIMEOUT_S)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+            self._start_failed(f"workers did not start within {START_TIMEOUT_S:.0f} s: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            return
         now = time.time()
         with self._lock:
             for rank, node in enumerate(self.nodes):
@@ -186,6 +193,21 @@ class GangSupervisor:
                                        "heartbeat_at": now, "alive": True, "loss": None, "compute_times": [],
                                        "done": False, "error": "", "phase": "starting"}
         self._set_state("running", f"{world} worker(s) on {', '.join(self.nodes)}")
+
+    def _start_failed(self, evidence: str) -> None:
+        """A gang that does not come up counts as a restart; it is tried again until max_restarts."""
+        now = time.time()
+        self._kill_workers()
+        self._event({"type": "fault", "kind": str(FaultKind.WORKER_CRASH), "rank": None, "node": None,
+                     "occurred_at": now, "detected_at": now, "evidence": evidence, "data": {}, "step": self.step})
+        self.restarts += 1
+        max_restarts = int(self.spec.get("max_restarts", 3))
+        if self.restarts > max_restarts:
+            self._teardown(release=True)
+            self._set_state("failed", f"gave up after {max_restarts} restart(s); last fault: {evidence}")
+            return
+        time.sleep(1.0)
+        self._launch(reason=f"retrying the start ({self.restarts}/{max_restarts}): {evidence}")
 
     def _watch_once(self) -> None:
         import ray
