@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from controlplane.cluster.api.views import AcceleratorTypeViewSet, NodePoolViewSet, NodeViewSet
+from controlplane.cluster.api.views import AcceleratorTypeViewSet, NodePoolViewSet, NodeViewSet, PlanView
 from controlplane.datasets.api.views import DatasetViewSet
 from controlplane.quotas.api.views import ClusterQueueViewSet, LocalQueueViewSet, PriorityClassViewSet
 from controlplane.tenancy.api.views import ApiTokenViewSet, AuditEventViewSet, MembershipViewSet, MeView, TeamViewSet
@@ -30,6 +30,7 @@ router.register("deployments", DeploymentViewSet, basename="deployment")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
+    path("plans/", PlanView.as_view(), name="plan"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),

@@ -13,7 +13,7 @@ class AcceleratorTypeAdmin(admin.ModelAdmin):
 
 @admin.register(NodePool)
 class NodePoolAdmin(admin.ModelAdmin):
-    list_display = ["name", "accelerator_type", "devices_per_node", "simulated"]
+    list_display = ["name", "accelerator_type", "devices_per_node", "intra_node_gbps", "inter_node_gbps", "simulated"]
     list_filter = ["simulated", "accelerator_type"]
 
 

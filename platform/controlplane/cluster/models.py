@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from controlplane.cluster.link_defaults import LinkBandwidth, resolve_link_bandwidth
 from controlplane.tenancy.models import SLUG_VALIDATOR
+
+
+def validate_positive(value) -> None:
+    if value is not None and value <= 0:
+        raise ValidationError(f"must be greater than 0, got {value}")
 
 
 class AcceleratorType(models.Model):
@@ -39,6 +46,16 @@ class NodePool(models.Model):
         help_text="true when the chips are logical Ray resources on a host that does not have them",
     )
     description = models.TextField(blank=True)
+    intra_node_gbps = models.FloatField(
+        null=True, blank=True, validators=[validate_positive],
+        help_text="GB/s per device per direction between devices of one node (NVLink, Infinity Fabric, PCIe). "
+                  "Empty: the assumed default of the accelerator type (cluster/link_defaults.py).",
+    )
+    inter_node_gbps = models.FloatField(
+        null=True, blank=True, validators=[validate_positive],
+        help_text="GB/s per device per direction between nodes (the device's share of the node's network, "
+                  "e.g. one 400 Gb/s port per GPU = 50). Empty: the assumed default of the accelerator type.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -46,6 +63,11 @@ class NodePool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def link_bandwidth(self) -> LinkBandwidth:
+        """The pool's own link figures where set, else its accelerator type's assumed defaults."""
+        return resolve_link_bandwidth(self.accelerator_type.slug, self.intra_node_gbps, self.inter_node_gbps)
 
 
 class NodeHealth(models.TextChoices):

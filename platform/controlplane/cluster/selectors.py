@@ -23,3 +23,11 @@ def node_pool_list() -> QuerySet[NodePool]:
 
 def node_list() -> QuerySet[Node]:
     return Node.objects.select_related("pool", "pool__accelerator_type")
+
+
+def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:
+    """The named pools with ``ready_node_count``: healthy, uncordoned nodes, the ones a plan can use."""
+    ready = Q(nodes__health=NodeHealth.HEALTHY, nodes__cordoned=False)
+    pools = NodePool.objects.select_related("accelerator_type").filter(name__in=names).annotate(
+        ready_node_count=Count("nodes", filter=ready))
+    return {pool.name: pool for pool in pools}

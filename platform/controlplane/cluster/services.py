@@ -38,15 +38,19 @@ def accelerator_types_seed(*, actor=None) -> list[AcceleratorType]:
 
 @transaction.atomic
 def node_pool_create(*, actor, name: str, accelerator_type: AcceleratorType, devices_per_node: int,
-                     simulated: bool, description: str = "") -> NodePool:
+                     simulated: bool, description: str = "", intra_node_gbps: float | None = None,
+                     inter_node_gbps: float | None = None) -> NodePool:
+    """``intra_node_gbps`` / ``inter_node_gbps`` left None mean the accelerator type's assumed defaults."""
     if NodePool.objects.filter(name=name).exists():
         raise ValidationFailed(f"a node pool named {name!r} already exists", field="name")
     pool = NodePool(name=name, accelerator_type=accelerator_type, devices_per_node=devices_per_node,
-                    simulated=simulated, description=description)
+                    simulated=simulated, description=description, intra_node_gbps=intra_node_gbps,
+                    inter_node_gbps=inter_node_gbps)
     pool.full_clean()
     pool.save()
     audit_record(actor=actor, team=None, action="node_pool.create", target=pool,
-                 data={"name": name, "accelerator_type": accelerator_type.slug, "simulated": simulated})
+                 data={"name": name, "accelerator_type": accelerator_type.slug, "simulated": simulated,
+                       "intra_node_gbps": intra_node_gbps, "inter_node_gbps": inter_node_gbps})
     return pool
 
 

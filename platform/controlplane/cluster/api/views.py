@@ -1,4 +1,5 @@
-"""REST endpoints for the cluster inventory: readable by everyone signed in, written by operators."""
+"""REST endpoints for the cluster inventory (readable by everyone signed in, written by operators) and
+for planning a training run on it without submitting one."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from controlplane.cluster import selectors, services
+from controlplane.cluster import plans, selectors, services
 from controlplane.cluster.api import serializers as s
 from controlplane.tenancy.api.scoping import IsStaffOrReadOnly
 
@@ -67,3 +69,17 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node = services.node_set_cordoned(actor=request.user, node=self.get_object(), cordoned=cordoned,
                                           reason=data.validated_data["reason"])
         return Response(s.NodeSerializer(selectors.node_list().get(pk=node.pk)).data)
+
+
+class PlanView(APIView):
+    """Plan a training run without submitting it: the best parallel layout on the named node pools and/or
+    hypothetical devices, ranked alternatives, and their price; with ``compare``, each accelerator type
+    alone beside the mix. Any signed-in user; nothing is written or reserved."""
+
+    @extend_schema(request=s.PlanSerializer, responses={200: s.PlanResultSerializer},
+                   summary="Plan a training run (parallel layout, speed and cost) without submitting it")
+    def post(self, request):
+        data = s.PlanSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        answer = plans.plan_estimate(**data.validated_data)
+        return Response(s.PlanResultSerializer(answer).data)

@@ -1,0 +1,304 @@
+"""Plan a training run without submitting it: "what would this cost on H100 vs A100 vs a mix?".
+
+``plan_estimate`` turns node pools (from the database) and hypothetical devices into the planner core's
+inputs (``controlplane.planning``), runs the search, and prices the answer from the accelerator types'
+``price_per_hour_usd``. It only reads: nothing is written, queued or reserved.
+
+The helpers ``device_type_for`` and ``device_pool_for`` are the one place that maps database rows to
+planner dataclasses, so that anything else that plans (a job with ``parallelism: auto``) sees the same
+figures as this endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from decimal import Decimal
+
+from controlplane.cluster import selectors
+from controlplane.cluster.link_defaults import LinkBandwidth, resolve_link_bandwidth
+from controlplane.cluster.models import AcceleratorType, NodePool
+from controlplane.common.errors import ValidationFailed
+from controlplane.planning import (
+    CALIBRATED_ACHIEVABLE_FRACTION,
+    DevicePool,
+    DeviceType,
+    ModelSpec,
+    PlanOptions,
+    PlanRequest,
+    PlanResult,
+    device_type_from_facts,
+    plan,
+)
+from controlplane.planning.presets import model_spec
+
+# The mixed-chip search tries every order of the pools in a pipeline and every TP and stage count per pool,
+# so its cost grows steeply with the number of pools. Measured on the development machine: H100 + A100
+# pools of 16 to 16,384 devices each took 0.1-1.4 s for every preset; 3 pools took 12 s (GPT-3 175B,
+# 3 x 128 devices) and 41 s (3 x 512), too long for a request. Beyond 2, a request turns the mixed search
+# off (each pool is then searched on its own, which is linear in the pools).
+MAX_POOLS_MIXED = 2
+MAX_POOLS = 4
+MAX_DEVICES = 32768
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One pool of the request as the planner sees it, with what the answer reports about it."""
+
+    pool: DevicePool
+    source: str  # "node-pool" or "hypothetical"
+    accelerator: AcceleratorType
+    link: LinkBandwidth
+    simulated: bool | None
+
+    def as_dict(self) -> dict:
+        price = self.accelerator.price_per_hour_usd
+        return {
+            "name": self.pool.name, "source": self.source, "accelerator_type": self.accelerator.slug,
+            "nodes": self.pool.nodes, "devices_per_node": self.pool.devices_per_node, "devices": self.pool.devices,
+            "intra_node_gbps": self.pool.intra_node_gbps, "inter_node_gbps": self.pool.inter_node_gbps,
+            "link_bandwidth_assumed": self.link.assumed, "link_bandwidth_note": self.link.note,
+            "price_per_hour_usd": float(price) if price is not None else None,
+            "achievable_fraction": self.pool.device.achievable_fraction, "simulated": self.simulated,
+        }
+
+
+# -- database rows -> planner inputs ------------------------------------------------------------------------
+
+
+def device_type_for(accelerator: AcceleratorType) -> DeviceType:
+    """The planner's view of an accelerator type. ValueError naming the missing figure when the type lacks
+    published TFLOPS, memory or memory bandwidth (the planner never invents one)."""
+    return device_type_from_facts({
+        "slug": accelerator.slug, "bf16_dense_tflops": accelerator.bf16_dense_tflops,
+        "fp8_dense_tflops": accelerator.fp8_dense_tflops, "memory_gb": accelerator.memory_gb,
+        "memory_bandwidth_gbps": accelerator.memory_bandwidth_gbps,
+    })
+
+
+def _shape(devices: int, per_node: int) -> tuple[int, int]:
+    """(nodes, devices per node) for ``devices`` devices on nodes of ``per_node``: whole nodes, or part of one."""
+    if devices <= per_node:
+        return 1, devices
+    if devices % per_node:
+        raise ValueError(f"{devices} devices is neither whole nodes of {per_node} nor at most one node")
+    return devices // per_node, per_node
+
+
+def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None) -> DevicePool:
+    """``pool`` as a planner pool of ``nodes`` nodes, or of its first ``devices`` devices. ValueError when
+    the accelerator type or the link bandwidths are unknown, or ``devices`` is not whole nodes."""
+    device = device_type_for(pool.accelerator_type)
+    link = pool.link_bandwidth
+    if not link.known:
+        raise ValueError(f"node pool {pool.name!r} has no link bandwidth to plan with ({link.note}); an "
+                         f"operator sets intra_node_gbps and inter_node_gbps on the pool")
+    per_node = pool.devices_per_node
+    if not per_node:
+        raise ValueError(f"node pool {pool.name!r} has no accelerator devices per node")
+    available = nodes * per_node
+    if devices is None:
+        devices = available
+    elif devices > available:
+        raise ValueError(f"node pool {pool.name!r} has {available} devices on {nodes} ready node(s), "
+                         f"{devices} were asked for")
+    nodes, per_node = _shape(devices, per_node)
+    return DevicePool(device=device, nodes=nodes, devices_per_node=per_node, intra_node_gbps=link.intra_node_gbps,
+                      inter_node_gbps=link.inter_node_gbps, name=pool.name)
+
+
+def _model(model) -> tuple[ModelSpec, str | None]:
+    try:
+        if isinstance(model, str):
+            return model_spec(model), model
+        if isinstance(model, Mapping) and "preset" in model:
+            preset = model["preset"]
+            if not isinstance(preset, str):
+                raise ValueError(f"preset must be a string, got {preset!r}")
+            return model_spec(preset, {k: v for k, v in model.items() if k != "preset"}), preset
+        return ModelSpec.from_dict(model), None
+    except (TypeError, ValueError) as exc:
+        raise ValidationFailed(str(exc), field="model") from exc
+
+
+def _node_pool_entries(pools: Sequence[Mapping], taken: set[str]) -> list[_Entry]:
+    names = [item["pool"] for item in pools]
+    found = selectors.node_pools_for_planning(names=names)
+    entries = []
+    for index, item in enumerate(pools):
+        name = item["pool"]
+        where = f"pools[{index}]"
+        pool = found.get(name)
+        if pool is None:
+            raise ValidationFailed(f"{where}: unknown node pool {name!r}", field="pools")
+        if name in taken:
+            raise ValidationFailed(f"{where}: node pool {name!r} is listed twice", field="pools")
+        if not pool.ready_node_count:
+            raise ValidationFailed(f"{where}: node pool {name!r} has no healthy, uncordoned nodes to plan on; "
+                                   f"ask about hypothetical devices instead", field="pools")
+        try:
+            device_pool = device_pool_for(pool, nodes=pool.ready_node_count, devices=item.get("devices"))
+        except ValueError as exc:
+            raise ValidationFailed(f"{where}: {exc}", field="pools") from exc
+        taken.add(name)
+        entries.append(_Entry(device_pool, "node-pool", pool.accelerator_type, pool.link_bandwidth, pool.simulated))
+    return entries
+
+
+def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str]) -> list[_Entry]:
+    types = {a.slug: a for a in selectors.accelerator_type_list().filter(
+        slug__in=[item["accelerator_type"] for item in devices])}
+    entries = []
+    for index, item in enumerate(devices):
+        where = f"devices[{index}]"
+        slug = item["accelerator_type"]
+        accelerator = types.get(slug)
+        if accelerator is None:
+            raise ValidationFailed(f"{where}: unknown accelerator type {slug!r}", field="devices")
+        try:
+            device = device_type_for(accelerator)
+            nodes, per_node = _shape(item["count"], item.get("devices_per_node") or 8)
+        except ValueError as exc:
+            raise ValidationFailed(f"{where}: {exc}", field="devices") from exc
+        link = resolve_link_bandwidth(slug, item.get("intra_node_gbps"), item.get("inter_node_gbps"),
+                                      given_by="the request")
+        if not link.known:
+            raise ValidationFailed(f"{where}: {link.note}; give intra_node_gbps and inter_node_gbps",
+                                   field="devices")
+        name = slug if slug not in taken else f"{slug}-{index}"
+        pool = DevicePool(device=device, nodes=nodes, devices_per_node=per_node, intra_node_gbps=link.intra_node_gbps,
+                          inter_node_gbps=link.inter_node_gbps, name=name)
+        taken.add(name)
+        entries.append(_Entry(pool, "hypothetical", accelerator, link, None))
+    return entries
+
+
+# -- pricing and comparison ---------------------------------------------------------------------------------
+
+
+def _priced(prediction: dict, entries: dict[str, _Entry]) -> dict:
+    """The prediction with the price of the devices its layout uses (None when any price is unknown)."""
+    used = prediction["layout"]["devices_by_pool"]
+    unpriced = sorted({entries[name].accelerator.slug for name in used
+                       if entries[name].accelerator.price_per_hour_usd is None})
+    per_hour = per_million = None
+    if not unpriced:
+        total = sum((Decimal(count) * entries[name].accelerator.price_per_hour_usd for name, count in used.items()),
+                    Decimal(0))
+        per_hour = round(float(total), 4)
+        if prediction["tokens_per_s"] > 0:
+            per_million = round(float(total) / (prediction["tokens_per_s"] * 3600) * 1e6, 4)
+    return {**prediction, "cost_per_hour_usd": per_hour, "cost_per_million_tokens_usd": per_million,
+            "unpriced_accelerator_types": unpriced}
+
+
+def _result(result: PlanResult, entries: dict[str, _Entry]) -> dict:
+    data = result.as_dict()
+    data["best"] = _priced(data["best"], entries) if data["best"] else None
+    data["alternatives"] = [_priced(p, entries) for p in data["alternatives"]]
+    return data
+
+
+def _ratio(value, reference) -> float | None:
+    if value is None or reference is None or reference <= 0:
+        return None
+    return round(value / reference, 4)
+
+
+def _compare(mixed: dict, request: PlanRequest, entries: dict[str, _Entry]) -> dict:
+    """Each accelerator type's pools planned alone, beside the plan over all of them."""
+    by_type: dict[str, list[DevicePool]] = {}
+    for pool in request.pools:
+        by_type.setdefault(entries[pool.name].accelerator.slug, []).append(pool)
+    rows = []
+    for slug, pools in sorted(by_type.items()):
+        if len(by_type) == 1:
+            alone = mixed
+        else:
+            single = replace(request, pools=tuple(pools), options=replace(request.options, max_alternatives=0))
+            alone = _result(plan(single), entries)
+        best, mixed_best = alone["best"], mixed["best"]
+        rows.append({
+            "accelerator_type": slug, "pools": [p.name for p in pools], "devices": sum(p.devices for p in pools),
+            "feasible": alone["feasible"], "reason": alone["reason"], "best": best,
+            "step_time_ratio_to_mix": _ratio(best and best["step_time_s"], mixed_best and mixed_best["step_time_s"]),
+            "cost_per_million_tokens_ratio_to_mix": _ratio(best and best["cost_per_million_tokens_usd"],
+                                                           mixed_best and mixed_best["cost_per_million_tokens_usd"]),
+        })
+    feasible = [row for row in rows if row["best"]]
+    fastest = min(feasible, key=lambda row: row["best"]["step_time_s"], default=None)
+    priced = [row for row in feasible if row["best"]["cost_per_million_tokens_usd"] is not None]
+    cheapest = min(priced, key=lambda row: row["best"]["cost_per_million_tokens_usd"], default=None)
+    return {
+        "by_type": rows,
+        "fastest_single_type": fastest["accelerator_type"] if fastest else None,
+        "cheapest_single_type": cheapest["accelerator_type"] if cheapest else None,
+        "mix_speedup_over_fastest_single_type": _ratio(fastest and fastest["best"]["step_time_s"],
+                                                       mixed["best"] and mixed["best"]["step_time_s"]),
+    }
+
+
+def _assumptions(entries: Sequence[_Entry]) -> list[str]:
+    notes = []
+    for entry in entries:
+        device = entry.pool.device
+        if entry.link.assumed:
+            notes.append(f"{entry.pool.name}: {entry.link.note}")
+        if device.slug in CALIBRATED_ACHIEVABLE_FRACTION:
+            notes.append(f"{entry.pool.name}: matrix multiplies reach {device.achievable_fraction:g} of the "
+                         f"dense peak, calibrated on published {device.slug} training runs")
+        else:
+            notes.append(f"{entry.pool.name}: matrix multiplies assumed to reach {device.achievable_fraction:g} "
+                         f"of the dense peak (no measured step times for {device.slug} yet)")
+        if entry.accelerator.price_per_hour_usd is None:
+            notes.append(f"{entry.pool.name}: no known price for {entry.accelerator.slug}; its costs are null")
+    return list(dict.fromkeys(notes))
+
+
+# -- the entry point --------------------------------------------------------------------------------------
+
+
+def plan_estimate(*, model: str | Mapping, global_batch_size: int, pools: Sequence[Mapping] = (),
+                  devices: Sequence[Mapping] = (), options: Mapping | None = None, compare: bool = False) -> dict:
+    """Plan ``model`` at ``global_batch_size`` sequences per step on node pools (``{"pool", "devices"?}``)
+    and/or hypothetical devices (``{"accelerator_type", "count", "devices_per_node"?, "intra_node_gbps"?,
+    "inter_node_gbps"?}``). Malformed input raises ValidationFailed naming the field; a request nothing can
+    run is an answer (``feasible: false`` and the reason). With ``compare``, each accelerator type is also
+    planned alone, and the answer gives the ratios to the mix."""
+    spec, preset = _model(model)
+    try:
+        plan_options = PlanOptions(**dict(options or {}))
+    except (TypeError, ValueError) as exc:
+        raise ValidationFailed(str(exc), field="options") from exc
+    if not pools and not devices:
+        raise ValidationFailed("name node pools (pools) or hypothetical devices (devices) to plan on", field="pools")
+    limit = MAX_POOLS_MIXED if plan_options.allow_heterogeneous else MAX_POOLS
+    if len(pools) + len(devices) > limit:
+        raise ValidationFailed(f"at most {limit} pools and device groups in all"
+                               + (" when mixing chips (options.allow_heterogeneous)"
+                                  if plan_options.allow_heterogeneous else ""), field="pools" if pools else "devices")
+    taken: set[str] = set()
+    entries = _node_pool_entries(pools, taken) + _hypothetical_entries(devices, taken)
+    total = sum(entry.pool.devices for entry in entries)
+    if total > MAX_DEVICES:
+        raise ValidationFailed(f"{total} devices in all; the planner answers for at most {MAX_DEVICES}",
+                               field="devices" if devices else "pools")
+    try:
+        request = PlanRequest(model=spec, global_batch_size=global_batch_size,
+                              pools=tuple(entry.pool for entry in entries), options=plan_options)
+    except ValueError as exc:
+        raise ValidationFailed(str(exc), field="global_batch_size") from exc
+    by_name = {entry.pool.name: entry for entry in entries}
+    answer = _result(plan(request), by_name)
+    return {
+        # kv_heads and ffn_hidden as resolved (0 in a ModelSpec means "same as heads" / "4 x hidden").
+        "model": {"preset": preset, **asdict(spec), "kv_heads": spec.kv, "ffn_hidden": spec.ffn,
+                  "parameters": spec.parameters(), "active_parameters": spec.active_parameters()},
+        "global_batch_size": global_batch_size,
+        "pools": [entry.as_dict() for entry in entries],
+        **answer,
+        "assumptions": _assumptions(entries),
+        "compare": _compare(answer, request, by_name) if compare else None,
+    }
+
