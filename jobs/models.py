@@ -42,6 +42,10 @@ class TrainingJob(models.Model):
     checkpoint_keep_last = models.PositiveIntegerField(default=3, validators=[MinValueValidator(1)])
     max_restarts = models.PositiveIntegerField(default=3)
     max_duration_seconds = models.PositiveIntegerField(null=True, blank=True)
+    parallelism = models.JSONField(default=dict, blank=True,
+                                   help_text='{"mode": "auto", "model": ..., "global_batch_size": ...} or empty')
+    parallel_plan = models.JSONField(default=dict, blank=True,
+                                     help_text="the planner's layout per accepted accelerator type (parallelism: auto)")
     # --- status (observed) ---
     state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in JobState],
                              default=JobState.PENDING, db_index=True)

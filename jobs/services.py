@@ -24,7 +24,8 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
                         entrypoint: str = "", working_dir: str = "", hyperparameters: dict | None = None,
                         envs: dict | None = None, dataset_version: DatasetVersion | None = None,
                         checkpoint_interval_steps: int = 100, checkpoint_keep_last: int = 3,
-                        max_restarts: int = 3, max_duration_seconds: int | None = None) -> TrainingJob:
+                        max_restarts: int = 3, max_duration_seconds: int | None = None,
+                        parallelism: dict | None = None) -> TrainingJob:
     if local_queue.team_id != team.pk:
         raise ValidationFailed(f"queue {local_queue.name} does not belong to team {team.name}",
                                field="local_queue")
@@ -48,6 +49,17 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
     if any(slug != "cpu" for slug in accelerator_types) and devices_per_worker < 1:
         raise ValidationFailed("accelerator workers need at least 1 device each", field="devices_per_worker")
+    parallel_plan: dict = {}
+    if parallelism:
+        from jobs.planning import plan_job_parallelism
+
+        parallel_plan = plan_job_parallelism(parallelism=parallelism, accelerator_types=list(accelerator_types),
+                                             workers=workers_max, devices_per_worker=devices_per_worker)
+        # Only the types that can run the model stay accepted; a model-parallel layout needs all its
+        # devices, so the gang is not elastic.
+        accelerator_types = [slug for slug in accelerator_types if slug in parallel_plan["by_type"]]
+        if parallel_plan["model_parallel"]:
+            workers_min = workers_max
     for key, value in (envs or {}).items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise ValidationFailed("environment variables must map names to strings", field="envs")
@@ -59,6 +71,7 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
         envs=envs or {}, dataset_version=dataset_version,
         checkpoint_interval_steps=checkpoint_interval_steps, checkpoint_keep_last=checkpoint_keep_last,
         max_restarts=max_restarts, max_duration_seconds=max_duration_seconds, created_by=actor,
+        parallelism=dict(parallelism or {}), parallel_plan=parallel_plan,
         state=JobState.PENDING, state_reason="submitted",
     )
     job.full_clean()

@@ -76,6 +76,9 @@ def build_launch(job: TrainingJob) -> TrainingLaunch:
         "placement_timeout_s": 30.0,
     }
     accelerator_type = job.admitted_accelerator_type or job.accelerator_types[0]
+    plan = (job.parallel_plan or {}).get("by_type", {}).get(accelerator_type)
+    if plan:
+        runtime["parallel_plan"] = plan
     return TrainingLaunch(handle=job.compute_handle, job_id=job.pk, nodes=tuple(placement_nodes(job)),
                           accelerator_type=accelerator_type,
                           devices_per_worker=0.0 if accelerator_type == "cpu" else float(job.devices_per_worker),

@@ -37,6 +37,10 @@ class TrainingJobCreateSerializer(StrictInputSerializer):
     checkpoint = CheckpointPolicySerializer(required=False, default=dict)
     max_restarts = serializers.IntegerField(min_value=0, max_value=1000, default=3)
     max_duration_seconds = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    parallelism = serializers.DictField(
+        required=False, default=dict,
+        help_text='{"mode": "auto", "model": "llama2-7b" or a model description, "global_batch_size": 256}: the '
+                  "parallel-strategy planner picks the layout per accepted type and sizes the gang")
 
 
 class TrainingJobSpecSerializer(serializers.ModelSerializer):
@@ -49,7 +53,7 @@ class TrainingJobSpecSerializer(serializers.ModelSerializer):
         model = TrainingJob
         fields = ["queue", "priority", "accelerator_types", "workers_min", "workers_max", "devices_per_worker",
                   "cpus_per_worker", "trainer", "entrypoint", "working_dir", "hyperparameters", "envs", "dataset",
-                  "checkpoint", "max_restarts", "max_duration_seconds"]
+                  "checkpoint", "max_restarts", "max_duration_seconds", "parallelism"]
 
     def get_dataset(self, obj) -> str | None:
         version = obj.dataset_version
@@ -84,7 +88,7 @@ class TrainingJobStatusSerializer(serializers.ModelSerializer):
         model = TrainingJob
         fields = ["state", "reason", "changed_at", "queue_position", "admitted_accelerator_type", "placement",
                   "compute_handle", "attempt", "run_state", "step", "last_checkpoint_step", "workers",
-                  "observed_nodes", "restarts", "started_at", "finished_at", "goodput"]
+                  "observed_nodes", "restarts", "started_at", "finished_at", "goodput", "parallel_plan"]
 
     def get_workers(self, obj) -> int:
         return len(obj.observed_nodes or [])

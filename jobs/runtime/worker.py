@@ -151,6 +151,12 @@ class TrainingWorker:
         self._emit(self._log(f"rank {self.rank}: {len(data)} bytes of text from "
                              f"{dataset_path or 'the generated corpus (no dataset given)'}"))
         tokens = lm.tokens_from_bytes(data)
+        plan = self.spec.get("parallel_plan")
+        if plan and self.rank == 0:
+            self._emit(self._log(
+                f"parallel plan on {plan['accelerator_type']}: {plan['description']} (predicted "
+                f"{plan['tokens_per_s']:.0f} tokens/s); this trainer runs the data-parallel part over "
+                f"{self.world_size} worker(s) here; tensor and pipeline parallelism need real accelerators"))
         model = lm.build_model(hp.model_config(), seed=hp.seed)
         optimizer = lm.make_optimizer(model, hp)
         ckpt_root = Path(self.spec["checkpoint_dir"])

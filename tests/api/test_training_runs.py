@@ -317,3 +317,38 @@ def test_cordoning_a_node_under_a_running_gang_moves_it_off_after_a_checkpoint(a
     assert node not in job.observed_nodes and job.state == "RUNNING"
     assert job.last_checkpoint_step == 79  # checkpointed at its current step before moving (not at 499)
     assert any(f"leaving {node}" in e.reason for e in job.events.all())
+
+
+def test_parallelism_auto_stores_the_plan_sizes_the_gang_and_drops_types_that_cannot_run(api, backend, world):
+    from django.test import Client
+
+    client = api("alpha", "member")
+    job = submit(client, accelerator_types=["nvidia-h100", "nvidia-a100"], workers_min=1, workers_max=2,
+                 parallelism={"mode": "auto", "model": "llama2-13b", "global_batch_size": 64})
+    plan = job.parallel_plan
+    assert set(plan["by_type"]) == {"nvidia-h100", "nvidia-a100"} and plan["devices"] == 16
+    h100 = plan["by_type"]["nvidia-h100"]
+    assert h100["dp"] * h100["tp"] * h100["pp"] == 16 and h100["memory_gb"] <= h100["memory_limit_gb"]
+    assert (job.workers_min == job.workers_max == 2) == plan["model_parallel"]
+    body = client.get(f"/api/v1/training-jobs/{job.pk}/").json()
+    assert body["spec"]["parallelism"]["model"] == "llama2-13b" and body["status"]["parallel_plan"]["by_type"]
+    launch = workflows.build_launch(TrainingJob.objects.get(pk=job.pk))
+    assert launch.runtime["parallel_plan"]["accelerator_type"] == launch.accelerator_type
+    browser = Client()
+    browser.force_login(world["alpha"]["member"])
+    assert "Parallel plan" in browser.get(f"/jobs/{job.pk}/").content.decode()
+
+
+def test_parallelism_auto_refuses_what_no_accepted_type_can_run(api, backend):
+    client = api("alpha", "member")
+    too_big = client.post("/api/v1/training-jobs/", {
+        **JOB_BODY, "accelerator_types": ["nvidia-h100"], "workers_min": 1, "workers_max": 1,
+        "parallelism": {"mode": "auto", "model": "gpt3-175b", "global_batch_size": 64}}, format="json")
+    assert too_big.status_code == 400 and "device memory" in too_big.json()["parallelism"][0]
+    bad = client.post("/api/v1/training-jobs/", {
+        **JOB_BODY, "parallelism": {"mode": "auto", "model": {"layerz": 2}, "global_batch_size": 8}}, format="json")
+    assert bad.status_code == 400 and "layerz" in bad.json()["parallelism"][0]
+    typo = client.post("/api/v1/training-jobs/", {
+        **JOB_BODY, "parallelism": {"mode": "auto", "model": "llama2-7b", "batch": 8}}, format="json")
+    assert typo.status_code == 400 and "batch" in typo.json()["parallelism"][0]
+    assert not TrainingJob.objects.exists()

@@ -1,0 +1,81 @@
+"""`parallelism: auto` for training jobs: ask the parallel-strategy planner for each accepted
+accelerator type at the job's size, keep the types that can run the model, and store the plans.
+
+The plan sizes the gang: a layout with tensor or pipeline parallelism needs every one of its
+devices, so such a job is not elastic (workers_min is raised to workers_max). The built-in trainer
+runs the data-parallel part (one rank per worker) on CPU and logs the rest of the plan; tensor and
+pipeline parallelism need real accelerators and a model-parallel trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controlplane.cluster.models import NodePool
+from controlplane.cluster.plans import plan_estimate
+from controlplane.common.errors import ValidationFailed
+
+PLAN_KEYS = {"mode", "model", "global_batch_size", "options"}
+
+
+def _summary(best: dict, accelerator_type: str, count: int) -> dict:
+    layout = best["layout"]
+    return {"accelerator_type": accelerator_type, "devices": count, "description": best["description"],
+            "dp": layout["dp"], "tp": layout["tp"], "pp": layout["pp"], "ep": layout["ep"],
+            "micro_batch_size": layout["micro_batch_size"], "recompute": layout["recompute"], "zero": layout["zero"],
+            "step_time_s": best["step_time_s"], "tokens_per_s": best["tokens_per_s"], "mfu": best["mfu"],
+            "memory_gb": best["memory_gb"], "memory_limit_gb": best["memory_limit_gb"],
+            "cost_per_million_tokens_usd": best.get("cost_per_million_tokens_usd"), "reason": best["reason"]}
+
+
+def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], workers: int,
+                         devices_per_worker: int) -> dict:
+    """The stored plan: per accepted type the best layout for `workers` x `devices_per_worker` devices,
+    and why the other types cannot run it. Raises ValidationFailed (field "parallelism") when the
+    request is malformed or no accepted type can run the model."""
+    unknown = sorted(set(parallelism) - PLAN_KEYS)
+    if unknown:
+        raise ValidationFailed(f"unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(PLAN_KEYS))}",
+                               field="parallelism")
+    if parallelism.get("mode", "auto") != "auto":
+        raise ValidationFailed("mode: only 'auto' is supported", field="parallelism")
+    if "model" not in parallelism or "global_batch_size" not in parallelism:
+        raise ValidationFailed("auto needs model (a preset name or a model description) and global_batch_size",
+                               field="parallelism")
+    batch = parallelism["global_batch_size"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValidationFailed("global_batch_size: must be a positive integer", field="parallelism")
+    count = workers * devices_per_worker
+    by_type: dict[str, dict] = {}
+    cannot: dict[str, str] = {}
+    model_facts = None
+    for slug in accelerator_types:
+        if slug == "cpu":
+            cannot[slug] = "the planner plans accelerators; CPU workers run data parallel only"
+            continue
+        pool = NodePool.objects.filter(accelerator_type__slug=slug).order_by("name").first()
+        per_node = pool.devices_per_node if pool else 8
+        link = pool.link_bandwidth if pool else None
+        device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node}
+        if link is not None and link.known:
+            device.update(intra_node_gbps=link.intra_node_gbps, inter_node_gbps=link.inter_node_gbps)
+        try:
+            answer = plan_estimate(model=parallelism["model"], global_batch_size=batch, devices=[device],
+                                   options=parallelism.get("options"))
+        except ValidationFailed as exc:
+            if exc.field in ("model", "options", "global_batch_size"):
+                raise ValidationFailed(f"{exc.field}: {exc}", field="parallelism") from exc
+            cannot[slug] = str(exc)
+            continue
+        model_facts = answer["model"]
+        if answer["feasible"]:
+            by_type[slug] = _summary(answer["best"], slug, count)
+        else:
+            cannot[slug] = answer["reason"]
+    if not by_type:
+        details = "; ".join(f"{slug}: {why}" for slug, why in cannot.items())
+        raise ValidationFailed(f"no accepted accelerator type can run this model at {count} devices ({details})",
+                               field="parallelism")
+    model_parallel = any(plan["tp"] * plan["pp"] > 1 for plan in by_type.values())
+    return {"mode": "auto", "model": model_facts, "global_batch_size": batch, "devices": count,
+            "by_type": by_type, "cannot_run": cannot, "model_parallel": model_parallel}
