@@ -144,6 +144,24 @@ def test_a_crashed_worker_and_a_nan_loss_restart_the_gang_from_its_checkpoint(ap
     assert TrainingMetric.objects.filter(job=job, attempt=job.attempt, step=59).count() == 2
 
 
+def test_a_run_that_vanished_is_relaunched_from_its_checkpoint(api, platform):
+    job = submit(api, name="drift", accelerator_types=["nvidia-h100"],
+                 hyperparameters={"steps": 50, "step_sleep_s": 0.05})
+    lost: dict[str, int] = {}
+
+    def vanish(current: TrainingJob) -> None:
+        if not lost and current.state == "RUNNING" and current.last_checkpoint_step >= 19:
+            platform.release_training(current.compute_handle)  # as if the head node had restarted
+            lost["checkpoint"] = current.last_checkpoint_step
+
+    job = drive(job, until=lambda j: j.is_terminal, timeout=180, on_tick=vanish)
+    assert job.state == "SUCCEEDED" and job.current_step == 49, job.state_reason
+    assert any("not found" in e.reason and "launching it again" in e.reason for e in job.events.all())
+    resumed = [int(line.line.rsplit(" ", 1)[1])
+               for line in job.log_lines.filter(line__contains="resumed from checkpoint step")]
+    assert resumed and min(resumed) >= lost["checkpoint"]  # not from scratch
+
+
 def test_a_user_entrypoint_runs_on_the_cpu_pool_and_a_failing_one_gives_up(api, platform, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
