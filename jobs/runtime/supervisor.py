@@ -206,6 +206,11 @@ class GangSupervisor:
             self._teardown(release=True)
             self._set_state("failed", f"gave up after {max_restarts} restart(s); last fault: {evidence}")
             return
+        if not self._group_intact():  # a node of the gang is gone: the control plane must re-place it
+            self._teardown(release=True)
+            dead = sorted(n for n in self.nodes if not self._raylet_answers(n))
+            self._await_placement(f"the gang could not start: {evidence}", exclude=dead)
+            return
         time.sleep(1.0)
         self._launch(reason=f"retrying the start ({self.restarts}/{max_restarts}): {evidence}")
 
@@ -237,11 +242,14 @@ class GangSupervisor:
                 continue
             self._absorb(sample, result, now)
         self._check_nodes(now)
-        for sample in self._samples.values():
-            silent = now - sample["heartbeat_at"] > self.policy.heartbeat_timeout_s
-            if (not sample["alive"] or silent) and self._node_alive.get(sample["node"], True):
-                # The cluster takes seconds to declare a node dead; its raylet answers (or not) at once.
-                self._node_alive[sample["node"]] = self._raylet_answers(sample["node"])
+        if any(not s["alive"] or now - s["heartbeat_at"] > self.policy.heartbeat_timeout_s
+               for s in self._samples.values()):
+            # Something failed. The cluster takes seconds to declare a node dead, and a worker whose
+            # peer's node died fails at once in the collective while the call to the dead worker
+            # hangs; so ask every node of the gang directly: its raylet answers (or not) at once.
+            for node in set(self.nodes):
+                if self._node_alive.get(node, True):
+                    self._node_alive[node] = self._raylet_answers(node)
         samples = [self._worker_sample(s) for s in self._samples.values()]
         if self._samples and all(s["done"] for s in self._samples.values()):
             self._finish()
@@ -346,13 +354,26 @@ class GangSupervisor:
                                       f"{fault.node or '?'} (rank {fault.rank}): {fault.evidence}")
             return
         self.step = self.last_checkpoint_step
-        if fault.kind in NEEDS_NEW_NODES:
+        if fault.kind in NEEDS_NEW_NODES or not self._group_intact():
             self._teardown(release=True)
+            dead = sorted({fault.node} if fault.kind in NEEDS_NEW_NODES and fault.node else set()
+                          | {n for n in self.nodes if not self._node_alive.get(n, True)})
             self._await_placement(f"{fault.kind} on {fault.node}: waiting for the control plane to place "
-                                  f"the gang on other nodes", exclude=[fault.node] if fault.node else [])
+                                  f"the gang on other nodes", exclude=dead)
             return
         self._launch(reason=f"restarting after {fault.kind} on {fault.node} (rank {fault.rank}) from "
                             f"checkpoint step {self.last_checkpoint_step} (restart {self.restarts}/{max_restarts})")
+
+    def _group_intact(self) -> bool:
+        """Whether the placement group still holds every bundle (not rescheduling after a node loss)."""
+        import ray
+
+        if self._group is None:
+            return False
+        try:
+            return ray.util.placement_group_table(self._group).get("state") == "CREATED"
+        except Exception:  # cannot tell: place it again rather than restart into a broken group
+            return False
 
     def _occurred_at(self, fault: Fault) -> float:
         """Best estimate of when the fault began: the last good sign of life of the worker(s) it hit."""
