@@ -267,7 +267,9 @@ def _lost_or_crashed(sample: WorkerSample, *, now: float, policy: DetectionPolic
             f"last step {sample.step}",
             {**common, "reason": "process_dead"},
         )
-    if heartbeat_age is not None and heartbeat_age > policy.heartbeat_timeout_s:
+    # Before its first step a worker is importing and initialising (torch holds the GIL for seconds
+    # on a busy host) and may answer late; the first-step timeout covers a start that never ends.
+    if heartbeat_age is not None and heartbeat_age > policy.heartbeat_timeout_s and sample.step >= 0:
         return Fault(
             FaultKind.WORKER_CRASH, sample.rank, sample.node, now,
             f"no heartbeat for {_fmt(heartbeat_age)} s (timeout {_fmt(policy.heartbeat_timeout_s)} s) "

@@ -329,7 +329,8 @@ class GangSupervisor:
     # ------------------------------------------------------------------ recovery
 
     def _recover(self, faults: list[Fault], now: float) -> None:
-        fault = _primary(faults, self._samples)
+        primary = _primary(faults, self._samples)
+        fault = primary
         error = self._samples.get(fault.rank, {}).get("error") if fault.rank is not None else ""
         if error and error not in fault.evidence:
             fault = dataclasses.replace(fault, evidence=f"{fault.evidence}; worker error: {error[:500]}")
@@ -340,7 +341,7 @@ class GangSupervisor:
                      "occurred_at": occurred, "detected_at": fault.detected_at, "evidence": fault.evidence,
                      "data": dict(fault.data), "step": self.step,
                      "others": [{"kind": str(f.kind), "rank": f.rank, "evidence": f.evidence}
-                                for f in faults if f is not fault]})
+                                for f in faults if f is not primary]})
         self._recovery = {"kind": str(fault.kind), "occurred_at": occurred, "detected_at": fault.detected_at,
                           "node": fault.node, "rank": fault.rank, "recomputed_steps": recomputed_steps,
                           "recomputed_s": recomputed_steps * median, "from_step": self.step,

@@ -76,6 +76,12 @@ class TrainingWorker:
         self._slow_base: float | None = None
         self._thread: threading.Thread | None = None
         self._process: subprocess.Popen | None = None
+        if spec.get("trainer") != "entrypoint":
+            # Import torch now, while the supervisor waits for the gang to come up: imported in the
+            # training thread it holds the GIL for seconds and the worker answers its polls late.
+            import torch  # noqa: F401
+
+            import jobs.runtime.lm  # noqa: F401
 
     # ------------------------------------------------------------------ called by the supervisor
 

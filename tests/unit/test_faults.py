@@ -70,6 +70,15 @@ def test_missing_heartbeat_is_a_worker_crash_with_its_age():
     assert detect_faults(gang(r3={"heartbeat_at": None}), now=NOW, policy=POLICY) == []
 
 
+def test_a_late_heartbeat_before_the_first_step_is_not_a_crash():
+    """Caught in the fault benchmark: a worker importing torch on a loaded host answered after 3.01 s
+    and its healthy gang was restarted. A start that never ends is a hang after first_step_timeout_s."""
+    starting = {"heartbeat_at": NOW - 10.0, "step": -1, "last_progress_at": NOW - 10.0, "step_times": ()}
+    assert detect_faults(gang(r3=starting), now=NOW, policy=POLICY) == []
+    stuck = {**starting, "heartbeat_at": NOW - 200.0, "last_progress_at": NOW - 200.0}
+    assert [f.kind for f in detect_faults(gang(r3=stuck), now=NOW, policy=POLICY)] == [FaultKind.HANG]
+
+
 def test_missing_heartbeat_on_a_dead_node_is_node_lost():
     [f] = detect_faults(gang(r0={"heartbeat_at": NOW - 30, "node_alive": False}), now=NOW, policy=POLICY)
     assert f.kind == FaultKind.NODE_LOST
