@@ -357,8 +357,8 @@ class GangSupervisor:
         self.step = self.last_checkpoint_step
         if fault.kind in NEEDS_NEW_NODES or not self._group_intact():
             self._teardown(release=True)
-            dead = sorted({fault.node} if fault.kind in NEEDS_NEW_NODES and fault.node else set()
-                          | {n for n in self.nodes if not self._node_alive.get(n, True)})
+            lost = {fault.node} if fault.kind in NEEDS_NEW_NODES and fault.node else set()
+            dead = sorted(lost | {n for n in self.nodes if not self._node_alive.get(n, True)})
             self._await_placement(f"{fault.kind} on {fault.node}: waiting for the control plane to place "
                                   f"the gang on other nodes", exclude=dead)
             return
