@@ -178,8 +178,12 @@ def measure_run(record: dict, *, steps: int) -> dict:
     out["startup_s"] = first_running_at - record["launched_at"]
     out["final_step"] = record["final_step"]
     out["final_step_ok"] = record["final_state"] == "succeeded" and record["final_step"] == steps - 1
-    saves = [e["save_s"] for e in events if e["type"] == "checkpoint" and "save_s" in e]
+    # What a checkpoint costs training: the time the loop is blocked (copying the state into memory;
+    # the write itself runs in the background, see jobs.runtime.worker.AsyncCheckpointWriter).
+    saves = [e.get("blocked_s", e["save_s"]) for e in events if e["type"] == "checkpoint" and "save_s" in e]
+    writes = [e["save_s"] for e in events if e["type"] == "checkpoint" and "save_s" in e]
     out["checkpoint_save_s_median"] = statistics.median(saves) if saves else None
+    out["checkpoint_write_s_median"] = statistics.median(writes) if writes else None
     out["checkpoints"] = len(saves)
     out["injected_at"] = record.get("injected_at")
     out["inject_step"] = record.get("inject_step")

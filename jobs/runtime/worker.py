@@ -179,8 +179,10 @@ class TrainingWorker:
         keep_last = max(1, int(self.spec.get("checkpoint_keep_last", 3)))
         all_reduce = self._all_reduce if group else None
         tokens_per_step = hp.batch_size * hp.context
+        writer = AsyncCheckpointWriter(ckpt_root, keep_last=keep_last, emit=self._emit)
         for step in range(start_step, hp.steps):
             if self._stop.is_set():
+                writer.wait()
                 return
             started = time.perf_counter()
             self._phase = "compute"
@@ -215,15 +217,12 @@ class TrainingWorker:
             wanted = self._checkpoint_requested.is_set()
             if self.rank == 0 and (finished or wanted or (step + 1) % interval == 0):
                 self._checkpoint_requested.clear()
-                saved = time.perf_counter()
-                info = checkpoints.save_checkpoint(
-                    ckpt_root, step=step, files=lm.model_state_bytes(model, optimizer, step=step + 1, hp=hp),
-                    metadata={"job_id": self.spec.get("job_id"), "world_size": self.world_size,
-                              "loss": loss, "trainer": "builtin-transformer-lm"})
-                checkpoints.apply_retention(ckpt_root, keep_last=keep_last)
-                self._emit({"type": "checkpoint", "at": time.time(), "rank": 0, "step": step,
-                            "size_bytes": info.size_bytes, "path": str(info.path),
-                            "save_s": time.perf_counter() - saved, "requested": wanted})
+                blocked = time.perf_counter()
+                files = lm.model_state_bytes(model, optimizer, step=step + 1, hp=hp)  # a copy in memory
+                writer.submit(step=step, files=files, requested=wanted, blocked_s=time.perf_counter() - blocked,
+                              metadata={"job_id": self.spec.get("job_id"), "world_size": self.world_size,
+                                        "loss": loss, "trainer": "builtin-transformer-lm"})
+        writer.wait()  # the final checkpoint is complete before the run reports done
         with self._lock:
             self._done = True
             self._phase = "done"
@@ -300,6 +299,52 @@ class TrainingWorker:
         with self._lock:
             self._done = True
             self._phase = "done"
+
+
+class AsyncCheckpointWriter:
+    """Writes checkpoints in a background thread, so training waits only for the state to be copied
+    into memory, not for the files to be written and fsynced.
+
+    One write at a time: a new checkpoint waits for the one before it (a slow disk slows training
+    rather than piling up copies of the model). The "checkpoint" event goes out only when the
+    checkpoint is complete on disk, so the supervisor and the control plane never count on one that
+    is still being written; a worker that dies mid-write leaves a temp dir the loader ignores.
+    """
+
+    def __init__(self, root: Path, *, keep_last: int, emit) -> None:
+        self.root = root
+        self.keep_last = keep_last
+        self.emit = emit
+        self._thread: threading.Thread | None = None
+
+    def submit(self, *, step: int, files: dict[str, bytes], metadata: dict, requested: bool,
+               blocked_s: float) -> None:
+        waited = time.perf_counter()
+        self.wait()
+        blocked_s += time.perf_counter() - waited
+        self._thread = threading.Thread(target=self._write, args=(step, files, metadata, requested, blocked_s),
+                                        name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _write(self, step: int, files: dict[str, bytes], metadata: dict, requested: bool, blocked_s: float) -> None:
+        from jobs.runtime import checkpoints
+
+        started = time.perf_counter()
+        try:
+            info = checkpoints.save_checkpoint(self.root, step=step, files=files, metadata=metadata)
+            checkpoints.apply_retention(self.root, keep_last=self.keep_last)
+        except Exception as exc:  # reported; training goes on and the next checkpoint tries again
+            self.emit({"type": "log", "at": time.time(), "rank": 0,
+                       "line": f"checkpoint at step {step} failed: {type(exc).__name__}: {exc}"})
+            return
+        self.emit({"type": "checkpoint", "at": time.time(), "rank": 0, "step": step, "size_bytes": info.size_bytes,
+                   "path": str(info.path), "save_s": time.perf_counter() - started, "blocked_s": blocked_s,
+                   "requested": requested})
 
 
 def parse_progress_line(line: str) -> dict[str, float]:

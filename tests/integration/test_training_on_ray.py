@@ -140,7 +140,9 @@ def test_a_crashed_worker_and_a_nan_loss_restart_the_gang_from_its_checkpoint(ap
     crash, nan = TrainingFault.objects.filter(job=job).order_by("id")
     assert (crash.kind, crash.node, crash.worker) == ("worker_crash", "h100-pool-1", 1)
     assert (nan.kind, nan.worker) == ("bad_loss", 0) and "nan" in nan.evidence.lower()
-    assert crash.resumed_at and nan.resumed_at and crash.recomputed_steps < 10 and nan.recomputed_steps < 10
+    # Checkpoints every 10 steps, written in the background: at most one interval plus the steps taken
+    # while the newest was still being written is redone, never the run from the start.
+    assert crash.resumed_at and nan.resumed_at and crash.recomputed_steps < 20 and nan.recomputed_steps < 20
     assert TrainingMetric.objects.filter(job=job, attempt=job.attempt, step=59).count() == 2
 
 
