@@ -23,6 +23,7 @@ from controlplane.tenancy.selectors import team_list, visible_team_ids
 from inference.selectors import deployment_list
 from inference.states import DeploymentState
 from jobs.selectors import (
+    goodput_overview,
     quota_usage,
     training_job_events,
     training_job_list,
@@ -73,6 +74,7 @@ def overview(request):
         "deployment_counts": _state_counts(deployments, DeploymentState),
         "latest_jobs": jobs[:10],
         "latest_deployments": deployments[:5],
+        "goodput": goodput_overview(team_ids=team_ids),
     })
     return render(request, "frontend/overview.html", context)
 

@@ -232,7 +232,7 @@ def test_checkpoints_are_listed_from_storage_and_requested_on_demand(api, backen
     assert refused.status_code == 409 and "state" in refused.json()
 
 
-def test_goodput_overview_weighs_jobs_by_wall_time(api, backend):
+def test_goodput_overview_weighs_jobs_by_wall_time(api, backend, world):
     client = api("alpha", "member")
     job = sync(submit(client, workers_min=1, workers_max=1), backend)
     backend.inject_training_fault(job.compute_handle, rank=0, fault="worker_crash")
@@ -240,6 +240,14 @@ def test_goodput_overview_weighs_jobs_by_wall_time(api, backend):
     body = client.get("/api/v1/training-jobs/goodput/").json()
     assert body["jobs"] == 1 and 0 < body["ettr"] < 1 and body["detection_s"] == pytest.approx(1.0)
     assert api("beta", "member").get("/api/v1/training-jobs/goodput/").json()["jobs"] == 0
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(world["alpha"]["member"])
+    page = browser.get("/").content.decode()
+    assert f"Effective training time {body['ettr'] * 100:.2f}%" in page and "over 1 job since" in page
+    browser.force_login(world["beta"]["member"])
+    assert "Effective training time" not in browser.get("/").content.decode()  # nothing of alpha's
 
 
 def test_run_cycle_launches_what_it_admits(api, backend):
