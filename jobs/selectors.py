@@ -78,12 +78,24 @@ def training_job_checkpoints(*, job: TrainingJob) -> list[dict]:
             for info in list_checkpoints(checkpoint_dir(job))]
 
 
+# Kept in `TrainingJob.goodput` beside the ledger: the start and kind of a pause still open (preempted).
+PAUSE_KEYS = ("paused_since", "pause_kind")
+
+
+def goodput_ledger(*, job: TrainingJob) -> GoodputLedger | None:
+    """The job's effective-training-time ledger as stored (an open pause is not in it yet); an empty
+    one from its first start when nothing was recorded; None before the first start."""
+    data = {k: v for k, v in (job.goodput or {}).items() if k not in PAUSE_KEYS}
+    if data:
+        return GoodputLedger.from_dict(data)
+    return GoodputLedger(first_started_at=job.started_at.timestamp()) if job.started_at else None
+
+
 def training_job_goodput(*, job: TrainingJob) -> GoodputSummary | None:
     """Effective training time since the first start (to now, or to the end for a finished job)."""
     if job.started_at is None:
         return None
-    data = {k: v for k, v in (job.goodput or {}).items() if k not in ("paused_since", "pause_kind")}
-    ledger = GoodputLedger.from_dict(data) if data else GoodputLedger(first_started_at=job.started_at.timestamp())
+    ledger = goodput_ledger(job=job)
     end = job.finished_at or timezone.now()
     paused_since = (job.goodput or {}).get("paused_since")
     if paused_since and job.finished_at is None:

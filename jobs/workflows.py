@@ -33,6 +33,7 @@ from controlplane.compute.ray_backend import TRAINING_PREFIX
 from controlplane.tenancy.services import audit_record
 from jobs.models import FaultKind, TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
 from jobs.runtime.goodput import GoodputLedger
+from jobs.selectors import PAUSE_KEYS, goodput_ledger
 from jobs.states import JobState
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def build_launch(job: TrainingJob) -> TrainingLaunch:
         "working_dir": job.working_dir, "envs": dict(job.envs or {}), "dataset_path": dataset_path,
         "checkpoint_dir": str(checkpoint_dir(job)), "checkpoint_interval_steps": job.checkpoint_interval_steps,
         "checkpoint_keep_last": job.checkpoint_keep_last, "max_restarts": job.max_restarts,
-        "detection": dict(getattr(settings, "FLEETYARD_FAULT_DETECTION", {}) or {}),
+        "detection": dict(settings.FLEETYARD_FAULT_DETECTION),
         "placement_timeout_s": 30.0,
     }
     accelerator_type = job.admitted_accelerator_type or job.accelerator_types[0]
@@ -123,8 +124,8 @@ def training_job_sync(*, job_id: int, backend) -> TrainingJob | None:
     if report.terminal:
         backend.release_training(job.compute_handle)
         if job.state == JobState.PREEMPTED:
-            job = _requeue_after_preemption(job)
-        _kick_scheduler()
+            return _requeue_after_preemption(job)  # kicks the scheduler itself
+        _kick_scheduler()  # the run's devices are free
         return job
     if _over_max_duration(job):
         return _stop_over_max_duration(job, backend)
@@ -219,20 +220,11 @@ def _apply_state(job: TrainingJob, event: dict) -> TrainingJob:
         job.goodput = GoodputLedger(first_started_at=job.started_at.timestamp()).to_dict()
         TrainingJob.objects.filter(pk=job.pk).update(started_at=job.started_at)
     elif target == JobState.RUNNING and job.goodput.get("paused_since"):
-        ledger = GoodputLedger.from_dict({k: v for k, v in job.goodput.items() if k not in _PAUSE_KEYS})
+        ledger = goodput_ledger(job=job)
         ledger.record_pause(kind=job.goodput.get("pause_kind", "preempted"), start=job.goodput["paused_since"],
                             end=event.get("at") or timezone.now().timestamp())
         job.goodput = ledger.to_dict()
     return job
-
-
-_PAUSE_KEYS = ("paused_since", "pause_kind")
-
-
-def _ledger(job: TrainingJob) -> GoodputLedger | None:
-    if not job.goodput:
-        return None
-    return GoodputLedger.from_dict({k: v for k, v in job.goodput.items() if k not in _PAUSE_KEYS})
 
 
 def _record_fault(job: TrainingJob, event: dict) -> TrainingJob:
@@ -276,14 +268,14 @@ def _record_recovery(job: TrainingJob, event: dict) -> None:
         fault.recomputed_steps = int(event.get("recomputed_steps") or 0)
         fault.recomputed_s = float(event.get("recomputed_s") or 0.0)
         fault.save(update_fields=["resumed_at", "recomputed_steps", "recomputed_s"])
-    ledger = _ledger(job) or GoodputLedger(first_started_at=(job.started_at or resumed).timestamp())
+    ledger = goodput_ledger(job=job) or GoodputLedger(first_started_at=resumed.timestamp())
     occurred = min(event["occurred_at"], event["detected_at"])
     ledger.record_interruption(kind=event["kind"], occurred_at=max(occurred, ledger.first_started_at),
                                detected_at=max(event["detected_at"], ledger.first_started_at),
                                resumed_at=max(event["resumed_at"], event["detected_at"], ledger.first_started_at),
                                recomputed_s=float(event.get("recomputed_s") or 0.0),
                                recomputed_steps=int(event.get("recomputed_steps") or 0))
-    extra = {k: v for k, v in job.goodput.items() if k in _PAUSE_KEYS}
+    extra = {k: v for k, v in job.goodput.items() if k in PAUSE_KEYS}
     job.goodput = {**ledger.to_dict(), **extra}
 
 

@@ -214,10 +214,11 @@ class GangSupervisor:
         time.sleep(1.0)
         self._launch(reason=f"retrying the start ({self.restarts}/{max_restarts}): {evidence}")
 
-    def _watch_once(self) -> None:
+    def _poll(self, timeout: float) -> float:
+        """Ask every live worker for its progress (one call in flight per worker, never dropped: a
+        poll drains the worker's events) and absorb the answers that arrive within `timeout`."""
         import ray
 
-        now = time.time()
         with self._lock:
             workers = list(self._workers)
         for rank, worker in enumerate(workers):
@@ -225,7 +226,7 @@ class GangSupervisor:
                 self._inflight[rank] = worker.poll.remote()
         refs = list(self._inflight.values())
         if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=POLL_INTERVAL_S)
+            ray.wait(refs, num_returns=len(refs), timeout=timeout)
         now = time.time()
         for rank, ref in list(self._inflight.items()):
             ready, _ = ray.wait([ref], timeout=0)
@@ -241,6 +242,10 @@ class GangSupervisor:
                 sample["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 continue
             self._absorb(sample, result, now)
+        return now
+
+    def _watch_once(self) -> None:
+        now = self._poll(POLL_INTERVAL_S)
         self._check_nodes(now)
         if any(not s["alive"] or now - s["heartbeat_at"] > self.policy.heartbeat_timeout_s
                for s in self._samples.values()):
@@ -410,34 +415,18 @@ class GangSupervisor:
 
     def _checkpoint_then_stop(self) -> None:
         """Ask rank 0 for a checkpoint at its current step and wait until it is complete."""
-        import ray
-
         wanted = self.step
         self._workers[0].request_checkpoint.remote()
         deadline = time.time() + STOP_CHECKPOINT_TIMEOUT_S
         while time.time() < deadline and self.last_checkpoint_step < max(wanted, 0):
-            self._watch_once_without_detection()
+            self._poll(1.0)
             if all(s["done"] for s in self._samples.values()):
                 break
             time.sleep(0.1)
         for worker in self._workers:
             worker.stop.remote()
-        ray.wait([w.poll.remote() for w in self._workers], num_returns=len(self._workers), timeout=2)
+        self._poll(2.0)  # the last metrics and logs before the workers go
         self._kill_workers()
-
-    def _watch_once_without_detection(self) -> None:
-        import ray
-
-        refs = {rank: w.poll.remote() for rank, w in enumerate(self._workers) if self._samples[rank]["alive"]}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=1.0)
-        now = time.time()
-        for rank, ref in refs.items():
-            if ref in ready:
-                try:
-                    self._absorb(self._samples[rank], ray.get(ref), now)
-                except Exception:
-                    self._samples[rank]["alive"] = False
-        self._inflight = {}
 
     def _stop(self, request: dict) -> None:
         if request["checkpoint"] and self.state == "running" and self._workers:
