@@ -32,6 +32,11 @@ class Deployment(models.Model):
     sla_ttft_p95_ms = models.PositiveIntegerField(help_text="p95 time to first token, milliseconds")
     sla_tpot_p95_ms = models.PositiveIntegerField(help_text="p95 time per output token, milliseconds")
     sla_min_throughput_tps = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0)])
+    engine = models.JSONField(default=dict, blank=True,
+                              help_text="LLM server settings: slots, block_size, cache tiers, max_prompt_tokens")
+    router = models.CharField(max_length=16, default="prefix",
+                              help_text="request routing across replicas: prefix, pow2 or round_robin")
+    revision = models.PositiveIntegerField(default=1, help_text="the revision the spec describes")
     # --- status (observed) ---
     state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in DeploymentState],
                              default=DeploymentState.PENDING, db_index=True)
@@ -39,6 +44,15 @@ class Deployment(models.Model):
     state_changed_at = models.DateTimeField(default=timezone.now)
     compute_handle = models.CharField(max_length=128, blank=True)
     replicas_ready = models.PositiveIntegerField(default=0)
+    replicas_target = models.PositiveIntegerField(default=0)
+    applied_revision = models.PositiveIntegerField(default=0, help_text="the revision the backend runs")
+    accelerator_type = models.CharField(max_length=63, blank=True, help_text="the accepted type it was placed on")
+    pool = models.CharField(max_length=63, blank=True)
+    model_dir = models.CharField(max_length=1000, blank=True, help_text="the checkpoint directory served")
+    autoscaling = models.JSONField(default=dict, blank=True,
+                                   help_text="the Serve autoscaling settings derived from the SLA, and why")
+    observed = models.JSONField(default=dict, blank=True,
+                                help_text="the last measured window: TTFT/TPOT p95, throughput, cache hit rate")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True,
                                    blank=True, related_name="+")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -86,3 +100,31 @@ class DeploymentEvent(LifecycleEvent):
 
     class Meta(LifecycleEvent.Meta):
         pass
+
+
+class InferenceRequest(models.Model):
+    """One request served (or refused) through the gateway, with what the replica measured."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="requests")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    endpoint = models.CharField(max_length=32)
+    status_code = models.PositiveSmallIntegerField()
+    stream = models.BooleanField(default=False)
+    finish_reason = models.CharField(max_length=16, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    queue_ms = models.FloatField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    tpot_ms = models.FloatField(null=True, blank=True)
+    total_ms = models.FloatField(null=True, blank=True)
+    replica = models.CharField(max_length=128, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["deployment", "created_at"], name="inference_req_dep_time")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} {self.endpoint} {self.status_code}"
+

@@ -121,3 +121,102 @@ class TrainingBackend(Protocol):
     def release_training(self, handle: str) -> None: ...
 
     def list_training_handles(self) -> list[str]: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# inference services: one Ray Serve application per deployment (inference/runtime/serve_app.py on Ray)
+
+SERVICE_STATES = ("deploying", "running", "unhealthy", "deleting", "not_found")
+ROUTERS = ("prefix", "pow2", "round_robin")
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A deployment as the backend runs it. Applying a spec to an existing handle is a rolling update
+    (Serve starts new replicas before it stops old ones, and old ones drain their requests).
+
+    `model_dir`: a checkpoint directory holding the built-in LM's model.pt + config.json.
+    `engine`: the LLM server's settings (inference/runtime/engine.EngineConfig.from_dict).
+    `router`: "prefix" (prefix-aware, the default), "pow2" (Ray Serve's default) or "round_robin".
+    """
+
+    handle: str
+    deployment_id: int
+    revision: int
+    model_dir: str
+    accelerator_type: str
+    devices_per_replica: float
+    replicas_min: int
+    replicas_max: int
+    target_ongoing_requests: float
+    max_ongoing_requests: int
+    max_queued_requests: int
+    pool: str | None = None
+    cpus_per_replica: float = 0.25
+    engine: dict = field(default_factory=dict)
+    router: str = "prefix"
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What the backend sees of a service: its state, replica counts and the revision it runs."""
+
+    handle: str
+    state: str  # one of SERVICE_STATES
+    replicas_running: int = 0
+    replicas_target: int = 0
+    revision: int = 0
+    message: str = ""
+
+
+class ServiceError(Exception):
+    """A request could not be served; `status` is the HTTP status the gateway answers with."""
+
+    status = 503
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ServiceOverloaded(ServiceError):
+    """Every replica's queue is full: answer 429 with Retry-After."""
+
+    status = 429
+
+
+class ServiceUnavailable(ServiceError):
+    """No replica can take the request (not deployed, starting, or gone): answer 503 with Retry-After."""
+
+    status = 503
+
+
+class ServiceRequestInvalid(ServiceError):
+    """The replica refused the request as invalid (e.g. prompt longer than the model's window): 400."""
+
+    status = 400
+
+
+@runtime_checkable
+class ServingBackend(Protocol):
+    """The inference half of the compute backend (both implementations provide it).
+
+    `stream_completion(handle, request)` yields event dicts, in order:
+      {"type": "token", "token_id": int, "text": str}            one per generated token
+      {"type": "done", "finish_reason": "stop"|"length", "metrics": {...}}
+    where metrics holds queue_s, ttft_s, tpot_s (None with fewer than 2 tokens), prompt_tokens,
+    cached_tokens, output_tokens and replica. `request` is
+      {"prompt_tokens": [int], "max_tokens": int, "temperature": float, "seed": int,
+       "stop": [str], "ignore_eos": bool}.
+    It raises ServiceOverloaded / ServiceUnavailable / ServiceRequestInvalid before the first event.
+    """
+
+    def deploy_service(self, spec: ServiceSpec) -> ServiceStatus: ...
+
+    def observe_service(self, handle: str) -> ServiceStatus: ...
+
+    def delete_service(self, handle: str) -> None: ...
+
+    def list_service_handles(self) -> list[str]: ...
+
+    def stream_completion(self, handle: str, request: dict, *, timeout_s: float = 60.0): ...

@@ -13,6 +13,11 @@ from controlplane.compute.base import (
     GangRequest,
     GangStatus,
     ObservedNode,
+    ServiceOverloaded,
+    ServiceRequestInvalid,
+    ServiceSpec,
+    ServiceStatus,
+    ServiceUnavailable,
     TrainingLaunch,
     TrainingReport,
 )
@@ -29,6 +34,9 @@ class InMemoryComputeBackend:
         self._gangs: dict[str, GangStatus] = {}
         self._reservations: dict[str, list[tuple[str, dict[str, float]]]] = {}
         self.runs: dict[str, _FakeRun] = {}
+        self.services: dict[str, ServiceSpec] = {}
+        self.service_states: dict[str, ServiceStatus] = {}
+        self.overloaded_services: set[str] = set()  # tests: every call to these answers "overloaded"
         self.steps_per_observe = 50
 
     @classmethod
@@ -160,6 +168,47 @@ class InMemoryComputeBackend:
         with self._lock:
             self._run(handle).fault(rank, fault, node_lost=node_lost)
 
+    # ---- inference services (fake): an "echo model" that answers with the prompt's bytes, for unit tests
+
+    def deploy_service(self, spec: ServiceSpec) -> ServiceStatus:
+        with self._lock:
+            self.services[spec.handle] = spec
+            status = ServiceStatus(handle=spec.handle, state="running", replicas_running=max(1, spec.replicas_min),
+                                   replicas_target=max(1, spec.replicas_min), revision=spec.revision)
+            self.service_states[spec.handle] = status
+            return status
+
+    def observe_service(self, handle: str) -> ServiceStatus:
+        with self._lock:
+            return self.service_states.get(handle) or ServiceStatus(handle=handle, state="not_found")
+
+    def set_service_status(self, handle: str, **changes) -> None:
+        with self._lock:
+            self.service_states[handle] = ServiceStatus(**{**self.service_states[handle].__dict__, **changes})
+
+    def delete_service(self, handle: str) -> None:
+        with self._lock:
+            self.services.pop(handle, None)
+            self.service_states.pop(handle, None)
+
+    def list_service_handles(self) -> list[str]:
+        with self._lock:
+            return sorted(self.services)
+
+    def stream_completion(self, handle: str, request: dict, *, timeout_s: float = 60.0):
+        with self._lock:
+            spec = self.services.get(handle)
+            overloaded = handle in self.overloaded_services
+        if spec is None:
+            raise ServiceUnavailable(f"service {handle} is not running", retry_after_s=5.0)
+        if overloaded:
+            raise ServiceOverloaded(f"service {handle}: every replica queue is full", retry_after_s=1.0)
+        prompt = [int(t) for t in request["prompt_tokens"]]
+        limit = int(spec.engine.get("max_prompt_tokens", 4096))
+        if len(prompt) > limit:
+            raise ServiceRequestInvalid(f"prompt has {len(prompt)} tokens; this model takes at most {limit}")
+        return _echo_events(prompt, request)
+
     def _run(self, handle: str) -> _FakeRun:
         run = self.runs.get(handle)
         if run is None:
@@ -260,3 +309,28 @@ class _FakeRun:
         return TrainingReport(handle=self.launch.handle, state=self.state, reason=self.reason, step=self.step,
                               nodes=tuple(self.nodes), restarts=self.restarts,
                               last_checkpoint_step=self.last_checkpoint_step, events=tuple(self.events))
+
+
+def _echo_events(prompt: list[int], request: dict):
+    """The fake model: repeats the prompt's bytes (cycling), honouring max_tokens and stop strings."""
+    started = time.monotonic()
+    source = [t for t in prompt if 0 <= t < 256] or [ord("?")]
+    stops = [s for s in request.get("stop") or [] if s]
+    text = ""
+    produced = 0
+    finish = "length"
+    for i in range(int(request.get("max_tokens", 16))):
+        token = source[i % len(source)]
+        piece = bytes([token]).decode("utf-8", errors="replace")
+        hit = next((s for s in stops if (text + piece).endswith(s)), None)
+        if hit is not None:
+            finish = "stop"
+            break
+        text += piece
+        produced += 1
+        yield {"type": "token", "token_id": token, "text": piece}
+    elapsed = time.monotonic() - started
+    yield {"type": "done", "finish_reason": finish, "metrics": {
+        "queue_s": 0.0, "ttft_s": elapsed / max(1, produced), "tpot_s": elapsed / max(1, produced) if produced > 1
+        else None, "prompt_tokens": len(prompt), "cached_tokens": 0, "output_tokens": produced,
+        "replica": "memory-0"}}
