@@ -20,6 +20,12 @@ from controlplane.compute.base import (
     GangRequest,
     GangStatus,
     ObservedNode,
+    ServiceError,
+    ServiceOverloaded,
+    ServiceRequestInvalid,
+    ServiceSpec,
+    ServiceStatus,
+    ServiceUnavailable,
     TrainingLaunch,
     TrainingReport,
 )
@@ -40,6 +46,9 @@ OBSERVE_TIMEOUT_S = 10.0
 # Supervisors run on the head node (it outlives the worker nodes); Ray gives the head this resource.
 HEAD_RESOURCE = "node:__internal_head__"
 TRAINING_PREFIX = "fy-train-"
+SERVICE_PREFIX = "fy-serve-"
+_SERVE_STATES = {"RUNNING": "running", "DEPLOYING": "deploying", "DEPLOY_FAILED": "unhealthy",
+                 "UNHEALTHY": "unhealthy", "DELETING": "deleting", "NOT_STARTED": "deploying"}
 
 # Resources that describe the node rather than schedulable capacity a workload asks for.
 _HIDDEN_RESOURCES = ("memory", "object_store_memory")
@@ -64,6 +73,7 @@ class RayComputeBackend:
         self.address = address
         self.namespace = namespace
         self.env = dict(env or {})
+        self._handles: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ connection
 
@@ -241,6 +251,139 @@ class RayComputeBackend:
             raise LookupError(f"no training run {handle!r}")
         return supervisor
 
+    # ------------------------------------------------------------------ inference services (Ray Serve)
+
+    def _serve(self):
+        """Connects and makes sure Serve runs (no HTTP proxies: callers use deployment handles)."""
+        self._ray()
+        from ray import serve
+
+        with _CONNECT_LOCK:
+            if not getattr(self, "_serve_started", False):
+                serve.start(proxy_location="Disabled")
+                self._serve_started = True
+        return serve
+
+    def deploy_service(self, spec: ServiceSpec) -> ServiceStatus:
+        """Creates the application or rolls it to `spec` (new replicas first, old ones drain); returns at once."""
+        import dataclasses
+
+        from ray.serve.api import _run
+
+        from inference.runtime.serve_app import build_application
+
+        self._serve()
+        _run(build_application(dataclasses.asdict(spec)), name=spec.handle, route_prefix=None, _blocking=False)
+        self._handles.pop(spec.handle, None)
+        return self.observe_service(spec.handle)
+
+    def observe_service(self, handle: str) -> ServiceStatus:
+        self._serve()
+        from ray.serve.context import _get_global_client
+
+        details = _get_global_client().get_serve_details()
+        app = (details.get("applications") or {}).get(handle)
+        if not app:
+            return ServiceStatus(handle=handle, state="not_found")
+        deployment = (app.get("deployments") or {}).get("llm") or {}
+        replicas = deployment.get("replicas") or []
+        running = sum(1 for r in replicas if r.get("state") == "RUNNING")
+        config = deployment.get("deployment_config") or {}
+        user_config = config.get("user_config") or {}
+        target = deployment.get("target_num_replicas") or config.get("num_replicas") or 0
+        state = _SERVE_STATES.get(app.get("status", ""), "unhealthy")
+        message = app.get("message") or deployment.get("message") or ""
+        return ServiceStatus(handle=handle, state=state, replicas_running=running, replicas_target=int(target or 0),
+                             revision=int(user_config.get("revision", 0)) if state == "running" else 0,
+                             message=str(message)[:500])
+
+    def delete_service(self, handle: str) -> None:
+        serve = self._serve()
+        self._handles.pop(handle, None)
+        serve.delete(handle, _blocking=False)
+
+    def list_service_handles(self) -> list[str]:
+        self._serve()
+        from ray.serve.context import _get_global_client
+
+        apps = _get_global_client().get_serve_details().get("applications") or {}
+        return sorted(name for name in apps if name.startswith(SERVICE_PREFIX))
+
+    def service_stats(self, handle: str, *, calls: int = 8) -> list[dict]:
+        """Engine and cache counters of the replicas reached by `calls` calls (benchmarks and tests)."""
+        deployment = self._service_handle(handle)
+        seen: dict[str, dict] = {}
+        for _ in range(calls):
+            stats = deployment.stats.remote().result(timeout_s=OBSERVE_TIMEOUT_S)
+            seen[stats["replica"]] = stats
+        return list(seen.values())
+
+    def stream_completion(self, handle: str, request: dict, *, timeout_s: float = 60.0):
+        """Starts the request and waits for its first event, so refusals raise here (see ServingBackend)."""
+        import queue as queue_module
+
+        events: queue_module.Queue = queue_module.Queue()
+        try:
+            response = self._service_handle(handle).options(stream=True).generate.remote(request)
+        except Exception as exc:
+            raise _service_error(exc, handle) from exc
+
+        def pump() -> None:
+            try:
+                for event in response:
+                    events.put(event)
+            except Exception as exc:  # surfaced to the caller in order, as the last item
+                events.put(exc)
+            finally:
+                events.put(None)
+
+        threading.Thread(target=pump, name=f"serve-stream-{handle}", daemon=True).start()
+
+        def next_event():
+            try:
+                item = events.get(timeout=timeout_s)
+            except queue_module.Empty:
+                response.cancel()
+                raise ServiceUnavailable(f"service {handle} sent nothing for {timeout_s:g} s",
+                                         retry_after_s=5.0) from None
+            if isinstance(item, Exception):
+                raise _service_error(item, handle)
+            if isinstance(item, dict) and item.get("type") == "error":
+                kind = item.get("kind")
+                if kind == "overloaded":
+                    raise ServiceOverloaded(item.get("message", "overloaded"), retry_after_s=1.0)
+                if kind == "invalid":
+                    raise ServiceRequestInvalid(item.get("message", "invalid request"))
+                raise ServiceUnavailable(item.get("message", "unavailable"), retry_after_s=5.0)
+            return item
+
+        first = next_event()
+
+        def stream():
+            item = first
+            try:
+                while item is not None:
+                    yield item
+                    if item.get("type") == "done":
+                        return
+                    item = next_event()
+            finally:
+                if item is None or item.get("type") != "done":
+                    response.cancel()
+
+        return stream()
+
+    def _service_handle(self, handle: str):
+        deployment = self._handles.get(handle)
+        if deployment is None:
+            serve = self._serve()
+            try:
+                deployment = serve.get_deployment_handle("llm", app_name=handle)
+            except Exception as exc:
+                raise ServiceUnavailable(f"service {handle} is not running: {exc}", retry_after_s=5.0) from exc
+            self._handles[handle] = deployment
+        return deployment
+
     # ------------------------------------------------------------------ helpers
 
     def _placement_group_info(self, handle: str) -> dict[str, Any] | None:
@@ -329,3 +472,15 @@ def _reload_ray_auth_config() -> None:
         return
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _service_error(exc: Exception, handle: str) -> ServiceError:
+    """Ray Serve's exceptions as the gateway's: back pressure -> 429, anything else -> 503."""
+    from ray.serve.exceptions import BackPressureError
+
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, BackPressureError):
+        return ServiceOverloaded(f"service {handle}: every replica queue is full", retry_after_s=1.0)
+    return ServiceUnavailable(f"service {handle} failed the request: {type(exc).__name__}: {exc}"[:500],
+                              retry_after_s=5.0)

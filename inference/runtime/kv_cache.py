@@ -1,0 +1,253 @@
+"""The prefix cache inside one replica: KV blocks in a radix tree over token blocks, in three tiers.
+
+A prompt is cut into blocks of `block_size` tokens; block j's KV depends on every token before it, so
+the tree is keyed by the blocks themselves (a path from the root spells a prefix). Each tree node
+holds one block's KV tensor (all layers) in one tier:
+
+    device  the accelerator's memory (the replica computes with these)
+    host    host DRAM: blocks evicted from the device tier
+    disk    a local directory: blocks evicted from host DRAM, one file each
+
+When a tier is over capacity its least recently used block moves down a tier (device -> host ->
+disk); a block pushed off the disk tier is dropped with its subtree. `match` walks the tree and
+brings every matched block back to the device tier, so a block found on host or disk is loaded, not
+recomputed. LRU order: a lookup touches the path from its deepest node up to the root, so parents
+are always more recent than their children and leaves go down (and out) first.
+
+On a host without accelerators (this machine), the device and host tiers are both host memory:
+they differ only in capacity accounting (a move between them copies nothing); the disk tier is real
+file I/O. Callers own the tensors `match` returns: evicting a block later does not change them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+TIERS = ("device", "host", "disk")
+
+
+@dataclass(eq=False)
+class _Node:
+    key: tuple[int, ...]
+    parent: _Node | None
+    node_id: int
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+    tier: str = "device"
+    payload: torch.Tensor | None = None  # None while on disk
+
+
+@dataclass
+class CacheMatch:
+    """The longest cached whole-block prefix: one KV tensor per block, and where each was found."""
+
+    blocks: list[torch.Tensor]
+    found_in: dict[str, int]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+@dataclass
+class CacheStats:
+    lookups: int = 0
+    lookup_blocks: int = 0
+    hit_blocks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    inserted_blocks: int = 0
+    spilled_to_host: int = 0
+    spilled_to_disk: int = 0
+    dropped_blocks: int = 0
+    loaded_from_host: int = 0
+    loaded_from_disk: int = 0
+
+    def to_dict(self) -> dict:
+        hits = sum(self.hit_blocks.values())
+        return {
+            "lookups": self.lookups, "lookup_blocks": self.lookup_blocks, "hit_blocks": dict(self.hit_blocks),
+            "hit_rate": hits / self.lookup_blocks if self.lookup_blocks else 0.0,
+            "inserted_blocks": self.inserted_blocks, "spilled_to_host": self.spilled_to_host,
+            "spilled_to_disk": self.spilled_to_disk, "dropped_blocks": self.dropped_blocks,
+            "loaded_from_host": self.loaded_from_host, "loaded_from_disk": self.loaded_from_disk,
+        }
+
+
+class TieredPrefixCache:
+    """Radix tree of KV blocks over three tiers with per-tier capacities (in blocks; 0 turns a tier off)."""
+
+    def __init__(self, *, block_size: int, device_blocks: int, host_blocks: int = 0, disk_blocks: int = 0,
+                 disk_dir: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> None:
+        if block_size < 1:
+            raise ValueError("block_size: must be at least 1")
+        for name, value in (("device_blocks", device_blocks), ("host_blocks", host_blocks),
+                            ("disk_blocks", disk_blocks)):
+            if value < 0:
+                raise ValueError(f"{name}: must not be negative")
+        self.block_size = block_size
+        self.capacity = {"device": device_blocks, "host": host_blocks, "disk": disk_blocks}
+        self.device = torch.device(device)
+        self._own_dir = disk_blocks > 0 and disk_dir is None
+        self.disk_dir = Path(disk_dir or tempfile.mkdtemp(prefix="fy-kv-")) if disk_blocks > 0 else None
+        if self.disk_dir is not None:
+            self.disk_dir.mkdir(parents=True, exist_ok=True)
+        self._root = _Node(key=(), parent=None, node_id=0, tier="root")
+        self._ids = itertools.count(1)
+        self._lru: dict[str, OrderedDict[int, _Node]] = {tier: OrderedDict() for tier in TIERS}
+        self.stats = CacheStats()
+
+    # ------------------------------------------------------------------ reads
+
+    def blocks_in(self, tier: str) -> int:
+        return len(self._lru[tier])
+
+    def match(self, tokens: Sequence[int]) -> CacheMatch:
+        """The longest cached prefix of whole blocks of `tokens`, every block brought to the device tier."""
+        keys = self._block_keys(tokens)
+        self.stats.lookups += 1
+        self.stats.lookup_blocks += len(keys)
+        path: list[_Node] = []
+        node = self._root
+        for key in keys:
+            child = node.children.get(key)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        found = dict.fromkeys(TIERS, 0)
+        blocks = []
+        for child in path:
+            found[child.tier] += 1
+            self.stats.hit_blocks[child.tier] += 1
+            blocks.append(self._bring_to_device(child))
+        self._touch(path)
+        self._enforce_capacity()
+        return CacheMatch(blocks=blocks, found_in=found)
+
+    # ------------------------------------------------------------------ writes
+
+    def insert(self, tokens: Sequence[int], blocks: Sequence[torch.Tensor]) -> int:
+        """Caches block j of `tokens` with KV `blocks[j]` (only whole blocks; blocks already cached are kept).
+
+        Returns how many blocks were new. `blocks` may be shorter than the whole-block prefix: only that
+        many are inserted.
+        """
+        keys = self._block_keys(tokens)[: len(blocks)]
+        node = self._root
+        path: list[_Node] = []
+        new = 0
+        for key, kv in zip(keys, blocks, strict=False):
+            child = node.children.get(key)
+            if child is None:
+                child = _Node(key=key, parent=node, node_id=next(self._ids), tier="device",
+                              payload=kv.detach().to(self.device))
+                node.children[key] = child
+                self._lru["device"][child.node_id] = child
+                new += 1
+            path.append(child)
+            node = child
+        self.stats.inserted_blocks += new
+        self._touch(path)
+        self._enforce_capacity()
+        return new
+
+    def clear(self) -> None:
+        for tier in TIERS:
+            self._lru[tier].clear()
+        self._root.children.clear()
+        if self.disk_dir is not None:
+            for file in self.disk_dir.glob("*.kv"):
+                file.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Drops everything and removes the disk tier's directory when this cache made it."""
+        self.clear()
+        if self._own_dir and self.disk_dir is not None:
+            shutil.rmtree(self.disk_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ internals
+
+    def _block_keys(self, tokens: Sequence[int]) -> list[tuple[int, ...]]:
+        ids = [int(t) for t in tokens]
+        whole = len(ids) // self.block_size
+        return [tuple(ids[j * self.block_size:(j + 1) * self.block_size]) for j in range(whole)]
+
+    def _touch(self, path: list[_Node]) -> None:
+        for node in reversed(path):  # deepest first, so the root end of the path is the most recent
+            lru = self._lru[node.tier]
+            if node.node_id in lru:
+                lru.move_to_end(node.node_id)
+
+    def _bring_to_device(self, node: _Node) -> torch.Tensor:
+        if node.tier == "host":
+            self._move(node, "device")
+            self.stats.loaded_from_host += 1
+        elif node.tier == "disk":
+            path = self._disk_path(node)
+            payload = torch.load(path, map_location=self.device, weights_only=True)
+            path.unlink(missing_ok=True)
+            del self._lru["disk"][node.node_id]
+            node.payload, node.tier = payload, "device"
+            self._lru["device"][node.node_id] = node
+            self.stats.loaded_from_disk += 1
+        return node.payload
+
+    def _move(self, node: _Node, tier: str) -> None:
+        del self._lru[node.tier][node.node_id]
+        if tier == "host" and self.device.type != "cpu":
+            node.payload = node.payload.to("cpu")
+        elif tier == "device" and node.payload.device != self.device:
+            node.payload = node.payload.to(self.device)
+        node.tier = tier
+        self._lru[tier][node.node_id] = node
+
+    def _enforce_capacity(self) -> None:
+        while len(self._lru["device"]) > self.capacity["device"]:
+            _, victim = next(iter(self._lru["device"].items()))
+            if self.capacity["host"] > 0:
+                self._move(victim, "host")
+                self.stats.spilled_to_host += 1
+            else:
+                self._spill_to_disk_or_drop(victim)
+        while len(self._lru["host"]) > self.capacity["host"]:
+            _, victim = next(iter(self._lru["host"].items()))
+            self._spill_to_disk_or_drop(victim)
+        while len(self._lru["disk"]) > self.capacity["disk"]:
+            _, victim = next(iter(self._lru["disk"].items()))
+            self._drop_subtree(victim)
+
+    def _spill_to_disk_or_drop(self, node: _Node) -> None:
+        if self.capacity["disk"] <= 0 or self.disk_dir is None:
+            self._drop_subtree(node)
+            return
+        path = self._disk_path(node)
+        tmp = path.with_suffix(".tmp")
+        torch.save(node.payload.detach().cpu(), tmp)
+        os.replace(tmp, path)
+        del self._lru[node.tier][node.node_id]
+        node.payload, node.tier = None, "disk"
+        self._lru["disk"][node.node_id] = node
+        self.stats.spilled_to_disk += 1
+
+    def _drop_subtree(self, node: _Node) -> None:
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            stack.extend(current.children.values())
+            self._lru[current.tier].pop(current.node_id, None)
+            if current.tier == "disk":
+                self._disk_path(current).unlink(missing_ok=True)
+            current.payload = None
+            self.stats.dropped_blocks += 1
+        if node.parent is not None:
+            node.parent.children.pop(node.key, None)
+
+    def _disk_path(self, node: _Node) -> Path:
+        return self.disk_dir / f"{node.node_id}.kv"
