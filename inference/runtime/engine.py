@@ -96,6 +96,7 @@ class _Sequence:
     first_token_at: float = 0.0
     last_token_at: float = 0.0
     cached_tokens: int = 0
+    cached_blocks_by_tier: dict[str, int] = field(default_factory=dict)
     generator: torch.Generator | None = None
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
@@ -254,6 +255,7 @@ class LLMEngine:
         logits = self._forward_prefill(seq.slot, prompt[cached:], start=cached)
         seq.length = len(prompt)
         seq.cached_tokens = cached
+        seq.cached_blocks_by_tier = dict(hit.found_in)
         self.counters["prompt_tokens"] += len(prompt)
         self.counters["cached_tokens"] += cached
         whole = len(prompt) // block
@@ -366,6 +368,7 @@ class LLMEngine:
             "tpot_s": (seq.last_token_at - seq.first_token_at) / (n - 1) if n > 1 else None,
             "prompt_tokens": len(seq.request.prompt_tokens),
             "cached_tokens": seq.cached_tokens,
+            "cached_blocks_by_tier": seq.cached_blocks_by_tier,
             "output_tokens": n,
             "replica": self.replica,
         }

@@ -169,7 +169,9 @@ class PrefixAwareRouter(RequestRouter):
         matched = self._index.match(tokens)
         prompt_blocks = max(1, len(tokens) // self._index.block_size)
         choice = choose_replica(loads, matched, prompt_blocks, imbalance_threshold=self._imbalance_threshold,
-                                min_match_ratio=self._min_match_ratio)
+                                min_match_ratio=self._min_match_ratio,
+                                blocks_held={load.replica_id: self._index.blocks_held(load.replica_id)
+                                             for load in loads})
         self.decisions[choice.reason] = self.decisions.get(choice.reason, 0) + 1
         chosen = by_id[choice.replica_id]
         return [[chosen], [r for r in candidate_replicas if r is not chosen]]

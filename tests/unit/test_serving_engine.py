@@ -1,0 +1,227 @@
+"""The LLM engine and its three-tier prefix cache: exact outputs, reuse, spill and reload, batching, limits."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from inference.runtime.engine import (
+    EngineOverloaded,
+    EngineRequestInvalid,
+    GenerationRequest,
+    LLMEngine,
+    _holdback,
+)
+from inference.runtime.engine_config import EngineConfig
+from inference.runtime.kv_cache import TieredPrefixCache
+from jobs.runtime.lm import ByteTokenizer, LMConfig, build_model, generate
+
+SHAPE = {"context": 128, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64}
+TOK = ByteTokenizer()
+PROMPTS = ["Once upon a time there was a robot", "Once upon a time there was a robot who liked tea",
+           "A completely different prompt, longer than a block"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return build_model(LMConfig.from_dict(SHAPE), seed=7).eval()
+
+
+def make_engine(model, tmp_path, **config):
+    settings = {"slots": 3, "block_size": 8, "device_cache_blocks": 64, "host_cache_blocks": 0,
+                "disk_cache_blocks": 0, **config}
+    return LLMEngine(model, EngineConfig.from_dict(settings), cache_dir=str(tmp_path / "kv")).start()
+
+
+def run(engine, prompt: str, **kw) -> tuple[str, dict]:
+    events = list(engine.generate(GenerationRequest(prompt_tokens=TOK.encode(prompt), **kw), timeout_s=30))
+    assert events[-1]["type"] == "done", events[-1]
+    return "".join(e["text"] for e in events if e["type"] == "token"), events[-1]
+
+
+def test_greedy_output_equals_the_reference_generator_with_and_without_cache_hits(model, tmp_path):
+    engine = make_engine(model, tmp_path)
+    try:
+        for _ in range(2):  # the second pass reuses cached prefixes
+            for prompt in PROMPTS:
+                text, done = run(engine, prompt, max_tokens=24)
+                assert text == generate(model, TOK, prompt, max_new_tokens=24)
+                assert done["finish_reason"] == "length" and done["metrics"]["output_tokens"] == 24
+        assert engine.stats()["cached_tokens"] > 0
+    finally:
+        engine.stop()
+
+
+def test_cached_prefix_is_reused_and_measured(model, tmp_path):
+    engine = make_engine(model, tmp_path)
+    try:
+        _, first = run(engine, PROMPTS[0], max_tokens=4)
+        _, second = run(engine, PROMPTS[1], max_tokens=4)
+        assert first["metrics"]["cached_tokens"] == 0
+        # "Once upon a time there was a robot" is 34 bytes: 4 whole blocks of 8 are shared
+        assert second["metrics"]["cached_tokens"] == 32
+        assert second["metrics"]["cached_blocks_by_tier"] == {"device": 4, "host": 0, "disk": 0}
+        m = second["metrics"]
+        assert m["ttft_s"] >= m["queue_s"] >= 0 and m["tpot_s"] > 0 and m["prompt_tokens"] == 48
+    finally:
+        engine.stop()
+
+
+def test_blocks_spilled_to_host_and_disk_are_loaded_back_with_identical_outputs(model, tmp_path):
+    engine = make_engine(model, tmp_path, device_cache_blocks=2, host_cache_blocks=2, disk_cache_blocks=64)
+    try:
+        reference = [run(engine, p, max_tokens=16)[0] for p in PROMPTS]
+        cache = engine.cache.stats.to_dict()
+        assert cache["spilled_to_host"] > 0 and cache["spilled_to_disk"] > 0
+        assert list((tmp_path / "kv").glob("*.kv"))  # real files on the disk tier
+        again = [run(engine, p, max_tokens=16) for p in PROMPTS]
+        assert [text for text, _ in again] == reference
+        tiers = {tier: sum(done["metrics"]["cached_blocks_by_tier"][tier] for _, done in again)
+                 for tier in ("device", "host", "disk")}
+        assert tiers["disk"] > 0 and tiers["host"] + tiers["device"] > 0
+        assert engine.cache.stats.loaded_from_disk == tiers["disk"]
+    finally:
+        engine.stop()
+    assert not list((tmp_path / "kv").glob("*.kv.tmp"))
+
+
+def test_device_only_cache_drops_what_it_cannot_hold(model, tmp_path):
+    engine = make_engine(model, tmp_path, device_cache_blocks=2)
+    try:
+        for p in PROMPTS:
+            run(engine, p, max_tokens=2)
+        assert engine.cache.blocks_in("device") == 2 and engine.cache.stats.dropped_blocks > 0
+        assert not (tmp_path / "kv").exists() or not list((tmp_path / "kv").glob("*.kv"))
+    finally:
+        engine.stop()
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_exact_answer(model, tmp_path):
+    engine = make_engine(model, tmp_path, slots=3)
+    results: dict[int, str] = {}
+
+    def worker(i: int) -> None:
+        results[i] = run(engine, PROMPTS[i % 3], max_tokens=20)[0]
+
+    try:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(9)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert all(results[i] == generate(model, TOK, PROMPTS[i % 3], max_new_tokens=20) for i in range(9))
+        stats = engine.stats()
+        assert stats["finished"] == 9 and stats["running"] == 0
+        # fewer iterations than the sequential total (9 x 20) shows sequences were decoded together
+        assert stats["iterations"] < 9 * 20
+    finally:
+        engine.stop()
+
+
+def test_stop_string_ends_the_output_before_it_and_is_never_streamed(model, tmp_path):
+    engine = make_engine(model, tmp_path)
+    try:
+        full, _ = run(engine, PROMPTS[2], max_tokens=30)
+        stop = full[5:7]
+        text, done = run(engine, PROMPTS[2], max_tokens=30, stop=(stop,))
+        assert done["finish_reason"] == "stop"
+        assert text == full[: full.find(stop)]
+    finally:
+        engine.stop()
+
+
+def test_sampling_is_reproducible_for_a_seed(model, tmp_path):
+    engine = make_engine(model, tmp_path)
+    try:
+        a, _ = run(engine, PROMPTS[0], max_tokens=20, temperature=1.0, seed=3)
+        b, _ = run(engine, PROMPTS[0], max_tokens=20, temperature=1.0, seed=3)
+        assert a == b
+    finally:
+        engine.stop()
+
+
+def test_prompt_too_long_or_empty_is_refused(model, tmp_path):
+    engine = make_engine(model, tmp_path, max_prompt_tokens=20)
+    try:
+        with pytest.raises(EngineRequestInvalid, match="at most 20"):
+            engine.submit(GenerationRequest(prompt_tokens=[65] * 21), lambda e: None)
+        with pytest.raises(EngineRequestInvalid, match="empty"):
+            engine.submit(GenerationRequest(prompt_tokens=[]), lambda e: None)
+    finally:
+        engine.stop()
+
+
+def test_output_stops_at_the_model_window(model, tmp_path):
+    engine = make_engine(model, tmp_path)
+    try:
+        text, done = run(engine, "x" * 120, max_tokens=50)
+        # positions 120..127 take 8 decode steps after the prefill's token; the last is predicted from a full window
+        assert done["finish_reason"] == "length" and done["metrics"]["output_tokens"] == 128 - 120 + 1
+    finally:
+        engine.stop()
+
+
+def test_full_engine_refuses_instead_of_queueing_forever(model, tmp_path):
+    engine = LLMEngine(model, EngineConfig.from_dict({"slots": 1, "max_waiting": 1, "block_size": 8}))
+    try:  # not started: nothing is admitted, so the queue fills
+        engine.submit(GenerationRequest(prompt_tokens=[65] * 4), lambda e: None)  # waits (1 of 1)
+        engine._running.append(object())  # the single slot is busy
+        with pytest.raises(EngineOverloaded):
+            engine.submit(GenerationRequest(prompt_tokens=[65] * 4), lambda e: None)
+        assert engine.counters["rejected"] == 1
+    finally:
+        engine._running.clear()
+        engine.stop()
+
+
+def test_cancelled_request_frees_its_slot(model, tmp_path):
+    engine = make_engine(model, tmp_path, slots=1)
+    try:
+        seen = []
+        request_id = engine.submit(GenerationRequest(prompt_tokens=TOK.encode(PROMPTS[0]), max_tokens=100),
+                                   seen.append)
+        engine.cancel(request_id)
+        text, done = run(engine, PROMPTS[1], max_tokens=5)
+        assert done["finish_reason"] == "length"
+        assert not any(e["type"] == "done" for e in seen)
+    finally:
+        engine.stop()
+
+
+def test_holdback_keeps_a_possible_stop_prefix():
+    assert _holdback("hello wor", ["world"]) == 3
+    assert _holdback("hello", ["xyz"]) == 0
+    assert _holdback("ab", ["b", "abc"]) == 2
+
+
+@pytest.mark.parametrize(("field", "value"), [("slots", 0), ("block_size", 0), ("device_cache_blocks", -1),
+                                              ("torch_threads", 0), ("nope", 1)])
+def test_engine_config_names_the_bad_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig.from_dict({field: value})
+
+
+def test_cache_lru_moves_leaves_down_first_and_drops_subtrees_off_the_last_tier(tmp_path):
+    cache = TieredPrefixCache(block_size=2, device_blocks=2, host_blocks=1, disk_blocks=1, disk_dir=tmp_path)
+    kv = [torch.full((1,), float(i)) for i in range(4)]
+    cache.insert([1, 2, 3, 4, 5, 6, 7, 8], kv)  # a chain of 4 blocks: the two deepest go down
+    assert (cache.blocks_in("device"), cache.blocks_in("host"), cache.blocks_in("disk")) == (2, 1, 1)
+    hit = cache.match([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert hit.num_blocks == 4 and [float(b) for b in hit.blocks] == [0.0, 1.0, 2.0, 3.0]
+    assert hit.found_in == {"device": 2, "host": 1, "disk": 1}
+    cache.insert([9, 9, 9, 9, 9, 9], [torch.zeros(1)] * 3)  # pushes the old chain's tail off the disk tier
+    assert cache.stats.dropped_blocks > 0
+    assert cache.match([1, 2, 3, 4, 5, 6, 7, 8]).num_blocks < 4
+    cache.close()
+
+
+def test_partial_blocks_are_never_cached_or_matched(tmp_path):
+    cache = TieredPrefixCache(block_size=4, device_blocks=8)
+    cache.insert([1, 2, 3], [torch.zeros(1)])
+    assert cache.blocks_in("device") == 0
+    cache.insert([1, 2, 3, 4, 5], [torch.zeros(1)])
+    assert cache.match([1, 2, 3, 4, 5, 6]).num_blocks == 1
+    assert cache.match([1, 2, 3]).num_blocks == 0
