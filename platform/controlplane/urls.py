@@ -18,5 +18,6 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("controlplane.api_urls")),
+    path("v1/", include("inference.gateway.urls")),
     path("", include("frontend.urls")),
 ]

@@ -312,24 +312,21 @@ class _FakeRun:
 
 
 def _echo_events(prompt: list[int], request: dict):
-    """The fake model: repeats the prompt's bytes (cycling), honouring max_tokens and stop strings."""
+    """The fake model: repeats the prompt's bytes (cycling) up to max_tokens; like the real engine, the output
+    ends before the first stop string, which is never streamed."""
     started = time.monotonic()
     source = [t for t in prompt if 0 <= t < 256] or [ord("?")]
-    stops = [s for s in request.get("stop") or [] if s]
-    text = ""
-    produced = 0
-    finish = "length"
-    for i in range(int(request.get("max_tokens", 16))):
-        token = source[i % len(source)]
-        piece = bytes([token]).decode("utf-8", errors="replace")
-        hit = next((s for s in stops if (text + piece).endswith(s)), None)
-        if hit is not None:
-            finish = "stop"
-            break
-        text += piece
-        produced += 1
-        yield {"type": "token", "token_id": token, "text": piece}
+    tokens = [source[i % len(source)] for i in range(int(request.get("max_tokens", 16)))]
+    text = bytes(tokens).decode("utf-8", errors="replace")
+    cuts = [text.find(s) for s in request.get("stop") or [] if s and s in text]
+    finish = "stop" if cuts else "length"
+    if cuts:
+        text = text[:min(cuts)]
+        tokens = list(text.encode("utf-8"))
+    for token in tokens:
+        yield {"type": "token", "token_id": token, "text": bytes([token]).decode("utf-8", errors="replace")}
     elapsed = time.monotonic() - started
+    produced = len(tokens)
     yield {"type": "done", "finish_reason": finish, "metrics": {
         "queue_s": 0.0, "ttft_s": elapsed / max(1, produced), "tpot_s": elapsed / max(1, produced) if produced > 1
         else None, "prompt_tokens": len(prompt), "cached_tokens": 0, "output_tokens": produced,

@@ -293,9 +293,12 @@ class RayComputeBackend:
         target = deployment.get("target_num_replicas") or config.get("num_replicas") or 0
         state = _SERVE_STATES.get(app.get("status", ""), "unhealthy")
         message = app.get("message") or deployment.get("message") or ""
+        names = self._node_names_by_id()
+        nodes = tuple(sorted({names.get(r.get("node_id"), r.get("node_id") or "") for r in replicas
+                              if r.get("state") == "RUNNING"}))
         return ServiceStatus(handle=handle, state=state, replicas_running=running, replicas_target=int(target or 0),
                              revision=int(user_config.get("revision", 0)) if state == "running" else 0,
-                             message=str(message)[:500])
+                             message=str(message)[:500], node_names=nodes)
 
     def delete_service(self, handle: str) -> None:
         serve = self._serve()

@@ -1,0 +1,16 @@
+"""OpenAI-compatible routes, mounted at /v1/ (no trailing slashes, as OpenAI clients call them)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from inference.gateway import views
+
+app_name = "gateway"
+
+urlpatterns = [
+    path("models", views.ModelsView.as_view(), name="models"),
+    path("models/<str:model>", views.ModelView.as_view(), name="model"),
+    path("completions", views.CompletionsView.as_view(), name="completions"),
+    path("chat/completions", views.ChatCompletionsView.as_view(), name="chat-completions"),
+]

@@ -1,0 +1,168 @@
+"""Inference services on a real local Ray cluster through RayComputeBackend: deploy, call, stream, rolling
+update without dropped requests, scale, prefix-aware routing, overload and delete.
+
+Replicas run the built-in LM (random weights, a tiny shape) on the cpu pool; this file sorts before
+test_training_on_ray.py, which kills a node.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import pytest
+
+from controlplane.compute.base import ServiceOverloaded, ServiceRequestInvalid, ServiceSpec, ServiceUnavailable
+
+pytestmark = [pytest.mark.ray]
+
+SHAPE = {"context": 256, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64}
+HANDLE = "fy-serve-itest"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    import torch
+
+    from jobs.runtime.lm import LMConfig, build_model
+
+    directory = tmp_path_factory.mktemp("model")
+    config = LMConfig.from_dict(SHAPE)
+    buffer = io.BytesIO()
+    torch.save(build_model(config, seed=5).state_dict(), buffer)
+    (directory / "model.pt").write_bytes(buffer.getvalue())
+    (directory / "config.json").write_text(json.dumps({"format": 1, "model": config.to_dict(),
+                                                       "hyperparameters": {}, "step": 0}))
+    return directory
+
+
+def spec(model_dir, **changes) -> ServiceSpec:
+    values = dict(handle=HANDLE, deployment_id=1, revision=1, model_dir=str(model_dir), accelerator_type="cpu",
+                  pool="cpu-pool", devices_per_replica=0.0, replicas_min=1, replicas_max=1,
+                  target_ongoing_requests=2.0, max_ongoing_requests=6, max_queued_requests=64, cpus_per_replica=0.1,
+                  engine={"slots": 2, "block_size": 8, "max_waiting": 4}, router="prefix")
+    values.update(changes)
+    return ServiceSpec(**values)
+
+
+def wait_status(backend, predicate, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        status = backend.observe_service(HANDLE)
+        if predicate(status):
+            return status
+        time.sleep(0.5)
+    raise AssertionError(f"timed out; last status {status}")
+
+
+def complete(backend, prompt: bytes, max_tokens=6, **extra) -> list[dict]:
+    return list(backend.stream_completion(HANDLE, {"prompt_tokens": list(prompt), "max_tokens": max_tokens, **extra},
+                                          timeout_s=60))
+
+
+@pytest.fixture(scope="module")
+def service(ray_backend, model_dir):
+    ray_backend.deploy_service(spec(model_dir))
+    wait_status(ray_backend, lambda s: s.state == "running" and s.replicas_running == 1)
+    yield ray_backend
+    ray_backend.delete_service(HANDLE)
+    wait_status(ray_backend, lambda s: s.state == "not_found", timeout=60)
+
+
+def test_deployed_service_runs_on_the_chosen_pool_and_streams_tokens(service):
+    status = service.observe_service(HANDLE)
+    assert status.revision == 1 and status.node_names == ("cpu-pool-0",)
+    assert HANDLE in service.list_service_handles()
+    events = complete(service, b"Once upon a time", max_tokens=5)
+    assert [e["type"] for e in events] == ["token"] * 5 + ["done"]
+    done = events[-1]
+    assert done["finish_reason"] == "length" and done["metrics"]["output_tokens"] == 5
+    assert done["metrics"]["ttft_s"] > 0 and done["metrics"]["revision"] == 1
+
+
+def test_output_equals_the_reference_generator(service, model_dir):
+    from jobs.runtime.lm import ByteTokenizer, generate, load_model_for_inference
+
+    files = {name: (model_dir / name).read_bytes() for name in ("model.pt", "config.json")}
+    model, tokenizer, _ = load_model_for_inference(files)
+    prompt = "The little robot said"
+    text = "".join(e["text"] for e in complete(service, prompt.encode(), max_tokens=12) if e["type"] == "token")
+    assert text == generate(model, ByteTokenizer(), prompt, max_new_tokens=12)
+
+
+def test_invalid_and_oversized_requests_are_refused_before_any_token(service):
+    with pytest.raises(ServiceRequestInvalid, match="at most"):
+        complete(service, b"x" * 500)
+    with pytest.raises(ServiceUnavailable):
+        list(service.stream_completion("fy-serve-nothing-here", {"prompt_tokens": [65], "max_tokens": 1},
+                                       timeout_s=10))
+
+
+def test_scale_out_then_prefix_aware_routing_keeps_a_conversation_on_one_replica(service, model_dir):
+    service.deploy_service(spec(model_dir, replicas_min=2, replicas_max=2))
+    status = wait_status(service, lambda s: s.state == "running" and s.replicas_running == 2)
+    assert status.replicas_target == 2
+    turns = [b"system: be brief. user: hello there, robot"]
+    for _ in range(5):
+        turns.append(turns[-1] + b" assistant: hi. user: and then?")
+    replicas = {complete(service, t, max_tokens=2)[-1]["metrics"]["replica"] for t in turns}
+    assert len(replicas) == 1, "every turn extends the last one: they should all go to the replica holding it"
+    cached = complete(service, turns[-1] + b" more", max_tokens=2)[-1]["metrics"]["cached_tokens"]
+    assert cached >= len(turns[-1]) // 8 * 8 - 8
+
+
+def test_rolling_update_drops_no_request(service, model_dir):
+    errors: list[str] = []
+    revisions: list[int] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            try:
+                revisions.append(complete(service, b"keep serving during the update", max_tokens=3)[-1]
+                                 ["metrics"]["revision"])
+            except Exception as exc:  # any failure is a dropped request
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=traffic) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        service.deploy_service(spec(model_dir, revision=2, replicas_min=2, replicas_max=2))
+        wait_status(service, lambda s: s.state == "running" and s.revision == 2 and s.replicas_running == 2,
+                    timeout=120)
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert errors == []
+    assert revisions[0] == 1 and revisions[-1] == 2 and len(revisions) > 10
+
+
+def test_overload_is_refused_with_429_semantics_not_a_hang(service, model_dir):
+    service.deploy_service(spec(model_dir, revision=3, max_ongoing_requests=1, max_queued_requests=1,
+                                engine={"slots": 1, "block_size": 8, "max_waiting": 0}))
+    wait_status(service, lambda s: s.state == "running" and s.revision == 3, timeout=120)
+    outcomes: list[str] = []
+
+    def call() -> None:
+        try:
+            complete(service, b"a long answer please", max_tokens=60)
+            outcomes.append("ok")
+        except ServiceOverloaded as exc:
+            assert exc.retry_after_s and exc.retry_after_s > 0
+            outcomes.append("overloaded")
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert "overloaded" in outcomes and "ok" in outcomes and len(outcomes) == 8
+    assert time.monotonic() - started < 60
