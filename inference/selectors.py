@@ -1,13 +1,131 @@
-"""Reads about deployments."""
+"""Reads about deployments: lists, free serving capacity, the measured window and the metrics view."""
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+import math
+from collections import Counter, defaultdict
+from datetime import timedelta
 
-from inference.models import Deployment
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from controlplane.cluster.models import Node, NodeHealth
+from inference.autoscaling import ObservedWindow, percentile
+from inference.models import Deployment, InferenceRequest
+
+# Longest window the metrics endpoint reads (and the longest per-minute series it draws).
+MAX_WINDOW_S = 24 * 3600
+SERIES_MAX_MINUTES = 60
 
 
 def deployment_list(*, team_ids: list[int]) -> QuerySet[Deployment]:
     return Deployment.objects.filter(team_id__in=team_ids).select_related(
         "team", "local_queue", "priority_class", "source_job"
     )
+
+
+# ------------------------------------------------------------------------------------------ capacity
+
+def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_per_replica: float) -> dict[str, int]:
+    """How many replicas fit now on the live, uncordoned nodes of each pool of the type: {pool: replicas}.
+
+    A replica sits on one node; a CPU replica needs only CPUs, an accelerator replica its devices (and a
+    little CPU for the server process)."""
+    fits: dict[str, int] = defaultdict(int)
+    nodes = Node.objects.filter(pool__accelerator_type__slug=accelerator_type, health=NodeHealth.HEALTHY,
+                                cordoned=False).select_related("pool").order_by("pool__name", "name")
+    for node in nodes:
+        by_cpu = math.floor(node.free_cpus / cpus_per_replica + 1e-9) if cpus_per_replica > 0 else 10**6
+        if accelerator_type == "cpu" or devices_per_replica <= 0:
+            count = by_cpu
+        else:
+            count = min(by_cpu, math.floor(node.free_devices / devices_per_replica + 1e-9))
+        fits[node.pool.name] += max(0, count)
+    return dict(fits)
+
+
+# ------------------------------------------------------------------------------------------ measurements
+
+def _window_rows(deployment: Deployment, window_s: float, now):
+    since = now - timedelta(seconds=window_s)
+    return InferenceRequest.objects.filter(deployment=deployment, created_at__gte=since, created_at__lte=now)
+
+
+def observed_window(*, deployment: Deployment, window_s: float, replicas_running: int = 0,
+                    now=None) -> ObservedWindow:
+    """The requests of the last `window_s` seconds, as the autoscaling core reads them."""
+    now = now or timezone.now()
+    rows = list(_window_rows(deployment, window_s, now).values_list("status_code", "ttft_ms", "tpot_ms",
+                                                                    "output_tokens", "prompt_tokens",
+                                                                    "cached_tokens"))
+    ok = [row for row in rows if 200 <= row[0] < 300]
+    prompt = sum(r[4] for r in ok)
+    return ObservedWindow(
+        at=now.timestamp(), window_s=float(window_s), requests=len(rows),
+        ttft_p95_ms=_round(percentile([r[1] for r in ok if r[1] is not None], 95)),
+        tpot_p95_ms=_round(percentile([r[2] for r in ok if r[2] is not None], 95)),
+        errors=sum(1 for r in rows if r[0] >= 500), overloaded=sum(1 for r in rows if r[0] == 429),
+        replicas_running=replicas_running,
+        output_tokens_per_s=round(sum(r[3] for r in ok) / window_s, 3) if window_s else None,
+        cache_hit_rate=round(sum(r[5] for r in ok) / prompt, 4) if prompt else None,
+    )
+
+
+def deployment_metrics(*, deployment: Deployment, window_s: int, now=None) -> dict:
+    """What the requests of the last `window_s` seconds measured, and a per-minute series for the console."""
+    now = now or timezone.now()
+    window_s = max(1, min(int(window_s), MAX_WINDOW_S))
+    rows = list(_window_rows(deployment, window_s, now).values_list(
+        "created_at", "status_code", "ttft_ms", "tpot_ms", "queue_ms", "prompt_tokens", "cached_tokens",
+        "output_tokens"))
+    ok = [row for row in rows if 200 <= row[1] < 300]
+    statuses = Counter(str(row[1]) for row in rows)
+    prompt = sum(row[5] for row in ok)
+    cached = sum(row[6] for row in ok)
+    output = sum(row[7] for row in ok)
+    return {
+        "window_s": window_s,
+        "at": now,
+        "requests": len(rows),
+        "succeeded": len(ok),
+        "errors": {code: count for code, count in sorted(statuses.items()) if not code.startswith("2")},
+        "ttft_ms": {"p50": _pct(ok, 2, 50), "p95": _pct(ok, 2, 95), "p99": _pct(ok, 2, 99)},
+        "tpot_ms": {"p50": _pct(ok, 3, 50), "p95": _pct(ok, 3, 95)},
+        "queue_ms": {"p95": _pct(ok, 4, 95)},
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "output_tokens": output,
+        "output_tokens_per_s": round(output / window_s, 3),
+        "cache_hit_rate": round(cached / prompt, 4) if prompt else None,
+        "replicas": {"ready": deployment.replicas_ready, "target": deployment.replicas_target,
+                     "min": deployment.replicas_min, "max": deployment.replicas_max},
+        "sla": {"ttft_p95_ms": deployment.sla_ttft_p95_ms, "tpot_p95_ms": deployment.sla_tpot_p95_ms,
+                "min_throughput_tps": deployment.sla_min_throughput_tps},
+        "series": _per_minute(rows, now, window_s),
+    }
+
+
+def _per_minute(rows, now, window_s: int) -> list[dict]:
+    minutes = min(SERIES_MAX_MINUTES, max(1, math.ceil(window_s / 60)))
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
+    buckets: dict[int, list] = defaultdict(list)
+    for row in rows:
+        index = int((row[0] - start).total_seconds() // 60)
+        if 0 <= index < minutes:
+            buckets[index].append(row)
+    series = []
+    for index in range(minutes):
+        bucket = buckets.get(index, [])
+        ok = [row for row in bucket if 200 <= row[1] < 300]
+        series.append({"minute": start + timedelta(minutes=index), "requests": len(bucket),
+                       "errors": len(bucket) - len(ok), "ttft_p95_ms": _pct(ok, 2, 95),
+                       "tpot_p95_ms": _pct(ok, 3, 95), "output_tokens": sum(row[7] for row in ok)})
+    return series
+
+
+def _pct(rows, column: int, q: float) -> float | None:
+    return _round(percentile([row[column] for row in rows if row[column] is not None], q))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,4 +1,9 @@
-"""Writes about deployments: create (with its first revision), delete, and workflow transitions."""
+"""Writes about deployments: create (with its first revision), update, scale, delete, and workflow transitions.
+
+Every change of the spec bumps the deployment's `revision` and writes a DeploymentRevision holding the
+whole new spec and why; the rolling update itself is the workflow's (inference/workflows.py), enqueued
+after the commit.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,21 @@ from django.db import transaction
 
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
+from controlplane.compute.base import ROUTERS
 from controlplane.quotas.models import LocalQueue, PriorityClass
 from controlplane.quotas.selectors import check_workload_request
 from controlplane.tenancy.models import Team
 from controlplane.tenancy.services import audit_record
 from inference.models import Deployment, DeploymentEvent, DeploymentRevision
+from inference.runtime.engine_config import EngineConfig
 from inference.states import DeploymentState
 from jobs.models import TrainingJob
 
 SPEC_FIELDS = ("model_uri", "accelerator_types", "devices_per_replica", "replicas_min", "replicas_max",
-               "sla_ttft_p95_ms", "sla_tpot_p95_ms", "sla_min_throughput_tps")
+               "sla_ttft_p95_ms", "sla_tpot_p95_ms", "sla_min_throughput_tps", "engine", "router")
+# What deployment_update may change (source_job is a TrainingJob or None).
+UPDATABLE_FIELDS = (*SPEC_FIELDS, "source_job")
+S = DeploymentState
 
 
 def deployment_spec(deployment: Deployment) -> dict:
@@ -26,13 +36,56 @@ def deployment_spec(deployment: Deployment) -> dict:
     return spec
 
 
+def validate_engine(engine: dict | None) -> dict:
+    """The engine settings as stored (only the keys given); a bad one is a 400 naming `engine.<name>`."""
+    if engine is None:
+        return {}
+    if not isinstance(engine, dict):
+        raise ValidationFailed("must be an object of engine settings", field="engine")
+    try:
+        EngineConfig.from_dict(engine)
+    except (TypeError, ValueError) as exc:  # the message starts with the setting's name
+        message = str(exc)
+        name = message.split(":", 1)[0].strip()
+        if name not in EngineConfig.__dataclass_fields__:
+            name = next((key for key in engine if key not in EngineConfig.__dataclass_fields__), "")
+        raise ValidationFailed(message, field=f"engine.{name}" if name else "engine") from None
+    return dict(engine)
+
+
+def validate_router(router: str) -> str:
+    if router not in ROUTERS:
+        raise ValidationFailed(f"{router!r} is not a router (choose {', '.join(ROUTERS)})", field="router")
+    return router
+
+
+def validate_model_uri(model_uri: str) -> str:
+    """An absolute path or a file:// URI of a directory holding config.json + model.pt (checked at deploy)."""
+    from inference.workflows import model_uri_path
+
+    if model_uri and model_uri_path(model_uri) is None:
+        raise ValidationFailed("must be an absolute path or a file:// URI of a model directory (config.json + "
+                               "model.pt)", field="model_uri")
+    return model_uri
+
+
+def _validate_replicas(replicas_min: int, replicas_max: int) -> None:
+    if replicas_min < 0:
+        raise ValidationFailed("must be at least 0", field="replicas_min")
+    if replicas_max < replicas_min:
+        raise ValidationFailed(f"must be at least replicas_min ({replicas_min})", field="replicas_max")
+    if replicas_max < 1:
+        raise ValidationFailed("must be at least 1", field="replicas_max")
+
+
 @transaction.atomic
 def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, accelerator_types: list[str],
                       sla_ttft_p95_ms: int, sla_tpot_p95_ms: int, model_uri: str = "",
                       source_job: TrainingJob | None = None, devices_per_replica: float = 1.0,
                       replicas_min: int = 1, replicas_max: int | None = None,
                       sla_min_throughput_tps: float | None = None,
-                      priority_class: PriorityClass | None = None) -> Deployment:
+                      priority_class: PriorityClass | None = None, engine: dict | None = None,
+                      router: str = "prefix") -> Deployment:
     if local_queue.team_id != team.pk:
         raise ValidationFailed(f"queue {local_queue.name} does not belong to team {team.name}",
                                field="local_queue")
@@ -40,15 +93,15 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         raise ValidationFailed("training job not found in this team", field="source_job")
     if not model_uri and source_job is None:
         raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
+    validate_model_uri(model_uri)
+    engine = validate_engine(engine)
+    router = validate_router(router)
     if Deployment.objects.filter(team=team, name=name).exclude(
         state__in=[DeploymentState.DELETED, DeploymentState.FAILED]
     ).exists():
         raise ValidationFailed(f"team {team.name} already has a live deployment named {name!r}", field="name")
     replicas_max = replicas_min if replicas_max is None else replicas_max
-    if replicas_max < replicas_min:
-        raise ValidationFailed(f"must be at least replicas_min ({replicas_min})", field="replicas_max")
-    if replicas_max < 1:
-        raise ValidationFailed("must be at least 1", field="replicas_max")
+    _validate_replicas(replicas_min, replicas_max)
     if sla_ttft_p95_ms < 1 or sla_tpot_p95_ms < 1:
         raise ValidationFailed("SLA targets must be positive milliseconds",
                                field="sla_ttft_p95_ms" if sla_ttft_p95_ms < 1 else "sla_tpot_p95_ms")
@@ -58,8 +111,8 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         model_uri=model_uri, accelerator_types=list(accelerator_types),
         devices_per_replica=devices_per_replica, replicas_min=replicas_min, replicas_max=replicas_max,
         sla_ttft_p95_ms=sla_ttft_p95_ms, sla_tpot_p95_ms=sla_tpot_p95_ms,
-        sla_min_throughput_tps=sla_min_throughput_tps, created_by=actor, state=DeploymentState.PENDING,
-        state_reason="waiting for the serving workflow (not yet available in this release)",
+        sla_min_throughput_tps=sla_min_throughput_tps, engine=engine, router=router, created_by=actor,
+        state=DeploymentState.PENDING, state_reason="waiting to be placed and deployed",
     )
     deployment.full_clean()
     deployment.save()
@@ -69,7 +122,102 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
                  reason="created", actor=actor)
     audit_record(actor=actor, team=team, action="deployment.create", target=deployment,
                  data={"name": name, **deployment_spec(deployment)})
+    from inference.tasks import deploy_deployment
+
+    transaction.on_commit(lambda: deploy_deployment.delay(deployment.pk))
     return deployment
+
+
+@transaction.atomic
+def deployment_update(*, actor, deployment: Deployment, changes: dict, reason: str = "") -> Deployment:
+    """Change the spec: a new revision, rolled out by the workflow (SERVING/DEGRADED -> UPDATING).
+
+    `changes` holds any of UPDATABLE_FIELDS; a change that changes nothing is a 400."""
+    deployment = Deployment.objects.select_for_update().select_related("local_queue", "priority_class").get(
+        pk=deployment.pk)
+    if deployment.is_terminal:
+        raise ConflictError(f"deployment {deployment.name} is {deployment.state}; it cannot change any more",
+                            field="state")
+    unknown = sorted(set(changes) - set(UPDATABLE_FIELDS))
+    if unknown:
+        raise ValidationFailed(f"cannot be changed (changeable: {', '.join(UPDATABLE_FIELDS)})", field=unknown[0])
+    values = _validated_changes(deployment, changes)
+    changed = {name: value for name, value in values.items() if _differs(deployment, name, value)}
+    if not changed:
+        raise ValidationFailed(f"nothing to change: {', '.join(sorted(changes)) or 'no fields'} already "
+                               f"as given", field=next(iter(sorted(changes)), None))
+    before = {name: _current(deployment, name) for name in changed}
+    for name, value in changed.items():
+        setattr(deployment, name, value)
+    if "source_job" in changed and changed["source_job"] is not None and "model_uri" not in changed:
+        deployment.model_uri = ""  # a job's checkpoint replaces the uploaded model
+    if "model_uri" in changed and changed["model_uri"] and "source_job" not in changed:
+        deployment.source_job = None
+    if not deployment.model_uri and deployment.source_job_id is None:
+        raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
+    deployment.revision += 1
+    deployment.full_clean()
+    deployment.save()
+    why = reason or f"changed {', '.join(sorted(changed))}"
+    DeploymentRevision.objects.create(deployment=deployment, number=deployment.revision,
+                                      spec=deployment_spec(deployment), reason=why[:200], created_by=actor)
+    data = {"revision": deployment.revision, "changed": {name: {"from": before[name], "to": _current(deployment, name)}
+                                                         for name in changed}}
+    if deployment.state in (S.SERVING, S.DEGRADED):
+        deployment = transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent,
+                                to=S.UPDATING, reason=f"rolling update to revision {deployment.revision}: {why}",
+                                actor=actor, data=data)
+    else:
+        record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
+                     to_state=deployment.state, reason=f"revision {deployment.revision}: {why}", actor=actor,
+                     data=data)
+    audit_record(actor=actor, team=deployment.team_id, action="deployment.update", target=deployment, data=data)
+    from inference.tasks import apply_deployment_revision
+
+    transaction.on_commit(lambda: apply_deployment_revision.delay(deployment.pk))
+    return deployment
+
+
+def deployment_scale(*, actor, deployment: Deployment, replicas_min: int, replicas_max: int) -> Deployment:
+    """New replica bounds: a revision like any other change of the spec."""
+    return deployment_update(actor=actor, deployment=deployment,
+                             changes={"replicas_min": replicas_min, "replicas_max": replicas_max},
+                             reason=f"scaled to {replicas_min}-{replicas_max} replica(s)")
+
+
+def _validated_changes(deployment: Deployment, changes: dict) -> dict:
+    values = dict(changes)
+    if "source_job" in values:
+        job = values["source_job"]
+        if job is not None and (not isinstance(job, TrainingJob) or job.team_id != deployment.team_id):
+            raise ValidationFailed("training job not found in this team", field="source_job")
+    if "model_uri" in values:
+        values["model_uri"] = validate_model_uri(values["model_uri"] or "")
+    if "engine" in values:
+        values["engine"] = validate_engine(values["engine"])
+    if "router" in values:
+        values["router"] = validate_router(values["router"])
+    if "accelerator_types" in values:
+        values["accelerator_types"] = list(values["accelerator_types"] or [])
+        check_workload_request(local_queue=deployment.local_queue, accelerator_types=values["accelerator_types"])
+    if "devices_per_replica" in values and not values["devices_per_replica"] > 0:
+        raise ValidationFailed("must be more than 0", field="devices_per_replica")
+    _validate_replicas(values.get("replicas_min", deployment.replicas_min),
+                       values.get("replicas_max", deployment.replicas_max))
+    for name in ("sla_ttft_p95_ms", "sla_tpot_p95_ms"):
+        if name in values and values[name] < 1:
+            raise ValidationFailed("SLA targets must be positive milliseconds", field=name)
+    return values
+
+
+def _current(deployment: Deployment, name: str):
+    return deployment.source_job_id if name == "source_job" else getattr(deployment, name)
+
+
+def _differs(deployment: Deployment, name: str, value) -> bool:
+    if name == "engine":  # {} and {"slots": 4} are the same settings
+        return EngineConfig.from_dict(deployment.engine).to_dict() != EngineConfig.from_dict(value).to_dict()
+    return _current(deployment, name) != (value.pk if isinstance(value, TrainingJob) else value)
 
 
 @transaction.atomic

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
+from controlplane.compute.base import ROUTERS
 from inference.models import Deployment, DeploymentEvent, DeploymentRevision
 from inference.states import DeploymentState
 
@@ -28,6 +29,100 @@ class DeploymentCreateSerializer(StrictInputSerializer):
     replicas_max = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True,
                                             default=None)
     sla = SlaSerializer()
+    engine = serializers.DictField(required=False, default=dict,
+                                   help_text="LLM server settings: slots, block_size, device/host/disk_cache_blocks, "
+                                             "max_prompt_tokens, max_waiting, torch_threads")
+    router = serializers.ChoiceField(choices=list(ROUTERS), default="prefix")
+
+
+class SlaUpdateSerializer(StrictInputSerializer):
+    ttft_p95_ms = serializers.IntegerField(min_value=1, max_value=3_600_000, required=False)
+    tpot_p95_ms = serializers.IntegerField(min_value=1, max_value=600_000, required=False)
+    min_throughput_tps = serializers.FloatField(min_value=0, required=False, allow_null=True)
+
+
+class DeploymentUpdateSerializer(StrictInputSerializer):
+    """A partial change of the spec (PATCH): each field given becomes part of a new revision."""
+
+    model_uri = serializers.CharField(max_length=1000, required=False, allow_blank=True)
+    source_job = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    accelerator_types = serializers.ListField(child=serializers.SlugField(), min_length=1, max_length=16,
+                                              required=False)
+    devices_per_replica = serializers.FloatField(min_value=0.01, max_value=64, required=False)
+    replicas_min = serializers.IntegerField(min_value=0, max_value=1024, required=False)
+    replicas_max = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    sla = SlaUpdateSerializer(required=False)
+    engine = serializers.DictField(required=False)
+    router = serializers.ChoiceField(choices=list(ROUTERS), required=False)
+
+
+class DeploymentScaleSerializer(StrictInputSerializer):
+    replicas_min = serializers.IntegerField(min_value=0, max_value=1024)
+    replicas_max = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True,
+                                            default=None, help_text="defaults to replicas_min")
+
+
+class MetricsQuerySerializer(StrictInputSerializer):
+    window = serializers.IntegerField(min_value=1, max_value=86_400, default=60,
+                                      help_text="seconds of requests to measure, ending now")
+
+
+class _Percentiles3(serializers.Serializer):
+    p50 = serializers.FloatField(allow_null=True)
+    p95 = serializers.FloatField(allow_null=True)
+    p99 = serializers.FloatField(allow_null=True)
+
+
+class _Percentiles2(serializers.Serializer):
+    p50 = serializers.FloatField(allow_null=True)
+    p95 = serializers.FloatField(allow_null=True)
+
+
+class _P95(serializers.Serializer):
+    p95 = serializers.FloatField(allow_null=True)
+
+
+class _Replicas(serializers.Serializer):
+    ready = serializers.IntegerField()
+    target = serializers.IntegerField()
+    min = serializers.IntegerField()
+    max = serializers.IntegerField()
+
+
+class _MetricsSla(serializers.Serializer):
+    ttft_p95_ms = serializers.IntegerField()
+    tpot_p95_ms = serializers.IntegerField()
+    min_throughput_tps = serializers.FloatField(allow_null=True)
+
+
+class _MinutePoint(serializers.Serializer):
+    minute = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()
+    ttft_p95_ms = serializers.FloatField(allow_null=True)
+    tpot_p95_ms = serializers.FloatField(allow_null=True)
+    output_tokens = serializers.IntegerField()
+
+
+class DeploymentMetricsSerializer(serializers.Serializer):
+    """What the gateway's request log measured over the window (milliseconds, tokens)."""
+
+    window_s = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    errors = serializers.DictField(child=serializers.IntegerField(), help_text="HTTP status -> count (non-2xx)")
+    ttft_ms = _Percentiles3()
+    tpot_ms = _Percentiles2()
+    queue_ms = _P95()
+    prompt_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    output_tokens_per_s = serializers.FloatField()
+    cache_hit_rate = serializers.FloatField(allow_null=True, help_text="cached_tokens / prompt_tokens")
+    replicas = _Replicas()
+    sla = _MetricsSla()
+    series = _MinutePoint(many=True, help_text="per minute, oldest first")
 
 
 class DeploymentSpecSerializer(serializers.ModelSerializer):
@@ -37,8 +132,8 @@ class DeploymentSpecSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ["queue", "priority", "model_uri", "source_job", "accelerator_types", "devices_per_replica",
-                  "replicas_min", "replicas_max", "sla"]
+        fields = ["revision", "queue", "priority", "model_uri", "source_job", "accelerator_types",
+                  "devices_per_replica", "replicas_min", "replicas_max", "sla", "engine", "router"]
 
     def get_sla(self, obj) -> dict:
         return {"ttft_p95_ms": obj.sla_ttft_p95_ms, "tpot_p95_ms": obj.sla_tpot_p95_ms,
@@ -52,7 +147,9 @@ class DeploymentStatusSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ["state", "reason", "changed_at", "replicas_ready", "compute_handle", "finished_at"]
+        fields = ["state", "reason", "changed_at", "replicas_ready", "replicas_target", "applied_revision",
+                  "accelerator_type", "pool", "model_dir", "compute_handle", "autoscaling", "observed",
+                  "finished_at"]
 
 
 class DeploymentSerializer(serializers.ModelSerializer):

@@ -1,9 +1,10 @@
-"""REST endpoints for deployments: create, list, get, delete, revisions and the event timeline."""
+"""REST endpoints for deployments: create, list, get, update (PATCH), scale, delete, metrics, revisions and
+the event timeline."""
 
 from __future__ import annotations
 
 import django_filters
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -63,6 +64,53 @@ class DeploymentViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         )
         return Response(s.DeploymentSerializer(self.get_queryset().get(pk=deployment.pk)).data,
                         status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.DeploymentUpdateSerializer, responses=s.DeploymentSerializer)
+    def partial_update(self, request, pk=None):
+        """Change the spec: a new revision, rolled out without downtime (SERVING -> UPDATING -> SERVING)."""
+        deployment = self.get_object()
+        self.require_role(deployment.team_id, Role.MEMBER)
+        data = s.DeploymentUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        changes = dict(data.validated_data)
+        for key, value in (changes.pop("sla", None) or {}).items():
+            changes[f"sla_{key}"] = value
+        if changes.get("source_job"):
+            job = TrainingJob.objects.filter(pk=changes["source_job"], team_id=deployment.team_id).first()
+            if job is None:
+                raise ValidationFailed(f"training job {changes['source_job']} not found in team "
+                                       f"{deployment.team.name}", field="source_job")
+            changes["source_job"] = job
+        if not changes:
+            raise ValidationFailed("give at least one field to change")
+        services.deployment_update(actor=request.user, deployment=deployment, changes=changes)
+        return Response(s.DeploymentSerializer(self.get_queryset().get(pk=deployment.pk)).data)
+
+    @extend_schema(request=s.DeploymentScaleSerializer, responses=s.DeploymentSerializer)
+    @action(detail=True, methods=["post"])
+    def scale(self, request, pk=None):
+        """New replica bounds (a revision); Serve autoscales between them to hold the SLA."""
+        deployment = self.get_object()
+        self.require_role(deployment.team_id, Role.MEMBER)
+        data = s.DeploymentScaleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        replicas_min = data.validated_data["replicas_min"]
+        replicas_max = data.validated_data.get("replicas_max")
+        services.deployment_scale(actor=request.user, deployment=deployment, replicas_min=replicas_min,
+                                  replicas_max=replicas_min if replicas_max is None else replicas_max)
+        return Response(s.DeploymentSerializer(self.get_queryset().get(pk=deployment.pk)).data)
+
+    @extend_schema(parameters=[OpenApiParameter("window", type=int, required=False,
+                                                description="seconds of requests to measure (default 60)")],
+                   responses=s.DeploymentMetricsSerializer)
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        """TTFT/TPOT/queue percentiles, errors by status, throughput and cache hit rate over the window."""
+        deployment = self.get_object()
+        query = s.MetricsQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        metrics = selectors.deployment_metrics(deployment=deployment, window_s=query.validated_data["window"])
+        return Response(s.DeploymentMetricsSerializer(metrics).data)
 
     def destroy(self, request, pk=None):
         deployment = self.get_object()

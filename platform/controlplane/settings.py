@@ -274,6 +274,9 @@ CELERY_TIMEZONE = "UTC"
 FLEETYARD_NODE_SYNC_SECONDS = env_int("FLEETYARD_NODE_SYNC_SECONDS", 10)
 FLEETYARD_SCHEDULING_SECONDS = env_int("FLEETYARD_SCHEDULING_SECONDS", 5)
 FLEETYARD_TRAINING_SYNC_SECONDS = env_float("FLEETYARD_TRAINING_SYNC_SECONDS", 2.0)
+# Serving: how often services are observed and autoscaled, and the request window the SLA is measured over.
+FLEETYARD_SERVING_SYNC_SECONDS = env_float("FLEETYARD_SERVING_SYNC_SECONDS", 5.0)
+FLEETYARD_SERVING_WINDOW_SECONDS = env_int("FLEETYARD_SERVING_WINDOW_SECONDS", 60)
 # Overrides of jobs.runtime.faults.DetectionPolicy (hang_factor, hang_floor_s, heartbeat_timeout_s ...).
 FLEETYARD_FAULT_DETECTION: dict = {}
 
@@ -299,4 +302,5 @@ CELERY_BEAT_SCHEDULE = {
     "sync-nodes": {"task": "cluster.sync_nodes", "schedule": float(FLEETYARD_NODE_SYNC_SECONDS)},
     "scheduling-cycle": {"task": "jobs.run_scheduling_cycle", "schedule": float(FLEETYARD_SCHEDULING_SECONDS)},
     "sync-training-jobs": {"task": "jobs.sync_training_jobs", "schedule": FLEETYARD_TRAINING_SYNC_SECONDS},
+    "sync-deployments": {"task": "inference.sync_deployments", "schedule": FLEETYARD_SERVING_SYNC_SECONDS},
 }

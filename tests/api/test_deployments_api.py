@@ -19,7 +19,9 @@ def test_create_records_spec_revision_and_timeline(api):
     body = response.json()
     assert body["spec"]["sla"] == {"ttft_p95_ms": 500, "tpot_p95_ms": 50, "min_throughput_tps": None}
     assert body["spec"]["devices_per_replica"] == 0.5
-    assert body["status"]["state"] == "PENDING"
+    assert body["status"]["state"] == "PENDING"  # the deploy task runs after the commit
+    assert body["status"]["reason"] == "waiting to be placed and deployed"
+    assert body["spec"]["revision"] == 1 and body["spec"]["router"] == "prefix" and body["spec"]["engine"] == {}
     revisions = client.get(f"/api/v1/deployments/{body['id']}/revisions/").json()["results"]
     assert [r["number"] for r in revisions] == [1] and revisions[0]["spec"]["replicas_max"] == 3
     events = client.get(f"/api/v1/deployments/{body['id']}/events/").json()["results"]

@@ -1,0 +1,402 @@
+"""The serving workflow of a deployment: deploy, apply a revision (rolling update), sync, repair drift.
+
+Called by the Celery tasks in inference/tasks.py (and by tests directly). The deployment row is the
+desired state (its spec and `revision`) and the record of the observed one (replicas, the revision the
+backend runs, the measured window, the autoscaling settings in force); the service itself lives in the
+compute backend (a Ray Serve application named `fy-serve-<id>`). Every function is idempotent and safe
+to run twice or after a crash:
+
+- `deployment_deploy`: PENDING -> DEPLOYING: place it (the first accepted accelerator type whose live,
+  uncordoned nodes have room for `replicas_min` replicas), resolve the model directory, and deploy.
+  Without room it stays PENDING with the reason (the sync retries); without a model it FAILS.
+- `deployment_apply_revision`: a rolling update to the spec's revision (SERVING/DEGRADED were moved to
+  UPDATING by the service that bumped the revision).
+- `deployment_sync`: observe the service; DEPLOYING/UPDATING -> SERVING once it runs the current revision
+  with enough replicas; SERVING <-> DEGRADED on an SLA breach (measured from the request log) or missing
+  replicas; steer the Serve autoscaling target (inference/autoscaling.py); redeploy a service that vanished.
+- `reconcile_orphan_services`: delete services no live deployment owns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.common.lifecycle import record_event, transition
+from controlplane.compute.base import ServiceSpec, ServiceStatus
+from inference import selectors
+from inference.autoscaling import AutoscalingDecision, Sla, adjust_autoscaling, initial_autoscaling
+from inference.models import Deployment, DeploymentEvent
+from inference.runtime.engine_config import EngineConfig
+from inference.states import DeploymentState
+from jobs.runtime.checkpoints import latest_checkpoint
+from jobs.runtime.lm_config import CONFIG_FILE, MODEL_FILE
+from jobs.workflows import checkpoint_dir
+
+log = logging.getLogger(__name__)
+
+SERVICE_PREFIX = "fy-serve-"
+CPUS_PER_REPLICA = 0.25
+S = DeploymentState
+# States whose service exists (or should) in the backend.
+LIVE_STATES = (S.DEPLOYING, S.SERVING, S.UPDATING, S.DEGRADED)
+SYSTEM = "serving"
+# A revision the backend still does not run after this long is applied again by the sync (a lost task).
+APPLY_GRACE = timedelta(seconds=60)
+
+
+class ModelNotFound(Exception):
+    """The deployment names no servable model directory."""
+
+
+def service_handle(deployment: Deployment) -> str:
+    return f"{SERVICE_PREFIX}{deployment.pk}"
+
+
+def window_seconds() -> int:
+    return int(getattr(settings, "FLEETYARD_SERVING_WINDOW_SECONDS", 60))
+
+
+def sla_of(deployment: Deployment) -> Sla:
+    return Sla(ttft_p95_ms=deployment.sla_ttft_p95_ms, tpot_p95_ms=deployment.sla_tpot_p95_ms,
+               min_throughput_tps=deployment.sla_min_throughput_tps)
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    accelerator_type: str
+    pool: str | None
+
+
+def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
+    """The first accepted type (in preference order) with room for replicas_min replicas, or the reason why not.
+
+    A single pool that holds them all is pinned; otherwise the replicas may spread over the type's pools."""
+    needed = max(1, deployment.replicas_min)
+    missing = []
+    first = deployment.accelerator_types[0]
+    per_replica = f"{CPUS_PER_REPLICA:g} CPU" if first == "cpu" else f"{deployment.devices_per_replica:g} device(s)"
+    for slug in deployment.accelerator_types:
+        devices = 0.0 if slug == "cpu" else float(deployment.devices_per_replica)
+        fits = selectors.replica_capacity(accelerator_type=slug, devices_per_replica=devices,
+                                          cpus_per_replica=CPUS_PER_REPLICA)
+        pool = next((name for name, count in sorted(fits.items()) if count >= needed), None)
+        if pool is not None:
+            return Placement(slug, pool), ""
+        if sum(fits.values()) >= needed:
+            return Placement(slug, None), ""
+        where = f"room for {sum(fits.values())} replica(s)" if fits else "no live, uncordoned nodes"
+        missing.append(f"{slug}: {where}")
+    return None, (f"waiting for capacity: {needed} replica(s) of {per_replica} each fit on no accepted "
+                  f"accelerator type ({'; '.join(missing)})")
+
+
+# ------------------------------------------------------------------------------------------ model
+
+def resolve_model_dir(deployment: Deployment) -> str:
+    """The directory to serve: the source job's latest complete checkpoint, or the model_uri's directory."""
+    if deployment.source_job_id and not deployment.model_uri:
+        job = deployment.source_job
+        root = checkpoint_dir(job)
+        info = latest_checkpoint(root)
+        if info is None:
+            raise ModelNotFound(f"training job {job.pk} ({job.name}) has no complete checkpoint under {root}")
+        missing = [name for name in (CONFIG_FILE, MODEL_FILE) if name not in info.files]
+        if missing:
+            raise ModelNotFound(f"checkpoint {info.path} of training job {job.pk} has no {', '.join(missing)} "
+                                f"(only built-in LM checkpoints can be served)")
+        return str(info.path)
+    path = model_uri_path(deployment.model_uri)
+    if path is None:
+        raise ModelNotFound(f"model_uri {deployment.model_uri!r} is not an absolute path or file:// URI")
+    if not path.is_dir():
+        raise ModelNotFound(f"model directory {path} does not exist")
+    missing = [name for name in (CONFIG_FILE, MODEL_FILE) if not (path / name).is_file()]
+    if missing:
+        raise ModelNotFound(f"model directory {path} has no {', '.join(missing)}")
+    return str(path)
+
+
+def model_uri_path(uri: str) -> Path | None:
+    """The local path a model_uri names (an absolute path or a file:// URI), or None for any other form."""
+    if not uri:
+        return None
+    if uri.startswith("/"):
+        return Path(uri)
+    parsed = urlparse(uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost") and parsed.path.startswith("/"):
+        return Path(unquote(parsed.path))
+    return None
+
+
+# ------------------------------------------------------------------------------------------ spec
+
+def autoscaling_for(deployment: Deployment) -> AutoscalingDecision:
+    """The settings for the deployment's current spec: the SLA's initial ones, keeping a learned target
+    (capped at the slot count) when the engine's slots did not change."""
+    engine = EngineConfig.from_dict(deployment.engine)
+    initial = initial_autoscaling(sla_of(deployment), engine.slots, deployment.replicas_min, deployment.replicas_max)
+    current = AutoscalingDecision.from_dict(deployment.autoscaling)
+    if current is None or current.slots != initial.slots:
+        return initial
+    return dataclasses.replace(current, min_replicas=initial.min_replicas, max_replicas=initial.max_replicas,
+                               upscale_delay_s=initial.upscale_delay_s, downscale_delay_s=initial.downscale_delay_s,
+                               target_ongoing_requests=min(current.target_ongoing_requests, initial.slots),
+                               changed=False)
+
+
+def build_spec(deployment: Deployment, decision: AutoscalingDecision) -> ServiceSpec:
+    engine = EngineConfig.from_dict(deployment.engine)
+    accelerator_type = deployment.accelerator_type
+    return ServiceSpec(
+        handle=deployment.compute_handle, deployment_id=deployment.pk, revision=deployment.revision,
+        model_dir=deployment.model_dir, accelerator_type=accelerator_type,
+        devices_per_replica=0.0 if accelerator_type == "cpu" else float(deployment.devices_per_replica),
+        replicas_min=deployment.replicas_min, replicas_max=deployment.replicas_max,
+        target_ongoing_requests=float(decision.target_ongoing_requests),
+        # a replica takes its slots plus its own waiting line; the router queues a few more per replica
+        max_ongoing_requests=engine.slots + engine.max_waiting,
+        max_queued_requests=max(1, engine.max_waiting) * max(1, deployment.replicas_max),
+        pool=deployment.pool or None, cpus_per_replica=CPUS_PER_REPLICA, engine=engine.to_dict(),
+        router=deployment.router,
+    )
+
+
+# ------------------------------------------------------------------------------------------ deploy
+
+def deployment_deploy(*, deployment_id: int, backend) -> Deployment | None:
+    """PENDING -> DEPLOYING and deploy; stays PENDING (with why) without room, FAILED without a model."""
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().select_related("source_job").filter(
+            pk=deployment_id).first()
+        if deployment is None or deployment.state != S.PENDING:
+            return deployment
+        placement, why = choose_placement(deployment)
+        if placement is None:
+            if deployment.state_reason != why:
+                Deployment.objects.filter(pk=deployment.pk).update(state_reason=why)
+                record_event(obj=deployment, event_model=DeploymentEvent, from_state=S.PENDING, to_state=S.PENDING,
+                             reason=why, system="placement")
+                deployment.state_reason = why
+            return deployment
+        try:
+            model_dir = resolve_model_dir(deployment)
+        except ModelNotFound as exc:
+            return transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent, to=S.FAILED,
+                              reason=f"cannot serve: {exc}", system=SYSTEM)
+        deployment.accelerator_type = placement.accelerator_type
+        deployment.pool = placement.pool or ""
+        deployment.model_dir = model_dir
+        deployment.compute_handle = service_handle(deployment)
+        decision = autoscaling_for(deployment)
+        deployment.autoscaling = decision.to_dict()
+        deployment.replicas_target = max(1, deployment.replicas_min)
+        deployment.save(update_fields=["accelerator_type", "pool", "model_dir", "compute_handle", "autoscaling",
+                                       "replicas_target"])
+        where = f"pool {placement.pool}" if placement.pool else f"the {placement.accelerator_type} pools"
+        deployment = transition(
+            obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent, to=S.DEPLOYING,
+            reason=f"deploying revision {deployment.revision} on {placement.accelerator_type} ({where}), "
+                   f"{deployment.replicas_min}-{deployment.replicas_max} replica(s), model {model_dir}",
+            system=SYSTEM, data={"handle": deployment.compute_handle, "accelerator_type": placement.accelerator_type,
+                                 "pool": placement.pool, "model_dir": model_dir,
+                                 "autoscaling": decision.serve_config()})
+    # After the commit: a failure here is retried by the task, and the sync redeploys a missing service.
+    backend.deploy_service(build_spec(deployment, decision))
+    return deployment
+
+
+def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | None:
+    """Roll the service to the spec's revision. PENDING deployments are deployed instead."""
+    deployment = Deployment.objects.filter(pk=deployment_id).first()
+    if deployment is None:
+        return None
+    if deployment.state == S.PENDING:
+        return deployment_deploy(deployment_id=deployment_id, backend=backend)
+    if deployment.state not in LIVE_STATES:
+        return deployment
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().select_related("source_job").get(pk=deployment_id)
+        if deployment.state not in LIVE_STATES or deployment.applied_revision == deployment.revision:
+            return deployment
+        fields = ["model_dir", "autoscaling", "replicas_target"]
+        if deployment.accelerator_type not in deployment.accelerator_types:
+            placement, why = choose_placement(deployment)
+            if placement is None:
+                _note(deployment, f"revision {deployment.revision}: {why}; still running revision "
+                                  f"{deployment.applied_revision or '-'}")
+                return deployment
+            deployment.accelerator_type, deployment.pool = placement.accelerator_type, placement.pool or ""
+            fields += ["accelerator_type", "pool"]
+        try:
+            deployment.model_dir = resolve_model_dir(deployment)
+        except ModelNotFound as exc:
+            reason = (f"revision {deployment.revision} cannot be applied: {exc}; still running revision "
+                      f"{deployment.applied_revision or '-'}")
+            if deployment.state == S.DEGRADED:
+                _note(deployment, reason)
+                return deployment
+            if deployment.state == S.DEPLOYING:
+                return transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent,
+                                  to=S.FAILED, reason=f"cannot serve: {exc}", system=SYSTEM)
+            return transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent,
+                              to=S.DEGRADED, reason=reason, system=SYSTEM)
+        decision = autoscaling_for(deployment)
+        deployment.autoscaling = decision.to_dict()
+        deployment.replicas_target = min(max(deployment.replicas_target, deployment.replicas_min, 1),
+                                         deployment.replicas_max)
+        deployment.save(update_fields=fields)
+        record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
+                     to_state=deployment.state, system=SYSTEM,
+                     reason=f"rolling update to revision {deployment.revision} on {deployment.accelerator_type}",
+                     data={"revision": deployment.revision, "model_dir": deployment.model_dir,
+                           "autoscaling": decision.serve_config()})
+    backend.deploy_service(build_spec(deployment, decision))
+    return deployment
+
+
+def _note(deployment: Deployment, reason: str) -> None:
+    """A new reason without a state change (recorded once, not on every pass)."""
+    if deployment.state_reason == reason:
+        return
+    Deployment.objects.filter(pk=deployment.pk).update(state_reason=reason)
+    deployment.state_reason = reason
+    record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state, to_state=deployment.state,
+                 reason=reason, system=SYSTEM)
+
+
+# ------------------------------------------------------------------------------------------ sync
+
+def deployment_sync(*, deployment_id: int, backend, now=None) -> Deployment | None:
+    """Apply what the backend and the request log show; move the service toward the spec."""
+    deployment = Deployment.objects.select_related("source_job").filter(pk=deployment_id).first()
+    if deployment is None or deployment.state not in LIVE_STATES or not deployment.compute_handle:
+        return deployment
+    status = backend.observe_service(deployment.compute_handle)
+    if status.state == "not_found":
+        return _redeploy_missing(deployment, backend)
+    now = now or timezone.now()
+    if deployment.state in (S.DEPLOYING, S.UPDATING) and status.state == "running" \
+            and status.revision < deployment.revision and _apply_overdue(deployment, now):
+        return deployment_apply_revision(deployment_id=deployment.pk, backend=backend)  # the apply was lost
+    window = selectors.observed_window(deployment=deployment, window_s=window_seconds(),
+                                       replicas_running=status.replicas_running, now=now)
+    redeploy = None
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment_id)
+        if deployment.state not in LIVE_STATES:
+            return deployment
+        current = autoscaling_for(deployment)  # under the lock: two passes at once do not both steer
+        decision = adjust_autoscaling(current, window, sla_of(deployment))
+        deployment.replicas_ready = status.replicas_running
+        deployment.replicas_target = status.replicas_target
+        if status.state == "running":
+            deployment.applied_revision = status.revision
+        deployment.observed = {**dataclasses.asdict(window), "at": now.isoformat(), "service_state": status.state,
+                               "replicas_target": status.replicas_target, "revision": status.revision,
+                               "message": status.message, "breach": decision.breach}
+        steer = deployment.state in (S.SERVING, S.DEGRADED) and deployment.applied_revision == deployment.revision
+        if not steer:  # mid-rollout (or a revision not in force): keep the settings, note the breach only
+            decision = dataclasses.replace(current, breach=decision.breach, changed=False)
+        deployment.autoscaling = decision.to_dict()
+        deployment.save(update_fields=["replicas_ready", "replicas_target", "applied_revision", "observed",
+                                       "autoscaling"])
+        if decision.changed:
+            record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
+                         to_state=deployment.state, reason=f"autoscaling: {decision.reason}", system="autoscaler",
+                         data={"autoscaling": decision.serve_config(), "window": dataclasses.asdict(window)})
+            redeploy = decision
+        deployment = _apply_health(deployment, status, decision.breach)
+    if redeploy is not None:
+        backend.deploy_service(build_spec(deployment, redeploy))
+    return deployment
+
+
+def _apply_overdue(deployment: Deployment, now) -> bool:
+    """The spec's revision is older than APPLY_GRACE and the backend still runs an older one."""
+    created = deployment.revisions.filter(number=deployment.revision).values_list("created_at", flat=True).first()
+    return created is None or now - created > APPLY_GRACE
+
+
+def _apply_health(deployment: Deployment, status: ServiceStatus, breach: str | None) -> Deployment:
+    needed = max(1, deployment.replicas_min)
+    running = status.state == "running"
+    current = running and status.revision == deployment.revision
+    enough = status.replicas_running >= needed
+    replicas = f"{status.replicas_running} replica(s) running revision {status.revision}"
+    state = deployment.state
+
+    def move(to, reason, **data):
+        return transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent, to=to,
+                          reason=reason, system=SYSTEM, data={"revision": status.revision,
+                                                               "replicas": status.replicas_running, **data})
+
+    if state == S.DEPLOYING:
+        if current and enough:
+            return move(S.SERVING, f"serving: {replicas}")
+        _note(deployment, f"deploying revision {deployment.revision}: {status.state}, {replicas}"
+                          + (f" ({status.message})" if status.message else ""))
+        return deployment
+    if state == S.UPDATING:
+        if current and enough:
+            return move(S.SERVING, f"revision {deployment.revision} applied: {replicas}")
+        return deployment
+    problem = None
+    if not running:
+        problem = f"service {status.state}" + (f": {status.message}" if status.message else "")
+    elif not enough:
+        problem = f"only {status.replicas_running} of at least {needed} replica(s) running"
+    elif breach:
+        problem = f"SLA breach: {breach}"
+    elif status.revision != deployment.revision:
+        problem = f"running revision {status.revision}, the spec is revision {deployment.revision}"
+    if state == S.SERVING and problem:
+        return move(S.DEGRADED, problem, breach=breach)
+    if state == S.DEGRADED:
+        if problem is None:
+            return move(S.SERVING, f"healthy again: {replicas}, SLA met")
+        if "cannot be applied" not in deployment.state_reason:  # keep the more telling reason of a failed update
+            _note(deployment, problem)
+    return deployment
+
+
+def _redeploy_missing(deployment: Deployment, backend) -> Deployment:
+    """The row says a service exists and the backend has none: deploy it again (drift repair)."""
+    spec = build_spec(deployment, autoscaling_for(deployment))
+    if deployment.state == S.DEGRADED and 0 < deployment.applied_revision < deployment.revision:
+        spec = dataclasses.replace(spec, revision=deployment.applied_revision)  # its update could not be applied
+    record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state, to_state=deployment.state,
+                 reason=f"service {deployment.compute_handle} not found; deploying revision {spec.revision} again",
+                 system="reconciler", data={"revision": spec.revision})
+    backend.deploy_service(spec)
+    return deployment
+
+
+def reconcile_orphan_services(*, backend) -> list[str]:
+    """Delete services whose deployment is gone, deleted or failed (a Serve app with no live row)."""
+    live = set(Deployment.objects.filter(state__in=LIVE_STATES).exclude(compute_handle="")
+               .values_list("compute_handle", flat=True))
+    orphans = [handle for handle in backend.list_service_handles()
+               if handle.startswith(SERVICE_PREFIX) and handle not in live]
+    for handle in orphans:
+        log.warning("deleting orphan service %s (no live deployment owns it)", handle)
+        backend.delete_service(handle)
+    return orphans
+
+
+def deployment_tear_down(*, deployment_id: int, backend) -> str | None:
+    """Delete the service of a deployment that is no longer live (idempotent)."""
+    deployment = Deployment.objects.filter(pk=deployment_id).only("compute_handle", "state").first()
+    if deployment is None or not deployment.compute_handle or deployment.state in LIVE_STATES:
+        return None
+    backend.delete_service(deployment.compute_handle)
+    return deployment.compute_handle

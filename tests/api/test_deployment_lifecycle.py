@@ -1,0 +1,347 @@
+"""The serving workflow of deployments against the in-memory backend: deploy, rolling update, scale,
+delete, SLA-aware autoscaling and DEGRADED on a breach, placement waits, drift and orphan repair, the
+metrics endpoint, and the 4xx paths. The real Ray Serve runtime is exercised by the integration tests."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.test import TestCase
+from django.utils import timezone
+
+from controlplane.cluster.models import Node
+from controlplane.compute.base import ServiceSpec
+from controlplane.compute.memory import InMemoryComputeBackend
+from controlplane.compute.topology import load_topology
+from inference import tasks, workflows
+from inference.models import Deployment, InferenceRequest
+from jobs.runtime.checkpoints import save_checkpoint
+from jobs.workflows import checkpoint_dir
+from tests.conftest import DEPLOYMENT_BODY, JOB_BODY
+
+
+@pytest.fixture
+def backend(monkeypatch, settings, tmp_path, demo_cluster):
+    settings.DATA_DIR = tmp_path
+    settings.FLEETYARD_SERVING_WINDOW_SECONDS = 60
+    fake = InMemoryComputeBackend.from_topology(load_topology())
+    monkeypatch.setattr(tasks, "get_compute_backend", lambda: fake)
+    return fake
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    path = tmp_path / "models" / "lm"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"vocab_size": 256}))
+    (path / "model.pt").write_bytes(b"weights")
+    return path
+
+
+def create(client, model_dir=None, expect=201, **overrides) -> dict:
+    body = {**DEPLOYMENT_BODY, **({"model_uri": f"file://{model_dir}"} if model_dir else {}), **overrides}
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == expect, response.json()
+    return response.json()
+
+
+def sync(deployment_id: int, backend) -> Deployment:
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        workflows.deployment_sync(deployment_id=deployment_id, backend=backend)
+    return Deployment.objects.get(pk=deployment_id)
+
+
+def patch(client, deployment_id: int, body: dict, expect: int = 200) -> dict:
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.patch(f"/api/v1/deployments/{deployment_id}/", body, format="json")
+    assert response.status_code == expect, response.json()
+    return response.json()
+
+
+def log_requests(deployment: Deployment, count: int, *, ttft_ms: float, tpot_ms: float = 10.0, status: int = 200,
+                 age_s: float = 1.0, prompt_tokens: int = 100, cached_tokens: int = 0) -> None:
+    at = timezone.now() - timedelta(seconds=age_s)
+    InferenceRequest.objects.bulk_create([
+        InferenceRequest(deployment=deployment, created_at=at, endpoint="completions", status_code=status,
+                         prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                         output_tokens=20 if status == 200 else 0, queue_ms=5.0,
+                         ttft_ms=ttft_ms if status == 200 else None, tpot_ms=tpot_ms if status == 200 else None)
+        for _ in range(count)])
+
+
+def states(client, deployment_id: int) -> list[str]:
+    events = client.get(f"/api/v1/deployments/{deployment_id}/events/?page_size=500").json()["results"]
+    return [e["to_state"] for e in events if e["from_state"] != e["to_state"]]
+
+
+def test_deploy_update_scale_delete(api, backend, model_dir):
+    client = api("alpha", "member")
+    created = create(client, model_dir, engine={"slots": 4}, router="pow2")
+    body = client.get(f"/api/v1/deployments/{created['id']}/").json()
+    status = body["status"]
+    handle = f"fy-serve-{created['id']}"
+    assert status["state"] == "SERVING", status
+    assert status["compute_handle"] == handle and status["applied_revision"] == 1
+    assert status["accelerator_type"] == "nvidia-a100" and status["pool"] == "a100-pool"
+    assert status["model_dir"] == str(model_dir) and status["replicas_ready"] == 1
+    assert status["autoscaling"]["target_ongoing_requests"] == 4 and status["autoscaling"]["max_replicas"] == 3
+    assert status["observed"]["requests"] == 0 and status["observed"]["service_state"] == "running"
+    assert body["spec"]["engine"] == {"slots": 4} and body["spec"]["router"] == "pow2"
+    spec = backend.services[handle]
+    assert spec.revision == 1 and spec.router == "pow2" and spec.engine["slots"] == 4
+    assert spec.target_ongoing_requests == 4 and spec.devices_per_replica == 0.5 and spec.pool == "a100-pool"
+    assert spec.max_ongoing_requests == 4 + spec.engine["max_waiting"]
+    assert states(client, created["id"]) == ["PENDING", "DEPLOYING", "SERVING"]
+
+    updated = patch(client, created["id"], {"engine": {"slots": 8}, "sla": {"ttft_p95_ms": 800}})
+    assert updated["status"]["state"] == "UPDATING" and updated["spec"]["revision"] == 2
+    body = client.get(f"/api/v1/deployments/{created['id']}/").json()
+    assert body["status"]["state"] == "SERVING" and body["status"]["applied_revision"] == 2
+    assert body["spec"]["sla"]["ttft_p95_ms"] == 800
+    assert backend.services[handle].revision == 2 and backend.services[handle].engine["slots"] == 8
+    assert backend.services[handle].target_ongoing_requests == 8  # new slot count, new starting target
+    revisions = client.get(f"/api/v1/deployments/{created['id']}/revisions/").json()["results"]
+    assert [r["number"] for r in revisions] == [2, 1] and revisions[0]["spec"]["engine"] == {"slots": 8}
+    assert "engine" in revisions[0]["reason"] and "sla_ttft_p95_ms" in revisions[0]["reason"]
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        scaled = client.post(f"/api/v1/deployments/{created['id']}/scale/", {"replicas_min": 2, "replicas_max": 4},
+                             format="json")
+    assert scaled.status_code == 200, scaled.json()
+    assert scaled.json()["spec"]["revision"] == 3 and scaled.json()["status"]["state"] == "UPDATING"
+    status = client.get(f"/api/v1/deployments/{created['id']}/").json()["status"]
+    assert status["state"] == "SERVING" and status["applied_revision"] == 3 and status["replicas_ready"] == 2
+    assert (backend.services[handle].replicas_min, backend.services[handle].replicas_max) == (2, 4)
+    assert states(client, created["id"]) == ["PENDING", "DEPLOYING", "SERVING", "UPDATING", "SERVING",
+                                             "UPDATING", "SERVING"]
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert client.delete(f"/api/v1/deployments/{created['id']}/").status_code == 204
+    assert backend.list_service_handles() == []
+    assert client.get(f"/api/v1/deployments/{created['id']}/").json()["status"]["state"] == "DELETED"
+
+
+def test_an_sla_breach_degrades_autoscales_and_recovers(api, backend, model_dir):
+    client = api("alpha", "member")
+    created = create(client, model_dir)
+    deployment = Deployment.objects.get(pk=created["id"])
+    handle = deployment.compute_handle
+    log_requests(deployment, 40, ttft_ms=812.0)
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "DEGRADED"
+    assert deployment.state_reason == "SLA breach: TTFT p95 812 ms > SLA 500 ms over 40 requests in the last 60 s"
+    assert deployment.observed["ttft_p95_ms"] == 812.0 and deployment.observed["requests"] == 40
+    assert deployment.autoscaling["target_ongoing_requests"] == 2
+    assert backend.services[handle].target_ongoing_requests == 2  # redeployed with the new target
+    assert backend.services[handle].revision == 1  # the same revision
+    reasons = [e["reason"] for e in client.get(f"/api/v1/deployments/{deployment.pk}/events/").json()["results"]]
+    assert any(r.startswith("autoscaling: TTFT p95 812 ms") and "lowered from 4 to 2" in r for r in reasons)
+
+    deployment = sync(deployment.pk, backend)  # within a window of the change: holds
+    assert deployment.state == "DEGRADED" and deployment.autoscaling["target_ongoing_requests"] == 2
+
+    InferenceRequest.objects.filter(deployment=deployment).update(created_at=timezone.now() - timedelta(minutes=5))
+    log_requests(deployment, 30, ttft_ms=120.0)
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "SERVING" and deployment.state_reason.startswith("healthy again")
+    assert deployment.observed["breach"] is None and deployment.observed["ttft_p95_ms"] == 120.0
+    assert states(client, deployment.pk)[-2:] == ["DEGRADED", "SERVING"]
+
+
+def test_missing_replicas_degrade_and_a_vanished_service_is_redeployed(api, backend, model_dir):
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    backend.set_service_status(deployment.compute_handle, replicas_running=0)
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "DEGRADED" and "only 0 of at least 1 replica" in deployment.state_reason
+    backend.delete_service(deployment.compute_handle)
+    sync(deployment.pk, backend)
+    assert backend.list_service_handles() == [deployment.compute_handle]
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "SERVING" and deployment.replicas_ready == 1
+    assert deployment.events.filter(reason__contains="not found; deploying revision 1 again").exists()
+
+
+def test_no_capacity_stays_pending_with_the_reason_then_deploys(api, backend, model_dir):
+    client = api("alpha", "member")
+    Node.objects.filter(pool__name="cpu-pool").update(free_cpus=0.5)  # 2 CPU replicas fit
+    created = create(client, model_dir, accelerator_types=["nvidia-h100", "cpu"], devices_per_replica=8,
+                     replicas_min=3, replicas_max=3)
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert deployment.state == "PENDING" and not deployment.compute_handle
+    assert deployment.state_reason.startswith("waiting for capacity: 3 replica(s) of 8 device(s) each")
+    assert "nvidia-h100: room for 2 replica(s)" in deployment.state_reason
+    assert "cpu: room for 2 replica(s)" in deployment.state_reason
+    assert backend.list_service_handles() == []
+    tasks.sync_deployments()  # the reconciler retries; the same reason is not recorded twice
+    assert Deployment.objects.get(pk=deployment.pk).events.filter(reason__startswith="waiting for capacity").count() \
+        == 1
+    Node.objects.filter(pool__name="cpu-pool").update(free_cpus=8.0)
+    tasks.sync_deployments()
+    tasks.sync_deployments()
+    deployment = Deployment.objects.get(pk=deployment.pk)
+    assert deployment.state == "SERVING" and deployment.accelerator_type == "cpu"
+    assert backend.services[deployment.compute_handle].devices_per_replica == 0.0
+
+
+def test_cordoned_nodes_do_not_count(api, backend, model_dir):
+    Node.objects.filter(pool__name="a100-pool").update(cordoned=True)
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    assert deployment.state == "PENDING" and "nvidia-a100: no live, uncordoned nodes" in deployment.state_reason
+
+
+def test_a_training_job_checkpoint_is_served_and_none_fails(api, backend):
+    client = api("alpha", "member")
+    job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
+    failed = create(client, model_uri="", source_job=job["id"])
+    deployment = Deployment.objects.get(pk=failed["id"])
+    assert deployment.state == "FAILED"
+    assert deployment.state_reason.startswith(f"cannot serve: training job {job['id']}")
+    assert "no complete checkpoint" in deployment.state_reason
+
+    info = save_checkpoint(checkpoint_dir(deployment.source_job), step=50,
+                           files={"config.json": b"{}", "model.pt": b"w" * 64})
+    served = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"])["id"])
+    assert served.state == "SERVING" and served.model_dir == str(info.path)
+    assert backend.services[served.compute_handle].model_dir == str(info.path)
+
+
+def test_a_missing_model_directory_fails(api, backend, tmp_path):
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_uri=str(tmp_path / "nope"))["id"])
+    assert deployment.state == "FAILED" and "does not exist" in deployment.state_reason
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    half = Deployment.objects.get(pk=create(api("alpha", "member"), name="half",
+                                            model_uri=f"file://{tmp_path / 'half'}")["id"])
+    assert half.state == "FAILED" and "has no model.pt" in half.state_reason
+
+
+def test_an_update_to_a_missing_model_degrades_and_keeps_the_old_revision(api, backend, model_dir, tmp_path):
+    client = api("alpha", "member")
+    created = create(client, model_dir)
+    patch(client, created["id"], {"model_uri": str(tmp_path / "gone")})
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert deployment.state == "DEGRADED" and "revision 2 cannot be applied" in deployment.state_reason
+    assert deployment.applied_revision == 1 and backend.services[deployment.compute_handle].revision == 1
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "DEGRADED" and "cannot be applied" in deployment.state_reason
+    patch(client, created["id"], {"model_uri": str(model_dir)})
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert deployment.state == "SERVING" and deployment.applied_revision == 3
+
+
+def test_orphan_services_are_deleted(api, backend, model_dir):
+    live = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    orphan = ServiceSpec(handle="fy-serve-99999", deployment_id=99999, revision=1, model_dir=str(model_dir),
+                         accelerator_type="cpu", devices_per_replica=0, replicas_min=1, replicas_max=1,
+                         target_ongoing_requests=4, max_ongoing_requests=8, max_queued_requests=8)
+    backend.deploy_service(orphan)
+    backend.deploy_service(ServiceSpec(**{**orphan.__dict__, "handle": "someone-elses"}))
+    result = tasks.sync_deployments()
+    assert result["orphans_deleted"] == 1 and result["synced"] == 1
+    assert backend.list_service_handles() == sorted([live.compute_handle, "someone-elses"])
+
+
+def test_metrics_endpoint(api, backend, model_dir):
+    client = api("alpha", "viewer")
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    log_requests(deployment, 19, ttft_ms=100.0, tpot_ms=10.0, prompt_tokens=100, cached_tokens=50)
+    log_requests(deployment, 1, ttft_ms=1000.0, tpot_ms=30.0, prompt_tokens=100, cached_tokens=50)
+    log_requests(deployment, 2, ttft_ms=0, status=429)
+    log_requests(deployment, 3, ttft_ms=100.0, age_s=600)  # outside the window
+    response = client.get(f"/api/v1/deployments/{deployment.pk}/metrics/?window=60")
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert body["window_s"] == 60 and body["requests"] == 22 and body["succeeded"] == 20
+    assert body["errors"] == {"429": 2}
+    assert body["ttft_ms"]["p50"] == 100.0 and body["ttft_ms"]["p99"] > body["ttft_ms"]["p95"] > 100.0
+    assert body["tpot_ms"]["p50"] == 10.0 and body["queue_ms"]["p95"] == 5.0
+    assert body["cache_hit_rate"] == 0.5 and body["output_tokens"] == 400
+    assert body["output_tokens_per_s"] == pytest.approx(400 / 60, abs=1e-3)
+    assert body["replicas"]["ready"] == 1 and body["sla"]["ttft_p95_ms"] == 500
+    assert len(body["series"]) == 1 and body["series"][0]["requests"] == 22
+    wide = client.get(f"/api/v1/deployments/{deployment.pk}/metrics/?window=900").json()
+    assert wide["requests"] == 25 and len(wide["series"]) == 15
+    bad = client.get(f"/api/v1/deployments/{deployment.pk}/metrics/?window=0")
+    assert bad.status_code == 400 and "window" in bad.json()
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"engine": {"slots": 0}}, "engine.slots"),
+    ({"engine": {"bogus": 1}}, "engine.bogus"),
+    ({"router": "random"}, "router"),
+    ({"model_uri": "s3://bucket/model"}, "model_uri"),
+    ({"model_uri": "relative/dir"}, "model_uri"),
+])
+def test_create_rejects_bad_serving_settings(api, backend, overrides, field):
+    response = api("alpha", "member").post("/api/v1/deployments/", {**DEPLOYMENT_BODY, **overrides}, format="json")
+    assert response.status_code == 400 and field in response.json(), response.json()
+    assert not Deployment.objects.exists()
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"replicas_min": 5}, "replicas_max"),
+    ({"engine": {"block_size": 0}}, "engine.block_size"),
+    ({"router": "nope"}, "router"),
+    ({"model_uri": "http://x/y"}, "model_uri"),
+    ({"accelerator_types": ["kunlun-p800"]}, "accelerator_types"),
+    ({"sla": {"ttft_p95_ms": 0}}, "sla"),
+    ({"source_job": 999999}, "source_job"),
+    ({"replicas_max": 3}, "replicas_max"),  # no change: a 400 naming the field
+    ({"name": "renamed"}, "name"),
+])
+def test_update_rejects_bad_changes_naming_the_field(api, backend, model_dir, body, field):
+    client = api("alpha", "member")
+    created = create(client, model_dir)
+    response = patch(client, created["id"], body, expect=400)
+    assert field in response, response
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert deployment.revision == 1 and deployment.revisions.count() == 1
+
+
+def test_update_and_scale_permissions_and_states(api, backend, model_dir):
+    member = api("alpha", "member")
+    created = create(member, model_dir)
+    assert api("alpha", "viewer").patch(f"/api/v1/deployments/{created['id']}/", {"replicas_max": 2},
+                                        format="json").status_code == 403
+    assert api("alpha", "viewer").post(f"/api/v1/deployments/{created['id']}/scale/", {"replicas_min": 2},
+                                       format="json").status_code == 403
+    assert api("beta", "member").patch(f"/api/v1/deployments/{created['id']}/", {"replicas_max": 2},
+                                       format="json").status_code == 404
+    assert patch(member, created["id"], {}, expect=400)
+    bad_scale = member.post(f"/api/v1/deployments/{created['id']}/scale/", {"replicas_min": 3, "replicas_max": 2},
+                            format="json")
+    assert bad_scale.status_code == 400 and "replicas_max" in bad_scale.json()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        member.delete(f"/api/v1/deployments/{created['id']}/")
+    gone = member.patch(f"/api/v1/deployments/{created['id']}/", {"replicas_max": 2}, format="json")
+    assert gone.status_code == 409 and "state" in gone.json()
+
+
+def test_updating_a_pending_deployment_deploys_the_new_spec(api, backend, model_dir):
+    Node.objects.filter(pool__name="a100-pool").update(cordoned=True)
+    client = api("alpha", "member")
+    created = create(client, model_dir)
+    assert Deployment.objects.get(pk=created["id"]).state == "PENDING"
+    Node.objects.filter(pool__name="a100-pool").update(cordoned=False)
+    patch(client, created["id"], {"router": "round_robin"})
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert deployment.state == "SERVING" and deployment.revision == 2 and deployment.applied_revision == 2
+    assert backend.services[deployment.compute_handle].router == "round_robin"
+
+
+def test_a_lost_apply_is_repeated_by_the_sync_after_a_grace(api, backend, model_dir):
+    client = api("alpha", "member")
+    created = create(client, model_dir)
+    response = client.patch(f"/api/v1/deployments/{created['id']}/", {"router": "round_robin"}, format="json")
+    assert response.status_code == 200 and response.json()["status"]["state"] == "UPDATING"  # the task never ran
+    deployment = sync(created["id"], backend)
+    assert deployment.state == "UPDATING" and backend.services[deployment.compute_handle].revision == 1
+    later = timezone.now() + timedelta(minutes=2)
+    workflows.deployment_sync(deployment_id=deployment.pk, backend=backend, now=later)
+    assert backend.services[deployment.compute_handle].revision == 2
+    workflows.deployment_sync(deployment_id=deployment.pk, backend=backend, now=later)
+    deployment = Deployment.objects.get(pk=deployment.pk)
+    assert deployment.state == "SERVING" and deployment.applied_revision == 2

@@ -1,0 +1,126 @@
+"""The SLA autoscaling policy (a pure core): initial settings, breaches, relaxing, hysteresis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from inference.autoscaling import (
+    MIN_REQUESTS,
+    AutoscalingDecision,
+    ObservedWindow,
+    Sla,
+    adjust_autoscaling,
+    find_breach,
+    initial_autoscaling,
+    percentile,
+)
+
+SLA = Sla(ttft_p95_ms=500, tpot_p95_ms=50)
+
+
+def window(at: float, *, requests: int = 40, ttft: float | None = 100.0, tpot: float | None = 10.0,
+           overloaded: int = 0) -> ObservedWindow:
+    return ObservedWindow(at=at, window_s=60, requests=requests, ttft_p95_ms=ttft, tpot_p95_ms=tpot,
+                          overloaded=overloaded, replicas_running=1)
+
+
+def test_initial_settings_start_at_the_slot_count_and_explain_themselves():
+    decision = initial_autoscaling(SLA, slots=4, replicas_min=1, replicas_max=3)
+    assert decision.target_ongoing_requests == 4 and decision.slots == 4
+    assert (decision.min_replicas, decision.max_replicas) == (1, 3)
+    assert decision.upscale_delay_s == 5.0 and decision.downscale_delay_s > decision.upscale_delay_s
+    assert decision.breach is None and not decision.changed
+    assert "4" in decision.reason and "500 ms" in decision.reason
+    assert decision.serve_config() == {"target_ongoing_requests": 4, "min_replicas": 1, "max_replicas": 3,
+                                       "upscale_delay_s": 5.0, "downscale_delay_s": 300.0}
+
+
+def test_a_tight_sla_scales_up_sooner_within_bounds():
+    assert initial_autoscaling(Sla(100, 20), 2, 1, 1).upscale_delay_s == 3.0
+    assert initial_autoscaling(Sla(60_000, 20), 2, 1, 1).upscale_delay_s == 30.0
+
+
+def test_round_trips_through_a_dict():
+    decision = initial_autoscaling(SLA, slots=8, replicas_min=0, replicas_max=2)
+    assert AutoscalingDecision.from_dict(decision.to_dict()) == decision
+    assert AutoscalingDecision.from_dict({}) is None and AutoscalingDecision.from_dict(None) is None
+
+
+def test_a_ttft_breach_lowers_the_target_and_names_the_breach():
+    decision = adjust_autoscaling(initial_autoscaling(SLA, 4, 1, 3), window(1000.0, ttft=812), SLA)
+    assert decision.breach == "TTFT p95 812 ms > SLA 500 ms over 40 requests in the last 60 s"
+    assert decision.changed and decision.target_ongoing_requests == 2 and decision.changed_at == 1000.0
+    assert "lowered from 4 to 2" in decision.reason
+
+
+def test_a_tpot_breach_counts_too():
+    decision = adjust_autoscaling(initial_autoscaling(SLA, 4, 1, 3), window(1000.0, tpot=75), SLA)
+    assert decision.breach.startswith("TPOT p95 75 ms > SLA 50 ms") and decision.target_ongoing_requests == 2
+
+
+def test_overloaded_refusals_are_a_breach():
+    decision = adjust_autoscaling(initial_autoscaling(SLA, 4, 1, 3), window(1000.0, overloaded=10), SLA)
+    assert "10 of 40 requests refused as overloaded" in decision.breach and decision.changed
+
+
+def test_too_few_requests_say_nothing():
+    start = initial_autoscaling(SLA, 4, 1, 3)
+    decision = adjust_autoscaling(start, window(1000.0, requests=MIN_REQUESTS - 1, ttft=5000), SLA)
+    assert decision.breach is None and not decision.changed and decision.target_ongoing_requests == 4
+    assert find_breach(window(0, requests=MIN_REQUESTS, ttft=501), SLA) is not None
+
+
+def test_the_target_never_goes_below_one_and_the_breach_stays():
+    decision = initial_autoscaling(SLA, 4, 1, 3)
+    at = 0.0
+    for _ in range(6):
+        at += 61
+        decision = adjust_autoscaling(decision, window(at, ttft=900), SLA)
+    assert decision.target_ongoing_requests == 1 and decision.breach is not None and not decision.changed
+    assert "already at 1" in decision.reason
+
+
+def test_hysteresis_waits_a_window_before_lowering_again():
+    first = adjust_autoscaling(initial_autoscaling(SLA, 8, 1, 3), window(1000.0, ttft=900), SLA)
+    assert first.target_ongoing_requests == 4
+    soon = adjust_autoscaling(first, window(1010.0, ttft=900), SLA)
+    assert not soon.changed and soon.target_ongoing_requests == 4 and soon.breach is not None
+    later = adjust_autoscaling(soon, window(1061.0, ttft=900), SLA)
+    assert later.changed and later.target_ongoing_requests == 2
+
+
+def test_calm_windows_raise_the_target_back_slowly_toward_the_slots():
+    lowered = dataclasses.replace(initial_autoscaling(SLA, 4, 1, 3), target_ongoing_requests=1, changed_at=1000.0)
+    calm = window(1060.0, ttft=100, tpot=10)
+    held = adjust_autoscaling(lowered, calm, SLA)
+    assert not held.changed and held.target_ongoing_requests == 1  # raising waits two windows
+    raised = adjust_autoscaling(lowered, window(1121.0, ttft=100, tpot=10), SLA)
+    assert raised.changed and raised.target_ongoing_requests == 2 and raised.breach is None
+    again = adjust_autoscaling(raised, window(1242.0, ttft=100, tpot=10), SLA)
+    assert again.target_ongoing_requests == 3
+    top = adjust_autoscaling(again, window(1363.0, ttft=100, tpot=10), SLA)
+    assert top.target_ongoing_requests == 4
+    assert not adjust_autoscaling(top, window(1500.0, ttft=100, tpot=10), SLA).changed  # never above the slots
+
+
+def test_the_dead_band_holds():
+    lowered = dataclasses.replace(initial_autoscaling(SLA, 4, 1, 3), target_ongoing_requests=2, changed_at=0.0)
+    decision = adjust_autoscaling(lowered, window(10_000.0, ttft=300, tpot=10), SLA)  # 60% of the SLA
+    assert not decision.changed and decision.target_ongoing_requests == 2 and decision.breach is None
+
+
+def test_the_reason_says_when_the_sla_is_met_again():
+    breached = adjust_autoscaling(initial_autoscaling(SLA, 4, 1, 3), window(1000.0, ttft=900), SLA)
+    recovered = adjust_autoscaling(breached, window(1030.0, ttft=300), SLA)
+    assert recovered.breach is None and "SLA met again" in recovered.reason
+
+
+@pytest.mark.parametrize("values,q,expected", [
+    ([], 95, None), ([7.0], 95, 7.0), ([1.0, 2.0, 3.0, 4.0, 5.0], 50, 3.0),
+    (list(range(1, 101)), 95, 95.05), ([1.0, 2.0], 100, 2.0),
+])
+def test_percentile(values, q, expected):
+    result = percentile(values, q)
+    assert result == (None if expected is None else pytest.approx(expected))
