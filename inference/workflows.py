@@ -56,6 +56,10 @@ class ModelNotFound(Exception):
     """The deployment names no servable model directory."""
 
 
+class ModelNotReady(ModelNotFound):
+    """The source job is still live and has not written a complete checkpoint yet: wait, do not fail."""
+
+
 def service_handle(deployment: Deployment) -> str:
     return f"{SERVICE_PREFIX}{deployment.pk}"
 
@@ -109,6 +113,9 @@ def resolve_model_dir(deployment: Deployment) -> str:
         root = checkpoint_dir(job)
         info = latest_checkpoint(root)
         if info is None:
+            if not job.is_terminal:
+                raise ModelNotReady(f"waiting for the first complete checkpoint of training job {job.pk} "
+                                    f"({job.name}, {job.state})")
             raise ModelNotFound(f"training job {job.pk} ({job.name}) has no complete checkpoint under {root}")
         missing = [name for name in (CONFIG_FILE, MODEL_FILE) if name not in info.files]
         if missing:
@@ -190,6 +197,13 @@ def deployment_deploy(*, deployment_id: int, backend) -> Deployment | None:
             return deployment
         try:
             model_dir = resolve_model_dir(deployment)
+        except ModelNotReady as exc:
+            if deployment.state_reason != str(exc):
+                Deployment.objects.filter(pk=deployment.pk).update(state_reason=str(exc))
+                record_event(obj=deployment, event_model=DeploymentEvent, from_state=S.PENDING, to_state=S.PENDING,
+                             reason=str(exc), system="placement")
+                deployment.state_reason = str(exc)
+            return deployment
         except ModelNotFound as exc:
             return transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent, to=S.FAILED,
                               reason=f"cannot serve: {exc}", system=SYSTEM)

@@ -192,20 +192,32 @@ def test_cordoned_nodes_do_not_count(api, backend, model_dir):
     assert deployment.state == "PENDING" and "nvidia-a100: no live, uncordoned nodes" in deployment.state_reason
 
 
-def test_a_training_job_checkpoint_is_served_and_none_fails(api, backend):
+def test_a_live_job_without_a_checkpoint_waits_then_its_checkpoint_is_served(api, backend):
     client = api("alpha", "member")
     job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
-    failed = create(client, model_uri="", source_job=job["id"])
-    deployment = Deployment.objects.get(pk=failed["id"])
-    assert deployment.state == "FAILED"
-    assert deployment.state_reason.startswith(f"cannot serve: training job {job['id']}")
-    assert "no complete checkpoint" in deployment.state_reason
+    waiting = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"])["id"])
+    assert waiting.state == "PENDING"
+    assert waiting.state_reason.startswith(f"waiting for the first complete checkpoint of training job {job['id']}")
+    tasks.sync_deployments()  # still nothing: the reason is not recorded twice
+    assert waiting.events.filter(reason__startswith="waiting for the first complete checkpoint").count() == 1
 
-    info = save_checkpoint(checkpoint_dir(deployment.source_job), step=50,
+    info = save_checkpoint(checkpoint_dir(waiting.source_job), step=50,
                            files={"config.json": b"{}", "model.pt": b"w" * 64})
-    served = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"])["id"])
+    tasks.sync_deployments()
+    tasks.sync_deployments()
+    served = Deployment.objects.get(pk=waiting.pk)
     assert served.state == "SERVING" and served.model_dir == str(info.path)
     assert backend.services[served.compute_handle].model_dir == str(info.path)
+
+
+def test_a_finished_job_without_a_checkpoint_fails(api, backend):
+    client = api("alpha", "member")
+    job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
+    client.post(f"/api/v1/training-jobs/{job['id']}/cancel/", format="json")
+    failed = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"])["id"])
+    assert failed.state == "FAILED"
+    assert failed.state_reason.startswith(f"cannot serve: training job {job['id']}")
+    assert "no complete checkpoint" in failed.state_reason
 
 
 def test_a_missing_model_directory_fails(api, backend, tmp_path):
