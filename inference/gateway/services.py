@@ -255,8 +255,10 @@ def _gateway_error(exc: BaseException) -> GatewayError:
         return GatewayError(str(exc) or "the model is unavailable", status=503, kind="service_unavailable_error",
                             code="model_unavailable", retry_after_s=exc.retry_after_s or 5.0)
     if isinstance(exc, ServiceRequestInvalid):
-        return GatewayError(str(exc) or "the model refused the request", status=400, kind="invalid_request_error",
-                            code="rejected_by_model")
+        message = str(exc) or "the model refused the request"
+        field, _, _ = message.partition(":")  # replicas name the field first: "prompt: 5000 tokens; ..."
+        return GatewayError(message, status=400, kind="invalid_request_error", code="rejected_by_model",
+                            param=field if field.isidentifier() else None)
     if isinstance(exc, ServiceError):
         return GatewayError(str(exc) or "the model failed", status=exc.status, kind="server_error",
                             code="backend_error", retry_after_s=exc.retry_after_s)

@@ -394,7 +394,7 @@ def test_a_prompt_longer_than_the_deployment_takes_is_a_400_and_recorded(deploy,
 def test_the_replica_refusing_a_prompt_is_a_400(deploy, client):
     deploy(service_engine={"max_prompt_tokens": 8})  # the row says nothing; the service refuses
     response = post(client, COMPLETIONS_URL, {"model": "echo", "prompt": "nine byte"})
-    error = assert_openai_error(response, 400, None)
+    error = assert_openai_error(response, 400, "prompt")  # the replica's message names the field first
     assert "at most 8" in error["message"]
     assert InferenceRequest.objects.get().status_code == 400
 

@@ -166,3 +166,133 @@ def test_overload_is_refused_with_429_semantics_not_a_hang(service, model_dir):
         t.join(timeout=90)
     assert "overloaded" in outcomes and "ok" in outcomes and len(outcomes) == 8
     assert time.monotonic() - started < 60
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the whole platform: a job trains on Ray, its checkpoint is deployed through the REST API and called through the
+# OpenAI-compatible gateway, updated without a dropped request, and deleted
+
+
+@pytest.fixture
+def platform(ray_cluster, ray_backend, topology, world, accel, settings, tmp_path, monkeypatch):
+    from controlplane.cluster.services import node_pool_create, nodes_sync
+    from inference import tasks as inference_tasks
+    from inference.gateway import services as gateway_services
+    from jobs import tasks as job_tasks
+
+    settings.DATA_DIR = tmp_path
+    for pool in topology.pools:
+        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
+                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
+    nodes_sync(observed=ray_backend.list_nodes())
+    for module in (job_tasks, inference_tasks, gateway_services):
+        monkeypatch.setattr(module, "get_compute_backend", lambda: ray_backend)
+    yield ray_backend
+    for handle in ray_backend.list_service_handles():  # nothing may outlive a test
+        ray_backend.delete_service(handle)
+    for handle in ray_backend.list_training_handles():
+        ray_backend.stop_training(handle, checkpoint=False)
+        ray_backend.release_training(handle)
+
+
+def drive(fetch, until, tick, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        tick()
+        obj = fetch()
+        if until(obj):
+            return obj
+        assert time.monotonic() < deadline, f"timed out in {obj.state}: {obj.state_reason}"
+        time.sleep(0.5)
+
+
+def sse_texts(response) -> tuple[str, list[str]]:
+    raw = b"".join(response.streaming_content).decode()
+    chunks = [line[len("data: "):] for line in raw.split("\n\n") if line.startswith("data: ")]
+    text = "".join(json.loads(c)["choices"][0].get("text") or "" for c in chunks if c != "[DONE]")
+    return text, chunks
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trained_checkpoint_is_deployed_called_updated_and_deleted_through_the_api(api, platform, world):
+    from inference import tasks as inference_tasks
+    from inference.models import Deployment, InferenceRequest
+    from jobs import tasks as job_tasks
+    from jobs.models import TrainingJob
+
+    client = api("alpha", "member")
+    job_body = {"name": "lm", "queue": "default", "accelerator_types": ["nvidia-h100"], "workers_min": 1,
+                "workers_max": 1, "devices_per_worker": 8, "checkpoint": {"interval_steps": 10, "keep_last": 2},
+                "hyperparameters": {"steps": 20, "step_sleep_s": 0.0}}
+    created = client.post("/api/v1/training-jobs/", job_body, format="json")
+    assert created.status_code == 201, created.json()
+    job = drive(lambda: TrainingJob.objects.get(pk=created.json()["id"]), lambda j: j.is_terminal,
+                job_tasks.sync_training_jobs)
+    assert job.state == "SUCCEEDED", job.state_reason
+
+    body = {"name": "tales", "queue": "default", "source_job": job.pk, "accelerator_types": ["cpu"],
+            "devices_per_replica": 1, "replicas_min": 1, "replicas_max": 1,
+            "sla": {"ttft_p95_ms": 5000, "tpot_p95_ms": 1000}, "engine": {"slots": 2, "block_size": 8}}
+    response = client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 201, response.json()
+    pk = response.json()["id"]
+    deployment = drive(lambda: Deployment.objects.get(pk=pk), lambda d: d.state == "SERVING",
+                       inference_tasks.sync_deployments)
+    assert deployment.pool == "cpu-pool" and deployment.applied_revision == 1
+    assert "step-" in deployment.model_dir
+
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tales"]
+    plain = client.post("/v1/completions", {"model": "tales", "prompt": "Once upon a time", "max_tokens": 12,
+                                            "temperature": 0}, format="json")
+    assert plain.status_code == 200, plain.content
+    text = plain.json()["choices"][0]["text"]
+    assert len(text.encode()) <= 12 * 4 and plain.json()["usage"]["completion_tokens"] == 12
+    streamed = client.post("/v1/completions", {"model": "tales", "prompt": "Once upon a time", "max_tokens": 12,
+                                               "temperature": 0, "stream": True}, format="json")
+    assert streamed["Content-Type"].startswith("text/event-stream")
+    streamed_text, chunks = sse_texts(streamed)
+    assert streamed_text == text and chunks[-1] == "[DONE]"  # greedy: the same answer both ways
+    too_long = client.post("/v1/completions", {"model": "tales", "prompt": "x" * 5000, "max_tokens": 1},
+                           format="json")
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
+
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        from django.db import connection
+
+        try:
+            while not stop.is_set():
+                r = client.post("/v1/completions", {"model": "tales", "prompt": "The robot", "max_tokens": 4},
+                                format="json")
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code}: {r.content[:200]!r}")
+        finally:
+            connection.close()
+
+    caller = threading.Thread(target=traffic)
+    caller.start()
+    try:
+        patched = client.patch(f"/api/v1/deployments/{pk}/", {"replicas_min": 2, "replicas_max": 2}, format="json")
+        assert patched.status_code == 200, patched.json()
+        deployment = drive(lambda: Deployment.objects.get(pk=pk),
+                           lambda d: d.state == "SERVING" and d.applied_revision == 2 and d.replicas_ready == 2,
+                           inference_tasks.sync_deployments)
+    finally:
+        stop.set()
+        caller.join(timeout=60)
+    assert errors == []
+    metrics = client.get(f"/api/v1/deployments/{pk}/metrics/?window=600").json()
+    assert metrics["requests"] >= 3 and metrics["ttft_ms"]["p50"] > 0
+    assert InferenceRequest.objects.filter(deployment_id=pk, status_code=200).count() >= 2
+
+    assert client.delete(f"/api/v1/deployments/{pk}/").status_code == 204
+    handle = deployment.compute_handle
+    deadline = time.monotonic() + 60
+    while platform.observe_service(handle).state != "not_found":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    gone = client.post("/v1/completions", {"model": "tales", "prompt": "hi", "max_tokens": 1}, format="json")
+    assert gone.status_code == 404

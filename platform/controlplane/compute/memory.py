@@ -206,7 +206,7 @@ class InMemoryComputeBackend:
         prompt = [int(t) for t in request["prompt_tokens"]]
         limit = int(spec.engine.get("max_prompt_tokens", 4096))
         if len(prompt) > limit:
-            raise ServiceRequestInvalid(f"prompt has {len(prompt)} tokens; this model takes at most {limit}")
+            raise ServiceRequestInvalid(f"prompt: {len(prompt)} tokens; this model accepts at most {limit}")
         return _echo_events(prompt, request)
 
     def _run(self, handle: str) -> _FakeRun:
