@@ -20,7 +20,7 @@ from controlplane.cluster.selectors import accelerator_type_list, node_list, nod
 from controlplane.datasets.selectors import dataset_list, dataset_version_list
 from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, priority_class_list
 from controlplane.tenancy.selectors import team_list, visible_team_ids
-from inference.selectors import deployment_list
+from inference.selectors import deployment_list, deployment_metrics
 from inference.states import DeploymentState
 from jobs.selectors import (
     goodput_overview,
@@ -33,6 +33,7 @@ from jobs.selectors import (
 from jobs.states import JobState
 
 JOBS_PER_PAGE = 50
+CONSOLE_METRICS_WINDOW_S = 900  # the deployment page shows the last 15 minutes of requests
 SIMULATED_NOTE = ("SIMULATED pools have logical chips: Ray nodes on a CPU host advertise them as custom "
                   "resources, and the work itself runs on CPU.")
 
@@ -162,5 +163,8 @@ def deployment_detail(request, deployment_id: int):
         "deployment": deployment,
         "revisions": deployment.revisions.select_related("created_by"),
         "events": deployment.events.all(),
+        "metrics": deployment_metrics(deployment=deployment, window_s=CONSOLE_METRICS_WINDOW_S),
+        "metrics_window_min": CONSOLE_METRICS_WINDOW_S // 60,
+        "api_base": request.build_absolute_uri("/v1/"),
     })
     return render(request, "frontend/deployment_detail.html", context)

@@ -218,3 +218,24 @@ def test_user_strings_are_escaped(world):
     assert "<img src=x" not in html
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_deployment_page_shows_what_the_gateway_measured(world):
+    from inference.models import InferenceRequest
+
+    alpha = world["alpha"]
+    deployment = deployment_create(actor=alpha["admin"], team=alpha["team"], name="measured-chat",
+                                   local_queue=alpha["queue"], accelerator_types=["nvidia-a100"],
+                                   sla_ttft_p95_ms=450, sla_tpot_p95_ms=40, model_uri="file:///m")
+    client = session(alpha["member"])
+    empty = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    assert "No requests in the last 15 minutes" in empty and '"model": "measured-chat"' in empty
+    for i in range(4):
+        InferenceRequest.objects.create(deployment=deployment, endpoint="completions", status_code=200,
+                                        prompt_tokens=100, cached_tokens=25, output_tokens=10,
+                                        ttft_ms=100.0 + i, tpot_ms=12.5, queue_ms=1.0)
+    InferenceRequest.objects.create(deployment=deployment, endpoint="completions", status_code=429)
+    html = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    assert "4 of 5 requests served" in html and "1× 429" in html
+    assert "25 <span class=\"unit\">%</span>" in html  # 100 of 400 prompt tokens reused
+    assert "103 <span class=\"unit\">ms</span>" in html  # TTFT p95 of 100..103
