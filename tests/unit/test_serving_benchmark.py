@@ -1,0 +1,49 @@
+"""The serving benchmark's pure parts: percentiles, summaries, the comparison against the targets, arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.serving import RunResult, _pct, compare, parse_args
+
+
+def result(name, *, cached, prompt, output, makespan, ttfts=(0.1, 0.2, 0.3)) -> dict:
+    r = RunResult(name=name, router=name, engine={}, requests=3, prompt_tokens=prompt, cached_tokens=cached,
+                  output_tokens=output, makespan_s=makespan, ttft_s=list(ttfts), tpot_s=[0.01, 0.02])
+    return r.summary()
+
+
+def test_percentiles_are_nearest_rank_and_empty_is_none():
+    assert _pct([], 50) is None
+    assert _pct([3.0, 1.0, 2.0], 50) == 2.0
+    assert _pct([float(i) for i in range(101)], 90) == 90.0
+
+
+def test_summary_reports_hit_rate_throughput_and_milliseconds():
+    summary = result("prefix", cached=50, prompt=200, output=300, makespan=10.0)
+    assert summary["cache_hit_rate"] == 0.25 and summary["output_tokens_per_s"] == 30.0
+    assert summary["ttft_p50_ms"] == 200.0 and summary["tpot_p90_ms"] == 20.0
+
+
+def test_compare_gives_ratios_against_each_baseline_and_says_met_or_missed():
+    runs = {"prefix": result("prefix", cached=80, prompt=200, output=300, makespan=10.0, ttfts=(0.1, 0.1, 0.1)),
+            "pow2": result("pow2", cached=40, prompt=200, output=300, makespan=15.0),
+            "round_robin": result("round_robin", cached=20, prompt=200, output=300, makespan=30.0)}
+    rows = {row["baseline"]: row for row in compare(runs)}
+    pow2 = rows["Ray Serve default (pow-2)"]
+    assert pow2["hit_rate_ratio"] == pytest.approx(2.0) and pow2["throughput_ratio"] == pytest.approx(1.5)
+    assert pow2["hit_target"].endswith("met") and pow2["throughput_target"].endswith("met")
+    rr = rows["round robin"]
+    assert rr["hit_rate_ratio"] == pytest.approx(4.0) and rr["throughput_ratio"] == pytest.approx(3.0)
+    runs["pow2"] = result("pow2", cached=60, prompt=200, output=300, makespan=11.0)
+    missed = {row["baseline"]: row for row in compare(runs)}["Ray Serve default (pow-2)"]
+    assert missed["hit_target"].endswith("MISSED") and missed["throughput_target"].endswith("MISSED")
+    assert compare({"prefix": runs["prefix"]}) == []
+
+
+@pytest.mark.parametrize("argv", [["--routers", "prefix,magic"], ["--requests", "0"], ["--replicas", "5"]])
+def test_bad_arguments_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
