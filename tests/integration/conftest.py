@@ -65,3 +65,17 @@ def ray_backend(ray_cluster):
     from controlplane.compute.ray_backend import RayComputeBackend
 
     return RayComputeBackend(address=ray_cluster.address, env=ray_cluster.client_env())
+
+
+@pytest.fixture
+def pools_from_ray(ray_backend, topology, world, accel, settings, tmp_path):
+    """The demo pools in the database with their nodes as Ray reports them, and a fresh data folder."""
+    from controlplane.cluster.services import node_pool_create, nodes_sync
+
+    settings.DATA_DIR = tmp_path
+    for pool in topology.pools:
+        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
+                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
+    nodes_sync(observed=ray_backend.list_nodes())
+    return ray_backend
+

@@ -174,17 +174,11 @@ def test_overload_is_refused_with_429_semantics_not_a_hang(service, model_dir):
 
 
 @pytest.fixture
-def platform(ray_cluster, ray_backend, topology, world, accel, settings, tmp_path, monkeypatch):
-    from controlplane.cluster.services import node_pool_create, nodes_sync
+def platform(ray_backend, pools_from_ray, monkeypatch):
     from inference import tasks as inference_tasks
     from inference.gateway import services as gateway_services
     from jobs import tasks as job_tasks
 
-    settings.DATA_DIR = tmp_path
-    for pool in topology.pools:
-        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
-                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
-    nodes_sync(observed=ray_backend.list_nodes())
     for module in (job_tasks, inference_tasks, gateway_services):
         monkeypatch.setattr(module, "get_compute_backend", lambda: ray_backend)
     yield ray_backend

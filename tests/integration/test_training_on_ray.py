@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from controlplane.cluster.services import node_pool_create, nodes_sync
 from jobs import tasks
 from jobs.models import TrainingFault, TrainingJob, TrainingMetric
 
@@ -26,13 +25,8 @@ BODY = {"name": "lm", "queue": "default", "workers_min": 2, "workers_max": 2, "d
 
 
 @pytest.fixture
-def platform(ray_cluster, ray_backend, topology, world, accel, settings, tmp_path, monkeypatch):
+def platform(ray_backend, pools_from_ray, monkeypatch):
     """The demo pools in the database, nodes as Ray reports them, tasks talking to the real cluster."""
-    settings.DATA_DIR = tmp_path
-    for pool in topology.pools:
-        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
-                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
-    nodes_sync(observed=ray_backend.list_nodes())
     monkeypatch.setattr(tasks, "get_compute_backend", lambda: ray_backend)
     yield ray_backend
     for handle in ray_backend.list_training_handles():  # nothing may outlive a test
