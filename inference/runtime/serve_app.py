@@ -248,6 +248,9 @@ def build_application(spec: dict):
             upscale_delay_s=3.0, downscale_delay_s=30.0, metrics_interval_s=1.0, look_back_period_s=5.0)
     else:
         options["num_replicas"] = max(lo, 1)
-    app = serve.deployment(LLMReplica).options(**options)
+    # A stable version per revision: Serve otherwise versions every deploy at random and restarts every replica
+    # (losing their caches) even when only the autoscaling settings changed. A new revision rolls the replicas.
+    app = serve.deployment(LLMReplica).options(**options).options(version=f"revision-{int(spec['revision'])}",
+                                                                   _internal=True)
     return app.bind(spec["model_dir"], engine.to_dict(), int(spec["revision"]))
 

@@ -144,6 +144,30 @@ def test_rolling_update_drops_no_request(service, model_dir):
     assert revisions[0] == 1 and revisions[-1] == 2 and len(revisions) > 10
 
 
+def serve_autoscaling(handle: str) -> dict:
+    from ray.serve.context import _get_global_client
+
+    app = _get_global_client().get_serve_details()["applications"][handle]
+    return app["deployments"]["llm"]["deployment_config"].get("autoscaling_config") or {}
+
+
+def test_a_new_autoscaling_target_reaches_serve_without_restarting_replicas(service, model_dir):
+    service.deploy_service(spec(model_dir, revision=2, replicas_min=2, replicas_max=3, target_ongoing_requests=2.0))
+    wait_status(service, lambda s: s.state == "running" and s.revision == 2 and s.replicas_running == 2)
+    assert serve_autoscaling(HANDLE)["target_ongoing_requests"] == 2.0
+    before = {complete(service, bytes([65 + i]) * 20, max_tokens=1)[-1]["metrics"]["replica"] for i in range(8)}
+    # the control plane lowers the target after an SLA breach: same revision, new Serve settings
+    service.deploy_service(spec(model_dir, revision=2, replicas_min=2, replicas_max=3, target_ongoing_requests=1.0))
+    deadline = time.monotonic() + 60
+    while serve_autoscaling(HANDLE).get("target_ongoing_requests") != 1.0:
+        assert time.monotonic() < deadline, serve_autoscaling(HANDLE)
+        time.sleep(0.5)
+    status = wait_status(service, lambda s: s.state == "running" and s.revision == 2)
+    assert serve_autoscaling(HANDLE)["max_replicas"] == 3 and status.replicas_running >= 2
+    after = {complete(service, bytes([65 + i]) * 20, max_tokens=1)[-1]["metrics"]["replica"] for i in range(8)}
+    assert before <= after, "a settings-only change must keep the running replicas"
+
+
 def test_overload_is_refused_with_429_semantics_not_a_hang(service, model_dir):
     service.deploy_service(spec(model_dir, revision=3, max_ongoing_requests=1, max_queued_requests=1,
                                 engine={"slots": 1, "block_size": 8, "max_waiting": 0}))
