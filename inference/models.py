@@ -37,6 +37,7 @@ class Deployment(models.Model):
     router = models.CharField(max_length=16, default="prefix",
                               help_text="request routing across replicas: prefix, pow2 or round_robin")
     revision = models.PositiveIntegerField(default=1, help_text="the revision the spec describes")
+    spec_yaml = models.TextField(blank=True, help_text="the YAML spec it was created with (fleetyard CLI/SDK)")
     # --- status (observed) ---
     state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in DeploymentState],
                              default=DeploymentState.PENDING, db_index=True)

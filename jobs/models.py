@@ -46,6 +46,7 @@ class TrainingJob(models.Model):
                                    help_text='{"mode": "auto", "model": ..., "global_batch_size": ...} or empty')
     parallel_plan = models.JSONField(default=dict, blank=True,
                                      help_text="the planner's layout per accepted accelerator type (parallelism: auto)")
+    spec_yaml = models.TextField(blank=True, help_text="the YAML spec it was submitted with (fleetyard CLI/SDK)")
     # --- status (observed) ---
     state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in JobState],
                              default=JobState.PENDING, db_index=True)

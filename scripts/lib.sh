@@ -18,7 +18,7 @@ ensure_venv() {
     local log="$VENV/pip-install.log"
     # The CPU build of torch first: a looser requirement would pull GBs of CUDA packages.
     if ! { "$PY" -m pip install --disable-pip-version-check "torch==2.13.0" \
-           && "$PY" -m pip install --disable-pip-version-check "$ROOT[dev]"; } > "$log" 2>&1; then
+           && "$PY" -m pip install --disable-pip-version-check -e "$ROOT[dev]"; } > "$log" 2>&1; then
       echo "[fleetyard] installing dependencies failed; the last lines of $log:" >&2
       tail -n 30 "$log" >&2
       exit 1

@@ -9,6 +9,7 @@ from rest_framework.routers import DefaultRouter
 from controlplane.cluster.api.views import AcceleratorTypeViewSet, NodePoolViewSet, NodeViewSet, PlanView
 from controlplane.datasets.api.views import DatasetViewSet
 from controlplane.quotas.api.views import ClusterQueueViewSet, LocalQueueViewSet, PriorityClassViewSet
+from controlplane.specs.api.views import SpecApplyView
 from controlplane.tenancy.api.views import ApiTokenViewSet, AuditEventViewSet, MembershipViewSet, MeView, TeamViewSet
 from inference.api.views import DeploymentViewSet
 from jobs.api.views import TrainingJobViewSet
@@ -31,6 +32,7 @@ router.register("deployments", DeploymentViewSet, basename="deployment")
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("plans/", PlanView.as_view(), name="plan"),
+    path("specs/apply/", SpecApplyView.as_view(), name="spec-apply"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),

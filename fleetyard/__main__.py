@@ -1,0 +1,7 @@
+"""`python -m fleetyard ...` runs the CLI."""
+
+import sys
+
+from fleetyard.cli import main
+
+sys.exit(main())

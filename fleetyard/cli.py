@@ -1,0 +1,480 @@
+"""The `fleetyard` command: launch and follow training jobs, deploy, upload datasets, see queues and quota.
+
+    fleetyard login --url http://127.0.0.1:8000 --token fy_...
+    fleetyard jobs launch train.yaml            # plan, confirm, launch, follow logs, exit with the result
+    fleetyard jobs launch train.yaml -y -d      # no prompt, detach: print the job id and return
+    fleetyard jobs queue | jobs status [ID] | jobs logs ID -f | jobs cancel ID
+    fleetyard deploy serve.yaml | endpoints | datasets upload NAME FILE | datasets list | quota
+
+Every command takes --json (one JSON document on stdout, for scripts). Exit codes scripts can trust:
+0 ok; 1 the job ended FAILED or CANCELLED (or a waited-for deployment failed); 2 usage or spec error
+(nothing was submitted); 3 API error (unreachable, auth, rejected by the server, conflict); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
+
+from fleetyard.client import Client, save_config
+from fleetyard.errors import ApiError, ConfigError, FleetyardError, SpecError, TimeoutExpired
+from fleetyard.spec import DEPLOYMENT, JOB, parse_spec
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class UsageError(FleetyardError):
+    """A user mistake found before anything was sent (exit 2)."""
+
+
+class _Cli:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.json = bool(getattr(args, "json", False))
+        self.out = Console(highlight=False, soft_wrap=True)
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        if not self.out.is_terminal:  # piped or captured: wide tables, never cut to 80 columns
+            self.out = Console(highlight=False, soft_wrap=True, width=240)
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(url=self.args.url, token=self.args.token)
+        return self._client
+
+    def emit(self, data) -> None:
+        print(json.dumps(data, indent=2, default=str))
+
+    def info(self, text: str) -> None:
+        """Progress notes: stdout for people, stderr under --json so stdout stays one JSON document."""
+        (self.err if self.json else self.out).print(text)
+
+    # ---------------------------------------------------------------------------- login
+
+    def login(self) -> int:
+        url = self.args.url or os.environ.get("FLEETYARD_URL") or _ask("Fleetyard URL", "http://127.0.0.1:8000")
+        token = self.args.token or os.environ.get("FLEETYARD_TOKEN")
+        if not token:
+            if not sys.stdin.isatty():
+                raise UsageError("give --token (or FLEETYARD_TOKEN) when not on a terminal")
+            token = getpass.getpass("API token (fy_...): ").strip()
+        if not token.startswith("fy_"):
+            raise UsageError("an API token starts with fy_ (create one in the console or POST /api/v1/api-tokens/)")
+        me = Client(url=url, token=token).me()
+        path = save_config(url=url.rstrip("/"), token=token)
+        if self.json:
+            self.emit({"url": url.rstrip("/"), "username": me["username"], "team": me.get("token_team"),
+                       "config": str(path)})
+        else:
+            self.out.print(f"Logged in to {url} as [bold]{escape(me['username'])}[/] (team "
+                           f"{escape(str(me.get('token_team')))}); saved to {path}")
+        return EXIT_OK
+
+    # ---------------------------------------------------------------------------- specs
+
+    def _read_spec(self, kind: str):
+        path = Path(self.args.spec)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        spec = parse_spec(text, filename=path.name)  # mistakes are found here, before anything is sent
+        if spec.kind != kind:
+            command = "fleetyard deploy" if spec.kind == DEPLOYMENT else "fleetyard jobs launch"
+            raise UsageError(f"{path.name} describes a {spec.kind.replace('_', ' ')}; use {command}")
+        secrets = {}
+        for item in self.args.secret or []:
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise UsageError(f"--secret takes NAME=VALUE, got {item!r}")
+            secrets[name] = value
+        for name in spec.secrets:
+            if name not in secrets:
+                if name not in os.environ:
+                    raise UsageError(f"{path.name}: secrets: {name} is not set in your environment "
+                                     f"(export {name}=... or pass --secret {name}=...)")
+                secrets[name] = os.environ[name]
+        return path, text, spec, secrets
+
+    def _plan_and_confirm(self, path: Path, text: str, secrets: dict, what: str) -> bool:
+        result = self.client.apply_spec(text, dry_run=True, secrets=secrets, filename=path.name)
+        if not self.json:
+            self._print_plan(result)
+        if self.args.yes:
+            return True
+        if not sys.stdin.isatty():
+            raise UsageError(f"not on a terminal: pass -y to {what} without confirming")
+        answer = input(f"{what.capitalize()}? [y/N] ").strip().lower()
+        return answer in ("y", "yes")
+
+    def _print_plan(self, result: dict) -> None:
+        plan = result["plan"]
+        for warning in result.get("warnings", []):
+            self.out.print(f"[yellow]note:[/] {escape(warning)}")
+        table = Table(title=f"Plan for {escape(plan['name'])} ({plan['kind'].replace('_', ' ')})", title_justify="left")
+        for column in ("type", "needs", "$/h", "free now", "quota left", "fits now"):
+            table.add_column(column)
+        chosen = (plan.get("chosen") or {}).get("accelerator_type")
+        for option in plan["options"]:
+            mark = "[bold green]*[/] " if option["accelerator_type"] == chosen else "  "
+            table.add_row(mark + option["accelerator_type"], f"{option['units']:g} {option['unit']}",
+                          _money(option["cost_per_hour_usd"]), f"{option['free_units']:g}",
+                          "-" if option["quota_left"] is None else f"{option['quota_left']:g}",
+                          "yes" if option["fits_now"] else "no")
+        self.out.print(table)
+        if plan.get("chosen"):
+            self.out.print(f"Chosen: [bold]{escape(chosen)}[/] - {escape(plan['chosen']['reason'])}")
+            self.out.print(f"Cost: {_money(plan['chosen']['cost_per_hour_usd'])} per hour")
+        queue = plan.get("queue") or {}
+        if queue.get("position") is not None:
+            self.out.print(f"Queue: {escape(queue['local_queue'])} -> cluster queue "
+                           f"{escape(queue['cluster_queue'])}, position {queue['position']} "
+                           f"({queue['waiting_ahead']} waiting ahead)")
+        for note in plan.get("notes", []):
+            self.out.print(f"[dim]{escape(note)}[/]")
+
+    # ---------------------------------------------------------------------------- jobs
+
+    def jobs_launch(self) -> int:
+        path, text, _spec, secrets = self._read_spec(JOB)
+        if not self._plan_and_confirm(path, text, secrets, "launch"):
+            self.info("Not launched.")
+            return EXIT_OK
+        result = self.client.apply_spec(text, secrets=secrets, filename=path.name)
+        job = result["object"]
+        self.info(f"Launched training job [bold]{job['id']}[/] ({escape(job['name'])}): {job['status']['state']} - "
+                  f"{escape(job['status']['reason'])}")
+        if self.args.detach:
+            if self.json:
+                self.emit({"plan": result["plan"], "job": job})
+            else:
+                self.out.print(f"Follow it with: fleetyard jobs logs {job['id']} -f")
+            return EXIT_OK
+        self._follow(job["id"])
+        final = self.client.training_job(job["id"])
+        if self.json:
+            self.emit({"plan": result["plan"], "job": final.raw})
+        return self._job_exit(final)
+
+    def _follow(self, job_id: int) -> None:
+        target = self.err if self.json else self.out
+        for line in self.client.logs(job_id, follow=True):
+            prefix = f"[w{line.worker}] " if line.worker is not None else ""
+            target.print(escape(prefix + line.line))
+
+    def _job_exit(self, job) -> int:
+        if not self.json:
+            color = "green" if job.state == "SUCCEEDED" else "red"
+            self.out.print(f"Job {job.id} [bold {color}]{job.state}[/]: {escape(job.reason)}")
+        return EXIT_OK if job.state == "SUCCEEDED" else EXIT_JOB_FAILED
+
+    def jobs_queue(self) -> int:
+        jobs = list(self.client.training_jobs(state="QUEUED"))
+        jobs.sort(key=lambda j: (j.queue, j.queue_position or 10**9, j.id))
+        if self.json:
+            self.emit([j.raw for j in jobs])
+            return EXIT_OK
+        table = Table(title="Waiting jobs", title_justify="left")
+        for column in ("id", "name", "queue", "position", "accelerators", "why it waits"):
+            table.add_column(column)
+        for j in jobs:
+            table.add_row(str(j.id), escape(j.name), escape(j.queue), str(j.queue_position or "-"),
+                          ", ".join(j.accelerator_types), escape(j.reason))
+        self.out.print(table if jobs else "No jobs are waiting.")
+        return EXIT_OK
+
+    def jobs_status(self) -> int:
+        if self.args.job_id is not None:
+            job = self.client.training_job(self.args.job_id)
+            if self.json:
+                self.emit(job.raw)
+                return EXIT_OK
+            status = job.raw["status"]
+            table = Table(show_header=False, title=f"Training job {job.id}: {escape(job.name)}", title_justify="left")
+            table.add_column("field", style="bold")
+            table.add_column("value")
+            rows = [("state", job.state), ("reason", job.reason), ("team", job.team), ("queue", job.queue),
+                    ("queue position", status.get("queue_position")),
+                    ("accepted types", ", ".join(job.accelerator_types)),
+                    ("admitted type", status.get("admitted_accelerator_type") or "-"),
+                    ("workers", status.get("workers")), ("step", status.get("step")),
+                    ("last checkpoint", status.get("last_checkpoint_step")), ("restarts", status.get("restarts")),
+                    ("ETTR", (status.get("goodput") or {}).get("ettr"))]
+            for name, value in rows:
+                table.add_row(name, escape("-" if value in (None, "") else str(value)))
+            self.out.print(table)
+            return EXIT_OK
+        jobs = list(self.client.training_jobs(ordering="-created_at", page_size=self.args.limit))[: self.args.limit]
+        if self.json:
+            self.emit([j.raw for j in jobs])
+            return EXIT_OK
+        table = Table(title="Training jobs", title_justify="left")
+        for column in ("id", "name", "team", "queue", "state", "type", "step", "reason"):
+            table.add_column(column)
+        for j in jobs:
+            table.add_row(str(j.id), escape(j.name), escape(j.team), escape(j.queue), _state(j.state),
+                          j.admitted_accelerator_type or "-", "-" if j.step is None else str(j.step), escape(j.reason))
+        self.out.print(table if jobs else "No training jobs.")
+        return EXIT_OK
+
+    def jobs_logs(self) -> int:
+        if self.args.follow:
+            if self.json:
+                for line in self.client.logs(self.args.job_id, follow=True):
+                    print(json.dumps(line.__dict__), flush=True)
+            else:
+                self._follow(self.args.job_id)
+            return self._job_exit(self.client.training_job(self.args.job_id)) if not self.json else EXIT_OK
+        lines = list(self.client.logs(self.args.job_id))
+        if self.json:
+            self.emit([line.__dict__ for line in lines])
+        else:
+            for line in lines:
+                prefix = f"[w{line.worker}] " if line.worker is not None else ""
+                self.out.print(escape(prefix + line.line))
+        return EXIT_OK
+
+    def jobs_cancel(self) -> int:
+        job = self.client.cancel_training_job(self.args.job_id, reason=self.args.reason or "")
+        if self.json:
+            self.emit(job.raw)
+        else:
+            self.out.print(f"Job {job.id} {job.state}: {escape(job.reason)}")
+        return EXIT_OK
+
+    # ---------------------------------------------------------------------------- deployments
+
+    def deploy(self) -> int:
+        path, text, _spec, secrets = self._read_spec(DEPLOYMENT)
+        if not self._plan_and_confirm(path, text, secrets, "deploy"):
+            self.info("Not deployed.")
+            return EXIT_OK
+        result = self.client.apply_spec(text, secrets=secrets, filename=path.name)
+        deployment = result["object"]
+        self.info(f"Created deployment [bold]{deployment['id']}[/] ({escape(deployment['name'])}): "
+                  f"{deployment['status']['state']} - {escape(deployment['status']['reason'])}")
+        if self.args.wait:
+            try:
+                deployment = self.client.wait_for_deployment(deployment["id"], timeout=self.args.wait).raw
+            except TimeoutExpired as exc:
+                if self.json:
+                    self.emit({"plan": result["plan"], "deployment": self.client.deployment(deployment["id"]).raw})
+                self.err.print(f"[red]error:[/] {escape(str(exc))}")
+                return EXIT_JOB_FAILED
+            self.info(f"Serving: call model {escape(deployment['name'])!r} at {self.client.url}/v1/chat/completions")
+        if self.json:
+            self.emit({"plan": result["plan"], "deployment": deployment})
+        return EXIT_OK
+
+    def endpoints(self) -> int:
+        deployments = [d for d in self.client.deployments(ordering="name") if d.state != "DELETED"]
+        if self.json:
+            self.emit([{**d.raw, "endpoint": f"{self.client.url}/v1", "model": d.name} for d in deployments])
+            return EXIT_OK
+        table = Table(title=f"Endpoints (OpenAI-compatible at {self.client.url}/v1)", title_justify="left")
+        for column in ("id", "model", "team", "state", "replicas", "type", "SLA p95 ttft/tpot", "reason"):
+            table.add_column(column)
+        for d in deployments:
+            spec, status = d.raw["spec"], d.raw["status"]
+            table.add_row(str(d.id), escape(d.name), escape(d.team), _state(d.state),
+                          f"{status.get('replicas_ready', 0)}/{status.get('replicas_target', 0)}",
+                          status.get("accelerator_type") or "-",
+                          f"{spec['sla']['ttft_p95_ms']} / {spec['sla']['tpot_p95_ms']} ms", escape(d.reason))
+        self.out.print(table if deployments else "No deployments.")
+        return EXIT_OK
+
+    # ---------------------------------------------------------------------------- datasets
+
+    def datasets_upload(self) -> int:
+        path = Path(self.args.file)
+        if not path.is_file():
+            raise UsageError(f"{path} is not a file")
+        dataset = self.client.dataset_by_name(self.args.name)
+        if dataset is None:
+            dataset = self.client.create_dataset(self.args.name, description=self.args.description or "")
+        show = not self.json and self.err.is_terminal
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), console=self.err, disable=not show) as progress:
+            task = progress.add_task(f"uploading {path.name}", total=path.stat().st_size)
+            version = self.client.upload_dataset_version(
+                dataset["id"], path, fmt=self.args.format or "", description=self.args.description or "",
+                progress=lambda sent, total: progress.update(task, completed=sent))
+        if self.json:
+            self.emit(version)
+        else:
+            self.out.print(f"Uploaded {path.name} as [bold]{escape(version['reference'])}[/] "
+                           f"({version['size_bytes']} bytes, sha256 {version.get('checksum_sha256', '')[:12]})")
+        return EXIT_OK
+
+    def datasets_list(self) -> int:
+        datasets = list(self.client.datasets())
+        if self.json:
+            self.emit(datasets)
+            return EXIT_OK
+        table = Table(title="Datasets", title_justify="left")
+        for column in ("id", "name", "team", "versions", "latest", "description"):
+            table.add_column(column)
+        for d in datasets:
+            latest = d.get("latest_version")
+            latest_text = latest.get("reference", "") if isinstance(latest, dict) else str(latest or "-")
+            table.add_row(str(d["id"]), escape(d["name"]), escape(str(d["team"])), str(d.get("version_count", "")),
+                          escape(latest_text), escape(d.get("description", "")))
+        self.out.print(table if datasets else "No datasets.")
+        return EXIT_OK
+
+    # ---------------------------------------------------------------------------- quota
+
+    def quota(self) -> int:
+        local = self.client.local_queues()
+        clusters = {q["name"]: q for q in self.client.cluster_queues()}
+        rows = []
+        for queue in local:
+            cq = clusters.get(queue["cluster_queue"], {})
+            for quota in cq.get("quotas", []):
+                rows.append({"team": queue["team"], "queue": queue["name"], "cluster_queue": queue["cluster_queue"],
+                             "cohort": cq.get("cohort", ""), **quota})
+        if self.json:
+            self.emit(rows)
+            return EXIT_OK
+        table = Table(title="Quota", title_justify="left")
+        for column in ("team", "queue", "cluster queue", "cohort", "type", "nominal", "borrowing limit",
+                       "lending limit"):
+            table.add_column(column)
+        for r in rows:
+            table.add_row(escape(r["team"]), escape(r["queue"]), escape(r["cluster_queue"]), escape(r["cohort"]),
+                          r["accelerator_type"], f"{r['nominal_quota']:g}", _limit(r["borrowing_limit"]),
+                          _limit(r["lending_limit"]))
+        self.out.print(table if rows else "No queues.")
+        return EXIT_OK
+
+
+def _ask(prompt: str, default: str) -> str:
+    if not sys.stdin.isatty():
+        return default
+    answer = input(f"{prompt} [{default}]: ").strip()
+    return answer or default
+
+
+def _money(value) -> str:
+    return "unknown" if value is None else f"${value:,.2f}"
+
+
+def _limit(value) -> str:
+    return "unlimited" if value is None else f"{value:g}"
+
+
+def _state(state: str) -> str:
+    color = {"SUCCEEDED": "green", "RUNNING": "cyan", "SERVING": "green", "FAILED": "red", "CANCELLED": "yellow",
+             "QUEUED": "magenta", "DEGRADED": "yellow"}.get(state)
+    return f"[{color}]{state}[/]" if color else state
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # The shared options work before or after the command. The subcommands' copies default to SUPPRESS so
+    # that they do not reset what was given before the command (two parsers: argparse shares actions).
+    def shared(default_json, default_none) -> argparse.ArgumentParser:
+        options = argparse.ArgumentParser(add_help=False)
+        options.add_argument("--json", action="store_true", default=default_json,
+                             help="print one JSON document (for scripts)")
+        options.add_argument("--url", default=default_none,
+                             help="server URL (default: FLEETYARD_URL or the login config)")
+        options.add_argument("--token", default=default_none,
+                             help="API token (default: FLEETYARD_TOKEN or the login config)")
+        return options
+
+    common = shared(argparse.SUPPRESS, argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        prog="fleetyard", parents=[shared(False, None)],
+        description="Fleetyard: train and serve on your team's accelerators.",
+        epilog="exit codes: 0 ok, 1 job failed or cancelled, 2 usage or spec error, 3 API error, 130 interrupted")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    login = commands.add_parser("login", parents=[common], help="save the server URL and an API token")
+    login.set_defaults(run=_Cli.login)
+
+    jobs = commands.add_parser("jobs", help="training jobs").add_subparsers(dest="jobs_command", metavar="ACTION",
+                                                                           required=True)
+    launch = jobs.add_parser("launch", parents=[common], help="plan, confirm and launch a job from a YAML spec")
+    launch.add_argument("spec", help="the job's YAML spec")
+    launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    launch.add_argument("-d", "--detach", action="store_true", help="return once launched; do not follow logs")
+    launch.add_argument("--secret", action="append", metavar="NAME=VALUE", help="a secret the spec names")
+    launch.set_defaults(run=_Cli.jobs_launch)
+    queue = jobs.add_parser("queue", parents=[common], help="waiting jobs, their positions and why they wait")
+    queue.set_defaults(run=_Cli.jobs_queue)
+    status = jobs.add_parser("status", parents=[common], help="one job in detail, or the latest jobs")
+    status.add_argument("job_id", type=int, nargs="?")
+    status.add_argument("--limit", type=int, default=20)
+    status.set_defaults(run=_Cli.jobs_status)
+    logs = jobs.add_parser("logs", parents=[common], help="a job's log lines")
+    logs.add_argument("job_id", type=int)
+    logs.add_argument("-f", "--follow", action="store_true", help="stream until the job ends, exit with its result")
+    logs.set_defaults(run=_Cli.jobs_logs)
+    cancel = jobs.add_parser("cancel", parents=[common], help="cancel a job")
+    cancel.add_argument("job_id", type=int)
+    cancel.add_argument("--reason", default="")
+    cancel.set_defaults(run=_Cli.jobs_cancel)
+
+    deploy = commands.add_parser("deploy", parents=[common], help="plan, confirm and create a deployment")
+    deploy.add_argument("spec", help="the deployment's YAML spec")
+    deploy.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    deploy.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                        help="wait until it is SERVING (exit 1 if it fails or the time runs out)")
+    deploy.add_argument("--secret", action="append", metavar="NAME=VALUE")
+    deploy.set_defaults(run=_Cli.deploy)
+    endpoints = commands.add_parser("endpoints", parents=[common], help="deployments and their endpoints")
+    endpoints.set_defaults(run=_Cli.endpoints)
+
+    datasets = commands.add_parser("datasets", help="datasets").add_subparsers(dest="datasets_command",
+                                                                               metavar="ACTION", required=True)
+    upload = datasets.add_parser("upload", parents=[common], help="upload a file as a dataset's next version")
+    upload.add_argument("name", help="the dataset (created if it does not exist)")
+    upload.add_argument("file")
+    upload.add_argument("--format", default="")
+    upload.add_argument("--description", default="")
+    upload.set_defaults(run=_Cli.datasets_upload)
+    dlist = datasets.add_parser("list", parents=[common], help="datasets of your teams")
+    dlist.set_defaults(run=_Cli.datasets_list)
+
+    quota = commands.add_parser("quota", parents=[common], help="your queues and their quota per accelerator type")
+    quota.set_defaults(run=_Cli.quota)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: 0 for --help, 2 for usage errors
+        return int(exc.code or 0)
+    cli = _Cli(args)
+    try:
+        return args.run(cli)
+    except SpecError as exc:
+        for message in exc.messages:
+            cli.err.print(escape(message))
+        return EXIT_USAGE
+    except UsageError as exc:
+        cli.err.print(f"[red]error:[/] {escape(str(exc))}")
+        return EXIT_USAGE
+    except (ApiError, ConfigError, TimeoutExpired) as exc:
+        body = getattr(exc, "body", None)
+        if isinstance(body, dict) and isinstance(body.get("spec"), list):  # the server found a spec mistake
+            for message in body["spec"]:
+                cli.err.print(escape(str(message)))
+            return EXIT_USAGE
+        cli.err.print(f"[red]error:[/] {escape(str(exc))}")
+        return EXIT_API
+    except KeyboardInterrupt:
+        cli.err.print("interrupted")
+        return EXIT_INTERRUPTED

@@ -1,0 +1,436 @@
+"""A typed Python client of the Fleetyard REST API (/api/v1/).
+
+    from fleetyard import Client
+    client = Client()                           # FLEETYARD_URL / FLEETYARD_TOKEN, or the login config file
+    result = client.apply_spec(open("train.yaml").read())
+    job_id = result["object"]["id"]
+    for line in client.logs(job_id, follow=True):   # yields until the job ends
+        print(line.line)
+    job = client.wait_for_job(job_id, timeout=600)
+
+Token auth (`Authorization: Bearer fy_...`), retries with exponential backoff on 429 / 5xx / connection
+errors (POST and PATCH only where the server cannot have acted: 429 and refused connections),
+pagination iterators, a log-streaming generator, wait-for-state helpers and typed errors
+(`fleetyard.errors`). Pure Python (requests): no Django, no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from fleetyard.errors import (
+    ApiError,
+    ConfigError,
+    ConnectionFailed,
+    RateLimited,
+    ServerError,
+    TimeoutExpired,
+)
+
+JOB_TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+DEPLOYMENT_TERMINAL = ("DELETED", "FAILED")
+DEFAULT_CONFIG = Path("~/.config/fleetyard/config.json")
+
+
+# ------------------------------------------------------------------------------------ configuration
+
+def config_path() -> Path:
+    return Path(os.environ.get("FLEETYARD_CONFIG") or DEFAULT_CONFIG).expanduser()
+
+
+def load_config() -> dict:
+    path = config_path()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def save_config(*, url: str, token: str) -> Path:
+    """Write the URL and token for later commands, readable by the owner only."""
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"url": url, "token": token}, handle)
+    os.replace(tmp, path)
+    return path
+
+
+# ------------------------------------------------------------------------------------ typed results
+
+@dataclass
+class TrainingJob:
+    id: int
+    name: str
+    team: str
+    state: str
+    reason: str
+    queue: str
+    queue_position: int | None
+    accelerator_types: list[str]
+    admitted_accelerator_type: str
+    step: int | None
+    raw: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in JOB_TERMINAL
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainingJob:
+        spec, status = data.get("spec", {}), data.get("status", {})
+        return cls(id=data["id"], name=data["name"], team=data.get("team", ""), state=status.get("state", ""),
+                   reason=status.get("reason", ""), queue=spec.get("queue", ""),
+                   queue_position=status.get("queue_position"),
+                   accelerator_types=list(spec.get("accelerator_types", [])),
+                   admitted_accelerator_type=status.get("admitted_accelerator_type", ""),
+                   step=status.get("step"), raw=data)
+
+
+@dataclass
+class Deployment:
+    id: int
+    name: str
+    team: str
+    state: str
+    reason: str
+    raw: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in DEPLOYMENT_TERMINAL
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Deployment:
+        status = data.get("status", {})
+        return cls(id=data["id"], name=data["name"], team=data.get("team", ""), state=status.get("state", ""),
+                   reason=status.get("reason", ""), raw=data)
+
+
+@dataclass
+class LogLine:
+    id: int
+    attempt: int
+    worker: int | None
+    line: str
+    recorded_at: str
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LogLine:
+        return cls(id=data["id"], attempt=data.get("attempt", 0), worker=data.get("worker"), line=data["line"],
+                   recorded_at=data.get("recorded_at", ""))
+
+
+# ------------------------------------------------------------------------------------ the client
+
+class Client:
+    """One session against one server. Arguments override FLEETYARD_URL / FLEETYARD_TOKEN, which override
+    the config file `fleetyard login` writes (~/.config/fleetyard/config.json, or FLEETYARD_CONFIG)."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 max_retries: int = 4, backoff: float = 0.5, session: requests.Session | None = None):
+        config = {} if (url and token) else load_config()
+        self.url = (url or os.environ.get("FLEETYARD_URL") or config.get("url") or "").rstrip("/")
+        self.token = token or os.environ.get("FLEETYARD_TOKEN") or config.get("token") or ""
+        if not self.url:
+            raise ConfigError("no server: run `fleetyard login` or set FLEETYARD_URL")
+        if not self.token:
+            raise ConfigError("no API token: run `fleetyard login` or set FLEETYARD_TOKEN (create one in the "
+                              "console or with POST /api/v1/api-tokens/)")
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.session = session or requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {self.token}"
+        self.session.headers["User-Agent"] = "fleetyard-sdk/0.1"
+
+    # -------------------------------------------------------------------------------- plumbing
+
+    def _url(self, path: str) -> str:
+        if path.startswith("http://") or path.startswith("https://"):
+            return path
+        return f"{self.url}/api/v1/{path.lstrip('/')}"
+
+    def request(self, method: str, path: str, *, stream: bool = False, timeout: float | None = None,
+                **kwargs) -> requests.Response:
+        """One call with retries; returns the response or raises a typed ApiError."""
+        idempotent = method.upper() in ("GET", "HEAD", "OPTIONS", "PUT", "DELETE")
+        attempt = 0
+        while True:
+            try:
+                response = self.session.request(method, self._url(path), stream=stream,
+                                                timeout=timeout or self.timeout, **kwargs)
+            except requests.ConnectionError as exc:
+                refused = "refused" in str(exc).lower()
+                if attempt < self.max_retries and (idempotent or refused) and _rewindable(kwargs):
+                    self._sleep(attempt, None)
+                    attempt += 1
+                    continue
+                raise ConnectionFailed(f"cannot reach {self.url}: {exc.__class__.__name__}", method=method,
+                                       url=self._url(path)) from None
+            except requests.Timeout:
+                if attempt < self.max_retries and idempotent:
+                    self._sleep(attempt, None)
+                    attempt += 1
+                    continue
+                raise ConnectionFailed(f"{method} {path} timed out after {timeout or self.timeout:g} s",
+                                       method=method, url=self._url(path)) from None
+            retryable = response.status_code == 429 or (response.status_code >= 500 and idempotent)
+            if retryable and attempt < self.max_retries and _rewindable(kwargs):
+                self._sleep(attempt, response.headers.get("Retry-After"))
+                response.close()
+                attempt += 1
+                continue
+            if response.status_code >= 400:
+                error = ApiError.from_response(response)
+                if isinstance(error, RateLimited | ServerError):
+                    error.args = (f"{error.args[0]} (after {attempt} retries)",)
+                raise error
+            return response
+
+    def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        delay = self.backoff * (2 ** attempt) * (0.5 + random.random() / 2)
+        if retry_after:
+            with contextlib.suppress(ValueError):
+                delay = max(delay, min(float(retry_after), 60.0))
+        time.sleep(delay)
+
+    def get(self, path: str, **params) -> dict | list:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+
+    def post(self, path: str, body: dict | None = None, **params) -> dict:
+        response = self.request("POST", path, json=body or {}, params=params or None)
+        return response.json() if response.content else {}
+
+    def paginate(self, path: str, *, page_size: int = 100, **params) -> Iterator[dict]:
+        """Every object of a paginated list, following `next` links."""
+        url: str | None = self._url(path)
+        query = {"page_size": page_size, **{k: v for k, v in params.items() if v is not None}}
+        while url:
+            page = self.request("GET", url, params=query).json()
+            if isinstance(page, list):
+                yield from page
+                return
+            yield from page.get("results", [])
+            url, query = page.get("next"), None
+
+    # -------------------------------------------------------------------------------- who am I
+
+    def me(self) -> dict:
+        return self.get("me/")
+
+    # -------------------------------------------------------------------------------- specs
+
+    def apply_spec(self, text: str, *, dry_run: bool = False, secrets: dict[str, str] | None = None,
+                   filename: str = "spec.yaml") -> dict:
+        """Submit a YAML spec (POST /api/v1/specs/apply/): the plan, and the created object unless dry_run.
+
+        Returns {"kind", "dry_run", "plan", "warnings", "object"}; a spec mistake is a BadRequest whose
+        body's `spec` lists `file:line: field: reason` lines."""
+        body = {"spec": text, "filename": filename, "secrets": dict(secrets or {})}
+        return self.post("specs/apply/", body, **({"dry_run": "1"} if dry_run else {}))
+
+    # -------------------------------------------------------------------------------- training jobs
+
+    def training_jobs(self, **filters) -> Iterator[TrainingJob]:
+        """Jobs you can see; filters as the API's (`state=QUEUED`, `queue=default`, `ordering=-created_at`)."""
+        for item in self.paginate("training-jobs/", **filters):
+            yield TrainingJob.from_dict(item)
+
+    def training_job(self, job_id: int) -> TrainingJob:
+        return TrainingJob.from_dict(self.get(f"training-jobs/{int(job_id)}/"))
+
+    def create_training_job(self, body: dict) -> TrainingJob:
+        return TrainingJob.from_dict(self.post("training-jobs/", body))
+
+    def cancel_training_job(self, job_id: int, *, reason: str = "") -> TrainingJob:
+        return TrainingJob.from_dict(self.post(f"training-jobs/{int(job_id)}/cancel/", {"reason": reason}))
+
+    def training_job_events(self, job_id: int) -> Iterator[dict]:
+        return self.paginate(f"training-jobs/{int(job_id)}/events/")
+
+    def metrics(self, job_id: int, *, after: int | None = None, limit: int = 1000) -> list[dict]:
+        return self.get(f"training-jobs/{int(job_id)}/metrics/", after=after, limit=limit)["results"]
+
+    def logs(self, job_id: int, *, follow: bool = False, after: int | None = None, worker: int | None = None,
+             poll_timeout: int = 300) -> Iterator[LogLine]:
+        """The job's log lines, oldest first. With follow, keeps streaming (NDJSON) and returns when the job
+        has ended and every line is read; a dropped stream is resumed after the last line seen."""
+        path = f"training-jobs/{int(job_id)}/logs/"
+        if not follow:
+            while True:
+                page = self.get(path, after=after, worker=worker, limit=1000)
+                for item in page["results"]:
+                    yield LogLine.from_dict(item)
+                if not page["results"]:
+                    return
+                after = page["next_after"]
+        while True:
+            params = {"follow": "true", "timeout": poll_timeout, "after": after, "worker": worker}
+            try:
+                response = self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
+                                        stream=True, timeout=poll_timeout + 30)
+                with response:
+                    for raw in response.iter_lines():
+                        if raw:
+                            line = LogLine.from_dict(json.loads(raw))
+                            after = line.id
+                            yield line
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):
+                time.sleep(self.backoff)  # the stream broke: resume after the last line seen
+                continue
+            # The server ends a stream when the job ended or its timeout passed; only the first is the end.
+            if self.training_job(job_id).is_terminal:
+                tail = self.get(path, after=after, worker=worker, limit=1000)["results"]
+                for item in tail:
+                    yield LogLine.from_dict(item)
+                if not tail:
+                    return
+
+    def wait_for_job(self, job_id: int, *, states: tuple[str, ...] = JOB_TERMINAL, timeout: float = 3600,
+                     poll: float = 1.0) -> TrainingJob:
+        """Poll until the job is in one of `states` (default: ended); TimeoutExpired otherwise."""
+        return _wait(lambda: self.training_job(job_id), states, timeout, poll, f"training job {job_id}")
+
+    # -------------------------------------------------------------------------------- deployments
+
+    def deployments(self, **filters) -> Iterator[Deployment]:
+        for item in self.paginate("deployments/", **filters):
+            yield Deployment.from_dict(item)
+
+    def deployment(self, deployment_id: int) -> Deployment:
+        return Deployment.from_dict(self.get(f"deployments/{int(deployment_id)}/"))
+
+    def scale_deployment(self, deployment_id: int, *, replicas_min: int, replicas_max: int | None = None) -> Deployment:
+        body = {"replicas_min": replicas_min, "replicas_max": replicas_max}
+        return Deployment.from_dict(self.post(f"deployments/{int(deployment_id)}/scale/", body))
+
+    def delete_deployment(self, deployment_id: int) -> None:
+        self.request("DELETE", f"deployments/{int(deployment_id)}/")
+
+    def wait_for_deployment(self, deployment_id: int, *, states: tuple[str, ...] = ("SERVING",),
+                            timeout: float = 600, poll: float = 1.0) -> Deployment:
+        return _wait(lambda: self.deployment(deployment_id), states, timeout, poll, f"deployment {deployment_id}",
+                     give_up=DEPLOYMENT_TERMINAL)
+
+    # -------------------------------------------------------------------------------- datasets
+
+    def datasets(self, **filters) -> Iterator[dict]:
+        return self.paginate("datasets/", **filters)
+
+    def dataset_by_name(self, name: str) -> dict | None:
+        return next(iter(d for d in self.paginate("datasets/", name=name) if d["name"] == name), None)
+
+    def create_dataset(self, name: str, *, description: str = "", team: str | None = None) -> dict:
+        body = {"name": name, "description": description, **({"team": team} if team else {})}
+        return self.post("datasets/", body)
+
+    def upload_dataset_version(self, dataset_id: int, path: str | os.PathLike, *, fmt: str = "",
+                               description: str = "", progress: Callable[[int, int], None] | None = None) -> dict:
+        """Upload a file as the dataset's next version, streamed (never read whole into memory);
+        `progress(sent_bytes, total_bytes)` is called as it goes."""
+        fields = {"format": fmt, "description": description}
+        body = _MultipartFile(Path(path), fields, progress)
+        response = self.request("POST", f"datasets/{int(dataset_id)}/versions/", data=body,
+                                headers={"Content-Type": body.content_type}, timeout=max(self.timeout, 600))
+        return response.json()
+
+    # -------------------------------------------------------------------------------- queues and quota
+
+    def local_queues(self) -> list[dict]:
+        return list(self.paginate("local-queues/"))
+
+    def cluster_queues(self) -> list[dict]:
+        return list(self.paginate("cluster-queues/"))
+
+    def accelerator_types(self) -> list[dict]:
+        return list(self.paginate("accelerator-types/"))
+
+
+def _wait(fetch, states, timeout, poll, what, give_up=()):
+    deadline = time.monotonic() + timeout
+    while True:
+        obj = fetch()
+        if obj.state in states:
+            return obj
+        if obj.state in give_up or (states != JOB_TERMINAL and getattr(obj, "is_terminal", False)):
+            raise TimeoutExpired(f"{what} ended {obj.state} ({obj.reason}) while waiting for {', '.join(states)}")
+        if time.monotonic() >= deadline:
+            raise TimeoutExpired(f"{what} is still {obj.state} ({obj.reason}) after {timeout:g} s; "
+                                 f"waited for {', '.join(states)}")
+        time.sleep(poll)
+
+
+def _rewindable(kwargs: dict) -> bool:
+    """A streamed upload body cannot be sent twice unless it can rewind."""
+    data = kwargs.get("data")
+    if isinstance(data, _MultipartFile):
+        data.rewind()
+    return True
+
+
+class _MultipartFile:
+    """A multipart/form-data body read in chunks from disk, with a known length (so the server gets a
+    Content-Length, not chunked encoding) and a progress callback."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path, fields: dict[str, str], progress: Callable[[int, int], None] | None):
+        self.path = path
+        self.boundary = f"fleetyard-{random.getrandbits(64):016x}"
+        self.content_type = f"multipart/form-data; boundary={self.boundary}"
+        head = b"".join(
+            f'--{self.boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+            for name, value in fields.items()
+        )
+        filename = path.name.replace('"', "")
+        head += (f'--{self.boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+                 f"Content-Type: application/octet-stream\r\n\r\n").encode()
+        self.head = head
+        self.tail = f"\r\n--{self.boundary}--\r\n".encode()
+        self.size = path.stat().st_size
+        self.len = len(self.head) + self.size + len(self.tail)
+        self.progress = progress
+        self._handle = None
+        self.rewind()
+
+    def __len__(self) -> int:
+        return self.len
+
+    def rewind(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        self._handle = None
+        self._stage = 0
+        self._sent = 0
+
+    def read(self, size: int = -1) -> bytes:
+        if self._stage == 0:
+            self._stage = 1
+            self._handle = self.path.open("rb")
+            return self.head
+        if self._stage == 1:
+            chunk = self._handle.read(self.CHUNK if size is None or size < 0 else min(size, self.CHUNK))
+            if chunk:
+                self._sent += len(chunk)
+                if self.progress:
+                    self.progress(self._sent, self.size)
+                return chunk
+            self._handle.close()
+            self._stage = 2
+            return self.tail
+        return b""

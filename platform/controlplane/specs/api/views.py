@@ -1,0 +1,140 @@
+"""POST /api/v1/specs/apply/: submit a fleetyard YAML spec (a training job or a deployment).
+
+Body: the YAML itself (Content-Type application/yaml) or JSON {"spec": "<yaml>", "filename": ...,
+"secrets": {NAME: value}}. `?dry_run=1` returns the plan (chosen accelerator type and why, cost per hour,
+queue position) without creating anything. Every mistake is a 400 whose `spec` lists
+`file:line: field: reason` lines, including those the server finds (a queue without quota for a type)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.common.api import StrictInputSerializer
+from controlplane.common.errors import DomainError
+from controlplane.common.references import resolve_local_queue, resolve_priority_class
+from controlplane.specs import selectors, services
+from controlplane.tenancy.api.scoping import TeamScopedMixin
+from fleetyard.errors import SpecError, SpecIssue
+from fleetyard.spec import JOB, Spec, parse_spec
+from inference.api.serializers import DeploymentCreateSerializer, DeploymentSerializer
+from jobs.api.serializers import TrainingJobCreateSerializer, TrainingJobSerializer
+
+MAX_SPEC_BYTES = 256 * 1024
+
+
+class YamlParser(BaseParser):
+    media_type = "application/yaml"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream.read(MAX_SPEC_BYTES + 1).decode("utf-8", errors="replace")
+
+
+class TextYamlParser(YamlParser):
+    media_type = "text/yaml"
+
+
+class SpecApplySerializer(StrictInputSerializer):
+    spec = serializers.CharField(max_length=MAX_SPEC_BYTES, trim_whitespace=False)
+    filename = serializers.CharField(max_length=200, required=False, default="spec.yaml")
+    secrets = serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+                                    required=False, default=dict)
+
+
+_RESPONSE = inline_serializer("SpecApplyResult", fields={
+    "kind": serializers.ChoiceField(choices=["training_job", "deployment"]),
+    "dry_run": serializers.BooleanField(),
+    "plan": serializers.DictField(),
+    "warnings": serializers.ListField(child=serializers.CharField()),
+    "object": serializers.DictField(allow_null=True),
+})
+
+
+class SpecApplyView(TeamScopedMixin, APIView):
+    parser_classes = [JSONParser, YamlParser, TextYamlParser]
+
+    @extend_schema(request={"application/json": SpecApplySerializer, "application/yaml": str},
+                   parameters=[OpenApiParameter("dry_run", type=bool, required=False)],
+                   responses={200: _RESPONSE, 201: _RESPONSE})
+    def post(self, request):
+        if isinstance(request.data, str):
+            if len(request.data) > MAX_SPEC_BYTES:
+                return Response({"spec": [f"spec.yaml: larger than {MAX_SPEC_BYTES} bytes"]},
+                                status=status.HTTP_400_BAD_REQUEST)
+            text, filename, secrets = request.data, "spec.yaml", {}
+        else:
+            data = SpecApplySerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            text, filename, secrets = (data.validated_data[k] for k in ("spec", "filename", "secrets"))
+        dry_run = request.query_params.get("dry_run", "").lower() in ("1", "true", "yes")
+        try:
+            spec = parse_spec(text, filename=filename)
+        except SpecError as exc:
+            return _spec_errors(exc.issues, filename)
+        body = {k: v for k, v in spec.body.items() if not k.startswith("_")}
+        create = (TrainingJobCreateSerializer if spec.kind == JOB else DeploymentCreateSerializer)(data=body)
+        if not create.is_valid():
+            return _spec_errors(_issues_from(spec, create.errors), filename)
+        values = dict(create.validated_data)
+        try:
+            team = self.resolve_team(values.pop("team", None))
+            if spec.kind == JOB:
+                values["envs"] = services.spec_job_envs(envs=values.get("envs") or {}, secret_names=spec.secrets,
+                                                        secrets=secrets)
+            elif secrets:
+                raise DomainError("a deployment takes no secrets", field="secrets")
+            plan = self._plan(spec, team, values)
+            created = None
+            if not dry_run:
+                obj = services.spec_apply(actor=request.user, team=team, kind=spec.kind, values=values,
+                                          spec_yaml=text)
+                serializer = TrainingJobSerializer if spec.kind == JOB else DeploymentSerializer
+                created = serializer(type(obj).objects.get(pk=obj.pk)).data
+        except DomainError as exc:
+            if exc.status_code != 400:
+                raise
+            path, line = spec.locate(exc.field or "")
+            issue = SpecIssue(line, path if exc.field else "", exc.message)
+            return _spec_errors([issue], filename, extra=exc.as_dict())
+        return Response({"kind": spec.kind, "dry_run": dry_run, "plan": plan, "warnings": spec.warnings,
+                         "object": created}, status=status.HTTP_200_OK if dry_run else status.HTTP_201_CREATED)
+
+    @staticmethod
+    def _plan(spec: Spec, team, values: dict) -> dict:
+        local_queue = resolve_local_queue(team=team, name=values["queue"])
+        priority_class = resolve_priority_class(name=values.get("priority", ""))
+        types = list(values["accelerator_types"])
+        if spec.kind == JOB:
+            units = {t: values["cpus_per_worker"] if t == "cpu" else float(values["devices_per_worker"])
+                     for t in types}
+            members = values["workers_min"]
+        else:
+            units = {t: float(values["devices_per_replica"]) for t in types}
+            members = values["replicas_min"]
+        return selectors.spec_plan(kind=spec.kind, name=values["name"], local_queue=local_queue,
+                                   priority_class=priority_class, accelerator_types=types, units_by_type=units,
+                                   members=members)
+
+
+def _issues_from(spec: Spec, errors, prefix: str = "") -> list[SpecIssue]:
+    """DRF's `{"field": ["reason"]}` (nested for sla, checkpoint) as spec issues at the spec's lines."""
+    issues = []
+    for name, value in errors.items():
+        rest = f"{prefix}{name}"
+        if isinstance(value, dict):
+            issues += _issues_from(spec, value, prefix=f"{rest}.")
+            continue
+        path, line = spec.locate(rest)
+        for reason in value if isinstance(value, list) else [value]:
+            issues.append(SpecIssue(line, path, f"{reason}" if path == rest else f"{rest}: {reason}"))
+    return issues
+
+
+def _spec_errors(issues: list[SpecIssue], filename: str, extra: dict | None = None) -> Response:
+    body = {"spec": [issue.format(filename) for issue in issues], "errors": [i.to_dict() for i in issues]}
+    if extra:
+        body.update({k: v for k, v in extra.items() if k not in body})
+    return Response(body, status=status.HTTP_400_BAD_REQUEST)

@@ -1,0 +1,118 @@
+"""Reads for a spec's plan: which accepted accelerator type it would get and why, what it costs per hour,
+and where it would wait. An estimate from the same facts the scheduler reads (prices, free capacity,
+quota, the waiting jobs); the scheduling cycle makes the real choice at admission."""
+
+from __future__ import annotations
+
+import math
+
+from django.db.models import Q
+
+from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
+from controlplane.quotas.models import LocalQueue, PriorityClass, ResourceQuota
+from controlplane.quotas.selectors import check_workload_request
+from jobs.models import TrainingJob
+from jobs.selectors import quota_usage
+
+JOB = "training_job"
+
+
+def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: PriorityClass | None,
+              accelerator_types: list[str], units_by_type: dict[str, float], members: int) -> dict:
+    """`units_by_type`: what one worker (or replica) takes of each type (CPU cores on `cpu`)."""
+    check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
+    types = {t.slug: t for t in AcceleratorType.objects.filter(slug__in=accelerator_types)}
+    cluster_queue = local_queue.cluster_queue
+    quotas = {q.accelerator_type.slug: q for q in
+              ResourceQuota.objects.filter(cluster_queue=cluster_queue).select_related("accelerator_type")}
+    used = quota_usage() if kind == JOB else {}
+    options = []
+    for slug in accelerator_types:
+        units = units_by_type[slug]
+        price = types[slug].price_per_hour_usd if slug in types else None
+        need = units * members
+        cost = None if price is None else round(float(price) * need, 4)
+        placeable = _placeable_members(slug, units)
+        quota = quotas.get(slug)
+        quota_left = None if quota is None else quota.nominal_quota - used.get((cluster_queue.name, slug), 0.0)
+        free_units = _free_units(slug)
+        fits_capacity = placeable >= members
+        fits_quota = quota_left is None or quota_left + 1e-9 >= need
+        options.append({
+            "accelerator_type": slug, "unit": "CPU cores" if slug == "cpu" else "devices", "units": need,
+            "price_per_unit_hour_usd": None if price is None else float(price), "cost_per_hour_usd": cost,
+            "free_units": free_units, "placeable_members": placeable, "quota_left": quota_left,
+            "fits_now": fits_capacity and fits_quota,
+            "why_not": "" if fits_capacity and fits_quota else (
+                f"not enough free {slug}: {members} x {units:g} needed, {placeable} fit now" if not fits_capacity
+                else f"quota left {quota_left:g} < {need:g}"),
+        })
+    chosen = _choose(kind, options)
+    plan = {"kind": kind, "name": name, "members": members, "options": options, "chosen": chosen, "notes": []}
+    if kind == JOB:
+        plan["queue"] = _queue_position(local_queue, priority_class, fits=bool(chosen and chosen["fits_now"]))
+        plan["notes"].append("an estimate: the scheduling cycle chooses the type at admission, by cost per unit "
+                             "of work (measured throughput where known)")
+    else:
+        plan["queue"] = {"local_queue": local_queue.name, "cluster_queue": cluster_queue.name, "position": None,
+                         "waiting_ahead": None}
+    return plan
+
+
+def _choose(kind: str, options: list[dict]) -> dict | None:
+    if not options:
+        return None
+    fitting = [o for o in options if o["fits_now"]]
+    if kind != JOB:  # deployments are placed on the first accepted type with room, in the listed order
+        pick = fitting[0] if fitting else options[0]
+        reason = ("the first accepted type with room (deployments are placed in the order listed)" if fitting
+                  else f"nothing has room now ({pick['why_not']}); it waits for the first type that does")
+    elif fitting:
+        pick = min(fitting, key=lambda o: (o["cost_per_hour_usd"] is None, o["cost_per_hour_usd"] or 0.0))
+        others = [f"{o['accelerator_type']} {_money(o['cost_per_hour_usd'])}/h" for o in fitting if o is not pick]
+        reason = f"the cheapest accepted type with room now ({_money(pick['cost_per_hour_usd'])}/h" + (
+            f"; also fits: {', '.join(others)})" if others else ")")
+    else:
+        pick = min(options, key=lambda o: (o["cost_per_hour_usd"] is None, o["cost_per_hour_usd"] or 0.0))
+        reason = (f"nothing fits now ({'; '.join(o['why_not'] for o in options)}); it waits in the queue and "
+                  f"{pick['accelerator_type']} is the cheapest accepted type")
+    return {"accelerator_type": pick["accelerator_type"], "cost_per_hour_usd": pick["cost_per_hour_usd"],
+            "fits_now": pick["fits_now"], "reason": reason}
+
+
+def _ready_nodes(slug: str):
+    return Node.objects.filter(pool__accelerator_type__slug=slug, health=NodeHealth.HEALTHY, cordoned=False)
+
+
+def _placeable_members(slug: str, units: float) -> int:
+    """How many workers of this shape fit on the free capacity now (a worker never spans nodes)."""
+    if units <= 0:
+        units = 1.0
+    total = 0
+    for free_devices, free_cpus in _ready_nodes(slug).values_list("free_devices", "free_cpus"):
+        free = free_cpus if slug == "cpu" else free_devices
+        total += math.floor(free / units + 1e-9)
+    return total
+
+
+def _free_units(slug: str) -> float:
+    rows = _ready_nodes(slug).values_list("free_devices", "free_cpus")
+    return float(sum((cpus if slug == "cpu" else devices) for devices, cpus in rows))
+
+
+def _queue_position(local_queue: LocalQueue, priority_class: PriorityClass | None, *, fits: bool) -> dict:
+    """Where a new job would wait: behind every waiting job of its cluster queue with the same or a higher
+    priority (FIFO within a priority, as the scheduling cycle orders them)."""
+    value = priority_class.value if priority_class else 0
+    same_or_higher = Q(priority_class__value__gte=value)
+    if value <= 0:  # a job without a priority class counts as 0
+        same_or_higher |= Q(priority_class__isnull=True)
+    ahead = TrainingJob.objects.filter(state="QUEUED", local_queue__cluster_queue=local_queue.cluster_queue).filter(
+        same_or_higher).count()
+    return {"local_queue": local_queue.name, "cluster_queue": local_queue.cluster_queue.name,
+            "position": ahead + 1, "waiting_ahead": ahead,
+            "admission": "at the next scheduling cycle" if fits and ahead == 0 else "after the jobs ahead, when room"}
+
+
+def _money(value) -> str:
+    return "price unknown" if value is None else f"${value:,.2f}"

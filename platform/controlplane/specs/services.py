@@ -1,0 +1,59 @@
+"""Writes for specs: create the training job or deployment a parsed spec describes, with the YAML kept
+on it for the console. Resolves the names the spec uses, then calls the one create service of its kind."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from controlplane.common import references
+from controlplane.common.errors import ValidationFailed
+from controlplane.tenancy.models import Team
+from inference import services as inference_services
+from inference.models import Deployment
+from jobs import services as job_services
+from jobs.models import TrainingJob
+
+JOB = "training_job"
+
+
+def spec_job_envs(*, envs: dict, secret_names: list[str], secrets: dict[str, str]) -> dict:
+    """The job's environment: the spec's envs plus the secrets it names, whose values the client sent."""
+    missing = [name for name in secret_names if name not in secrets]
+    if missing:
+        raise ValidationFailed(f"no value sent for {', '.join(missing)} (the CLI reads them from your environment)",
+                               field="secrets")
+    extra = sorted(set(secrets) - set(secret_names))
+    if extra:
+        raise ValidationFailed(f"{', '.join(extra)} not named under secrets in the spec", field="secrets")
+    return {**envs, **{name: str(secrets[name]) for name in secret_names}}
+
+
+@transaction.atomic
+def spec_apply(*, actor, team: Team, kind: str, values: dict, spec_yaml: str) -> TrainingJob | Deployment:
+    """`values`: the validated create body (without team) of the spec's kind."""
+    values = dict(values)
+    local_queue = references.resolve_local_queue(team=team, name=values.pop("queue"))
+    priority_class = references.resolve_priority_class(name=values.pop("priority", ""))
+    if kind == JOB:
+        checkpoint = values.pop("checkpoint") or {}
+        job = job_services.training_job_create(
+            actor=actor, team=team, local_queue=local_queue, priority_class=priority_class,
+            dataset_version=references.resolve_dataset_version(team=team, reference=values.pop("dataset")),
+            checkpoint_interval_steps=checkpoint.get("interval_steps", 100),
+            checkpoint_keep_last=checkpoint.get("keep_last", 3), **values)
+        TrainingJob.objects.filter(pk=job.pk).update(spec_yaml=spec_yaml)
+        return job
+    sla = values.pop("sla")
+    source_job = None
+    if values.get("source_job"):
+        source_job = TrainingJob.objects.filter(pk=values["source_job"], team=team).first()
+        if source_job is None:
+            raise ValidationFailed(f"training job {values['source_job']} not found in team {team.name}",
+                                   field="source_job")
+    values.pop("source_job", None)
+    deployment = inference_services.deployment_create(
+        actor=actor, team=team, source_job=source_job, local_queue=local_queue, priority_class=priority_class,
+        sla_ttft_p95_ms=sla["ttft_p95_ms"], sla_tpot_p95_ms=sla["tpot_p95_ms"],
+        sla_min_throughput_tps=sla.get("min_throughput_tps"), **values)
+    Deployment.objects.filter(pk=deployment.pk).update(spec_yaml=spec_yaml)
+    return deployment

@@ -1,0 +1,194 @@
+"""The `fleetyard` CLI against the real Django app over HTTP (live_server): login, launch with the plan and
+followed logs, detach, queue/status/logs/cancel, deploy and endpoints, datasets upload/list, quota,
+`--json` output, exit codes, and spec errors printed as `file:line: field: reason` without a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from fleetyard.cli import main
+from inference.models import Deployment
+from jobs.models import TrainingJob, TrainingLogLine
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+JOB_SPEC = """\
+name: {name}
+queue: default
+workers: 2
+resources:
+  accelerators: H100:8
+hyperparameters: {{steps: 100}}
+checkpoint: {{interval_steps: 25}}
+"""
+SERVE_SPEC = """\
+name: chat
+queue: default
+resources:
+  accelerators: A100:0.5
+service:
+  model: file:///checkpoints/lm/step-100
+  replicas: {min: 1, max: 3}
+  sla: {ttft_p95: 500ms, tpot_p95: 50ms}
+"""
+
+
+@pytest.fixture
+def cli(live, monkeypatch, capsys):
+    monkeypatch.setenv("FLEETYARD_URL", live.url)
+    monkeypatch.setenv("FLEETYARD_TOKEN", live.token)
+
+    def run(*argv) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_login_saves_the_config(live, tmp_path, monkeypatch, capsys):
+    assert main(["login", "--url", live.url, "--token", live.token, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["username"] == "alpha-member" and out["team"] == "alpha"
+    config = Path(os.environ["FLEETYARD_CONFIG"])
+    assert json.loads(config.read_text())["token"] == live.token and (config.stat().st_mode & 0o777) == 0o600
+    assert main(["quota", "--json"]) == 0  # later commands read the saved config
+    assert main(["login", "--url", live.url, "--token", "fy_bad"]) == 3
+    assert "401" in capsys.readouterr().err
+
+
+def test_launch_prints_the_plan_follows_logs_and_exits_with_the_result(cli, live, tmp_path, capsys):
+    spec = write(tmp_path, "train.yaml", JOB_SPEC.format(name="followed"))
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", main(["jobs", "launch", spec, "-y"])))
+    thread.start()
+    live.sync_until_done("followed")
+    thread.join(timeout=60)
+    assert result["code"] == 0
+    out = capsys.readouterr().out
+    assert "Plan for followed" in out and "Chosen: nvidia-h100" in out and "$63.84 per hour" in out
+    assert "position 1" in out and "Launched training job" in out and "SUCCEEDED" in out
+    job = TrainingJob.objects.get(name="followed")
+    logs = TrainingLogLine.objects.filter(job=job)
+    assert logs.exists() and all(line.line in out for line in logs[:5])
+
+    code, out, _ = cli("jobs", "status", str(job.pk), "--json")
+    assert code == 0 and json.loads(out)["status"]["state"] == "SUCCEEDED"
+    code, out, _ = cli("--json", "jobs", "logs", str(job.pk))
+    assert code == 0 and len(json.loads(out)) == logs.count()
+    code, out, _ = cli("jobs", "logs", str(job.pk), "-f")
+    assert code == 0 and "SUCCEEDED" in out
+
+
+def test_detach_queue_status_and_cancel(cli, tmp_path):
+    code, out, _ = cli("jobs", "launch", write(tmp_path, "a.yaml", JOB_SPEC.format(name="first")), "-y", "-d", "--json")
+    assert code == 0
+    first = json.loads(out)["job"]
+    assert first["status"]["state"] in ("STARTING", "ADMITTED")
+    second_spec = write(tmp_path, "b.yaml", JOB_SPEC.format(name="second"))
+    code, out, _ = cli("jobs", "launch", second_spec, "-y", "-d", "--json")
+    second = json.loads(out)
+    assert second["plan"]["chosen"]["fits_now"] is False and "nothing fits now" in second["plan"]["chosen"]["reason"]
+    code, out, _ = cli("jobs", "queue", "--json")
+    waiting = json.loads(out)
+    assert [j["name"] for j in waiting] == ["second"] and waiting[0]["status"]["queue_position"] == 1
+    assert waiting[0]["status"]["reason"].startswith("position 1 in cluster queue shared")
+    code, out, _ = cli("jobs", "queue")
+    assert code == 0 and "second" in out and "position 1 in cluster" in out
+    code, out, _ = cli("jobs", "status")
+    assert code == 0 and "first" in out and "second" in out
+    code, out, _ = cli("jobs", "cancel", str(second["job"]["id"]))
+    assert code == 0 and "CANCELLED" in out
+    code, _, err = cli("jobs", "cancel", str(second["job"]["id"]))
+    assert code == 3 and "nothing to cancel" in err
+    code, _, err = cli("jobs", "logs", str(second["job"]["id"]), "-f")
+    assert code == 1  # the job ended CANCELLED: scripts can tell
+
+
+def test_a_spec_error_prints_file_line_field_reason_and_exits_2(cli, tmp_path):
+    text = "name: bad\nqueue: default\nworkers: 2\n\nresources:\n  cpus: 8+\n  accelerators: H900:8\n"
+    code, out, err = cli("jobs", "launch", write(tmp_path, "spec.yaml", text), "-y")
+    assert code == 2 and out == ""
+    assert err.startswith("spec.yaml:7: resources.accelerators: unknown accelerator 'H900'")
+    assert "Traceback" not in err
+    # mistakes only the server can see come back the same way
+    server = "name: bad\nqueue: default\nresources:\n  accelerators: P800:8\n"
+    code, _, err = cli("jobs", "launch", write(tmp_path, "p.yaml", server), "-y")
+    assert code == 2 and err.startswith("p.yaml:4: resources.accelerators: queue default")
+    code, _, err = cli("jobs", "launch", str(tmp_path / "missing.yaml"), "-y")
+    assert code == 2 and "cannot read" in err
+    code, _, err = cli("jobs", "launch")
+    assert code == 2  # argparse usage error
+    code, _, err = cli("deploy", write(tmp_path, "j.yaml", JOB_SPEC.format(name="x")), "-y")
+    assert code == 2 and "use fleetyard jobs launch" in err
+    assert not TrainingJob.objects.exists()
+
+
+def test_without_a_terminal_launch_needs_yes(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    code, _, err = cli("jobs", "launch", write(tmp_path, "t.yaml", JOB_SPEC.format(name="q")))
+    assert code == 2 and "pass -y" in err and not TrainingJob.objects.exists()
+
+
+def test_deploy_and_endpoints(cli, tmp_path):
+    code, out, _ = cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC), "-y", "--json")
+    assert code == 0
+    body = json.loads(out)
+    assert body["deployment"]["name"] == "chat" and body["plan"]["chosen"]["accelerator_type"] == "nvidia-a100"
+    assert Deployment.objects.get(name="chat").spec_yaml == SERVE_SPEC
+    code, out, _ = cli("endpoints", "--json")
+    assert code == 0 and [d["model"] for d in json.loads(out)] == ["chat"]
+    code, out, _ = cli("endpoints")
+    assert "chat" in out and "500 / 50 ms" in out
+
+
+def test_datasets_upload_list_and_quota(cli, tmp_path):
+    data = tmp_path / "corpus.txt"
+    data.write_text("hello world\n" * 1000)
+    code, out, _ = cli("datasets", "upload", "stories", str(data), "--json")
+    assert code == 0 and json.loads(out)["reference"] == "dataset://stories@1"
+    code, out, _ = cli("datasets", "upload", "stories", str(data))
+    assert code == 0 and "dataset://stories@2" in out
+    code, out, _ = cli("datasets", "list", "--json")
+    assert [d["name"] for d in json.loads(out)] == ["stories"]
+    code, out, _ = cli("quota", "--json")
+    rows = json.loads(out)
+    assert {(r["queue"], r["accelerator_type"], r["nominal_quota"]) for r in rows} == {
+        ("default", "cpu", 8.0), ("default", "nvidia-a100", 16.0), ("default", "nvidia-h100", 16.0)}
+    code, out, _ = cli("quota")
+    assert code == 0 and "nvidia-h100" in out
+
+
+def test_the_cli_runs_as_a_subprocess(live, tmp_path):
+    spec = write(tmp_path, "train.yaml", JOB_SPEC.format(name="subprocess"))
+    env = {**os.environ, "FLEETYARD_URL": live.url, "FLEETYARD_TOKEN": live.token}
+    result = subprocess.run([sys.executable, "-m", "fleetyard", "jobs", "launch", spec, "-y", "-d", "--json"],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["job"]["name"] == "subprocess"
+    bad = subprocess.run([sys.executable, "-m", "fleetyard", "jobs", "status", "12345"], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=120)
+    assert bad.returncode == 3 and "404" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_console_shows_the_submitted_spec(cli, live, tmp_path, client):
+    text = JOB_SPEC.format(name="shown")
+    assert cli("jobs", "launch", write(tmp_path, "s.yaml", text), "-y", "-d")[0] == 0
+    job = TrainingJob.objects.get(name="shown")
+    client.force_login(live.world["alpha"]["member"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Submitted spec" in page and "hyperparameters: {steps: 100}" in page
