@@ -192,3 +192,16 @@ def test_the_console_shows_the_submitted_spec(cli, live, tmp_path, client):
     client.force_login(live.world["alpha"]["member"])
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "Submitted spec" in page and "hyperparameters: {steps: 100}" in page
+
+
+@pytest.mark.parametrize(("answer", "created"), [("n", False), ("", False), ("yes", True)])
+def test_launch_asks_before_submitting_on_a_terminal(cli, tmp_path, monkeypatch, answer, created):
+    spec = write(tmp_path, "train.yaml", JOB_SPEC.format(name="asked"))
+    prompts: list[str] = []
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt="": prompts.append(prompt) or answer)
+    code, out, _ = cli("jobs", "launch", spec, "-d")
+    assert prompts == ["Launch? [y/N] "]
+    assert "Plan for asked" in out  # the plan is printed before the question
+    assert TrainingJob.objects.filter(name="asked").exists() is created
+    assert code == 0
