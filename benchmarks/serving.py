@@ -17,7 +17,7 @@ What it does (everything measured in this run, on this host):
 4. repeats the prefix-aware run with a small per-replica device cache, once with the host-DRAM and disk tiers
    and once without, to show what the lower tiers add.
 
-Tables go to stdout; JSON and CSV to benchmarks/results/serving-<date>.{json,csv}. Exit status 1 when a run
+Tables go to stdout; JSON and CSV to benchmarks/results/serving.{json,csv}. Exit status 1 when a run
 lost requests (errors are counted in the tables).
 """
 
@@ -386,9 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.no_write:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        stem = f"serving-{report['date']}"
-        json_path = args.json or RESULTS_DIR / f"{stem}.json"
-        csv_path = args.csv or RESULTS_DIR / f"{stem}.csv"
+        json_path = args.json or RESULTS_DIR / "serving.json"
+        csv_path = args.csv or RESULTS_DIR / "serving.csv"
         json_path.write_text(json.dumps(report, indent=2, default=str))
         with csv_path.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=[key for key, _ in ROUTER_COLUMNS] + ["group"],

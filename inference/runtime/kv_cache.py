@@ -30,9 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy
 import torch
 
 TIERS = ("device", "host", "disk")
+_NUMPY_DTYPES = {torch.float32: numpy.float32, torch.float16: numpy.float16, torch.float64: numpy.float64}
 
 
 @dataclass(eq=False)
@@ -43,6 +45,8 @@ class _Node:
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     tier: str = "device"
     payload: torch.Tensor | None = None  # None while on disk
+    shape: tuple[int, ...] = ()  # of the payload, to read its raw file back
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -191,7 +195,8 @@ class TieredPrefixCache:
             self.stats.loaded_from_host += 1
         elif node.tier == "disk":
             path = self._disk_path(node)
-            payload = torch.load(path, map_location=self.device, weights_only=True)
+            raw = numpy.fromfile(path, dtype=_NUMPY_DTYPES[node.dtype]).reshape(node.shape)
+            payload = torch.from_numpy(raw).to(self.device)
             path.unlink(missing_ok=True)
             del self._lru["disk"][node.node_id]
             node.payload, node.tier = payload, "device"
@@ -229,7 +234,9 @@ class TieredPrefixCache:
             return
         path = self._disk_path(node)
         tmp = path.with_suffix(".tmp")
-        torch.save(node.payload.detach().cpu(), tmp)
+        payload = node.payload.detach().cpu().contiguous()
+        node.shape, node.dtype = tuple(payload.shape), payload.dtype
+        payload.numpy().tofile(tmp)  # raw bytes: a block is a fixed-shape tensor, so no container format is needed
         os.replace(tmp, path)
         del self._lru[node.tier][node.node_id]
         node.payload, node.tier = None, "disk"
