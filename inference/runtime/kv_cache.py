@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import shutil
 import tempfile
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ class _Node:
     payload: torch.Tensor | None = None  # None while on disk
     shape: tuple[int, ...] = ()  # of the payload, to read its raw file back
     dtype: torch.dtype = torch.float32
+    write_pending: bool = False  # on the disk tier, payload still in memory until the writer has written it
 
 
 @dataclass
@@ -106,6 +110,14 @@ class TieredPrefixCache:
         self._ids = itertools.count(1)
         self._lru: dict[str, OrderedDict[int, _Node]] = {tier: OrderedDict() for tier in TIERS}
         self.stats = CacheStats()
+        # Disk writes happen in a background thread, off the serving path: a block spilled to disk keeps its
+        # tensor until its file is written, and a lookup in the meantime takes the tensor (a disk-tier hit).
+        self._io_lock = threading.Lock()
+        self._writes: queue.Queue[_Node | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        if self.disk_dir is not None:
+            self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
+            self._writer.start()
 
     # ------------------------------------------------------------------ reads
 
@@ -163,6 +175,9 @@ class TieredPrefixCache:
         return new
 
     def clear(self) -> None:
+        with self._io_lock:
+            for node in self._lru["disk"].values():
+                node.write_pending = False  # a queued write of a cleared block is skipped
         for tier in TIERS:
             self._lru[tier].clear()
         self._root.children.clear()
@@ -170,8 +185,18 @@ class TieredPrefixCache:
             for file in self.disk_dir.glob("*.kv"):
                 file.unlink(missing_ok=True)
 
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Waits until every block spilled to disk so far is written (tests and shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while self._writes.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def close(self) -> None:
-        """Drops everything and removes the disk tier's directory when this cache made it."""
+        """Stops the writer, drops everything and removes the disk tier's directory when this cache made it."""
+        if self._writer is not None:
+            self._writes.put(None)
+            self._writer.join(timeout=30)
+            self._writer = None
         self.clear()
         if self._own_dir and self.disk_dir is not None:
             shutil.rmtree(self.disk_dir, ignore_errors=True)
@@ -194,10 +219,14 @@ class TieredPrefixCache:
             self._move(node, "device")
             self.stats.loaded_from_host += 1
         elif node.tier == "disk":
-            path = self._disk_path(node)
-            raw = numpy.fromfile(path, dtype=_NUMPY_DTYPES[node.dtype]).reshape(node.shape)
-            payload = torch.from_numpy(raw).to(self.device)
-            path.unlink(missing_ok=True)
+            with self._io_lock:
+                payload = node.payload if node.write_pending else None
+                node.write_pending = False  # the writer discards a file it writes after this
+            if payload is None:
+                path = self._disk_path(node)
+                raw = numpy.fromfile(path, dtype=_NUMPY_DTYPES[node.dtype]).reshape(node.shape)
+                payload = torch.from_numpy(raw).to(self.device)
+                path.unlink(missing_ok=True)
             del self._lru["disk"][node.node_id]
             node.payload, node.tier = payload, "device"
             self._lru["device"][node.node_id] = node
@@ -232,16 +261,38 @@ class TieredPrefixCache:
         if self.capacity["disk"] <= 0 or self.disk_dir is None:
             self._drop_subtree(node)
             return
-        path = self._disk_path(node)
-        tmp = path.with_suffix(".tmp")
-        payload = node.payload.detach().cpu().contiguous()
-        node.shape, node.dtype = tuple(payload.shape), payload.dtype
-        payload.numpy().tofile(tmp)  # raw bytes: a block is a fixed-shape tensor, so no container format is needed
-        os.replace(tmp, path)
         del self._lru[node.tier][node.node_id]
-        node.payload, node.tier = None, "disk"
+        with self._io_lock:
+            node.payload = node.payload.detach().cpu().contiguous()
+            node.shape, node.dtype = tuple(node.payload.shape), node.payload.dtype
+            node.tier, node.write_pending = "disk", True
         self._lru["disk"][node.node_id] = node
         self.stats.spilled_to_disk += 1
+        self._writes.put(node)
+
+    def _write_loop(self) -> None:
+        while True:
+            node = self._writes.get()
+            try:
+                if node is None:
+                    return
+                with self._io_lock:
+                    payload = node.payload if node.write_pending else None
+                if payload is None:
+                    continue  # loaded back or dropped before its turn
+                path = self._disk_path(node)
+                tmp = path.with_name(f"{path.name}.tmp")
+                payload.numpy().tofile(tmp)  # raw bytes: a block is a fixed-shape tensor, no container needed
+                os.replace(tmp, path)
+                with self._io_lock:
+                    if node.write_pending:
+                        node.payload, node.write_pending = None, False
+                        continue
+                path.unlink(missing_ok=True)  # loaded back or dropped while being written
+            except OSError:
+                pass  # the block stays pending, in memory: lookups keep finding it there rather than lose it
+            finally:
+                self._writes.task_done()
 
     def _drop_subtree(self, node: _Node) -> None:
         stack = [node]
@@ -250,6 +301,8 @@ class TieredPrefixCache:
             stack.extend(current.children.values())
             self._lru[current.tier].pop(current.node_id, None)
             if current.tier == "disk":
+                with self._io_lock:
+                    current.write_pending = False
                 self._disk_path(current).unlink(missing_ok=True)
             current.payload = None
             self.stats.dropped_blocks += 1

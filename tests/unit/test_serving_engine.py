@@ -74,6 +74,7 @@ def test_blocks_spilled_to_host_and_disk_are_loaded_back_with_identical_outputs(
     engine = make_engine(model, tmp_path, device_cache_blocks=2, host_cache_blocks=2, disk_cache_blocks=64)
     try:
         reference = [run(engine, p, max_tokens=16)[0] for p in PROMPTS]
+        engine.cache.flush()  # disk writes happen in the background
         cache = engine.cache.stats.to_dict()
         assert cache["spilled_to_host"] > 0 and cache["spilled_to_disk"] > 0
         assert list((tmp_path / "kv").glob("*.kv"))  # real files on the disk tier
@@ -209,6 +210,8 @@ def test_cache_lru_moves_leaves_down_first_and_drops_subtrees_off_the_last_tier(
     kv = [torch.full((1,), float(i)) for i in range(4)]
     cache.insert([1, 2, 3, 4, 5, 6, 7, 8], kv)  # a chain of 4 blocks: the two deepest go down
     assert (cache.blocks_in("device"), cache.blocks_in("host"), cache.blocks_in("disk")) == (2, 1, 1)
+    cache.flush()
+    assert len(list(tmp_path.glob("*.kv"))) == 1  # the disk tier's block is a real file
     hit = cache.match([1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert hit.num_blocks == 4 and [float(b) for b in hit.blocks] == [0.0, 1.0, 2.0, 3.0]
     assert hit.found_in == {"device": 2, "host": 1, "disk": 1}
@@ -225,3 +228,20 @@ def test_partial_blocks_are_never_cached_or_matched(tmp_path):
     cache.insert([1, 2, 3, 4, 5], [torch.zeros(1)])
     assert cache.match([1, 2, 3, 4, 5, 6]).num_blocks == 1
     assert cache.match([1, 2, 3]).num_blocks == 0
+
+
+def test_a_block_read_back_while_its_write_is_pending_is_served_from_memory_and_no_file_is_left(tmp_path):
+    cache = TieredPrefixCache(block_size=2, device_blocks=1, host_blocks=0, disk_blocks=8, disk_dir=tmp_path)
+    cache._writes.put(None)  # stop the background writer: spilled blocks now wait in its queue
+    cache._writer.join(timeout=5)
+    cache.insert([1, 2, 3, 4], [torch.full((3,), 1.0), torch.full((3,), 2.0)])
+    assert cache.blocks_in("disk") == 1 and not list(tmp_path.glob("*.kv"))
+    hit = cache.match([1, 2, 3, 4])  # reads the spilled block while its write is still queued
+    assert [b.tolist() for b in hit.blocks] == [[1.0] * 3, [2.0] * 3] and hit.found_in["disk"] == 1
+    cache._writes.put(None)
+    cache._write_loop()  # drain the queued writes here, up to the sentinel
+    on_disk = {p.name for p in tmp_path.glob("*.kv")}
+    assert len(on_disk) == cache.blocks_in("disk")  # the file of the block read back was not kept
+    cache.close()
+    assert not list(tmp_path.glob("*.kv*"))
+
