@@ -294,6 +294,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--small-cache-blocks", type=int, default=48)
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--skip-tiers", action="store_true")
+    parser.add_argument("--skip-routers", action="store_true", help="only the cache-tier runs")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--csv", type=Path)
     parser.add_argument("--no-write", action="store_true")
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[serving] local Ray cluster up in {time.monotonic() - started:.0f} s (accelerators SIMULATED)")
         try:
             backend = RayComputeBackend(address=cluster.address, env=cluster.client_env())
-            for router in args.routers.split(","):
+            for router in [] if args.skip_routers else args.routers.split(","):
                 result = run_one(backend, name=router, router=router, engine=big, replicas=args.replicas,
                                  model_dir=model_dir, requests=requests)
                 runs[router] = result.summary()

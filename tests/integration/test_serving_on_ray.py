@@ -70,6 +70,7 @@ def service(ray_backend, model_dir):
     yield ray_backend
     ray_backend.delete_service(HANDLE)
     wait_status(ray_backend, lambda s: s.state == "not_found", timeout=60)
+    ray_backend.shutdown_serving()  # the Serve controller polls the GCS: stop it for the tests that follow
 
 
 def test_deployed_service_runs_on_the_chosen_pool_and_streams_tokens(service):
@@ -206,8 +207,7 @@ def platform(ray_backend, pools_from_ray, monkeypatch):
     for module in (job_tasks, inference_tasks, gateway_services):
         monkeypatch.setattr(module, "get_compute_backend", lambda: ray_backend)
     yield ray_backend
-    for handle in ray_backend.list_service_handles():  # nothing may outlive a test
-        ray_backend.delete_service(handle)
+    ray_backend.shutdown_serving()  # nothing may outlive a test (the training tests run next, timing faults)
     for handle in ray_backend.list_training_handles():
         ray_backend.stop_training(handle, checkpoint=False)
         ray_backend.release_training(handle)

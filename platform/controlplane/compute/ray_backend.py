@@ -264,6 +264,16 @@ class RayComputeBackend:
                 self._serve_started = True
         return serve
 
+    def shutdown_serving(self) -> None:
+        """Stops Ray Serve (its controller and every application); the next service call starts it again."""
+        self._ray()
+        from ray import serve
+
+        with _CONNECT_LOCK:
+            serve.shutdown()
+            self._serve_started = False
+        self._handles.clear()
+
     def deploy_service(self, spec: ServiceSpec) -> ServiceStatus:
         """Creates the application or rolls it to `spec` (new replicas first, old ones drain); returns at once."""
         import dataclasses
