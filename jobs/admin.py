@@ -14,6 +14,7 @@ class TrainingJobEventInline(admin.TabularInline):
 
 @admin.register(TrainingJob)
 class TrainingJobAdmin(admin.ModelAdmin):
+    exclude = ["secret_envs"]  # the values never leave the platform; the API shows their names
     list_display = ["id", "name", "team", "local_queue", "state", "created_at"]
     list_filter = ["state", "team"]
     search_fields = ["name"]

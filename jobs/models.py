@@ -36,6 +36,9 @@ class TrainingJob(models.Model):
     working_dir = models.CharField(max_length=1000, blank=True)
     hyperparameters = models.JSONField(default=dict, blank=True)
     envs = models.JSONField(default=dict, blank=True)
+    secret_envs = models.JSONField(default=dict, blank=True,
+                                   help_text="values of the secrets the spec names: given to the workers' "
+                                             "environment, never returned by the API (only their names)")
     dataset_version = models.ForeignKey(DatasetVersion, on_delete=models.PROTECT, null=True, blank=True,
                                         related_name="training_jobs")
     checkpoint_interval_steps = models.PositiveIntegerField(default=100)

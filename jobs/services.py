@@ -25,7 +25,7 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
                         envs: dict | None = None, dataset_version: DatasetVersion | None = None,
                         checkpoint_interval_steps: int = 100, checkpoint_keep_last: int = 3,
                         max_restarts: int = 3, max_duration_seconds: int | None = None,
-                        parallelism: dict | None = None) -> TrainingJob:
+                        parallelism: dict | None = None, secret_envs: dict | None = None) -> TrainingJob:
     if local_queue.team_id != team.pk:
         raise ValidationFailed(f"queue {local_queue.name} does not belong to team {team.name}",
                                field="local_queue")
@@ -60,15 +60,19 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
         accelerator_types = [slug for slug in accelerator_types if slug in parallel_plan["by_type"]]
         if parallel_plan["model_parallel"]:
             workers_min = workers_max
-    for key, value in (envs or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise ValidationFailed("environment variables must map names to strings", field="envs")
+    for field, variables in (("envs", envs), ("secrets", secret_envs)):
+        for key, value in (variables or {}).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ValidationFailed("environment variables must map names to strings", field=field)
+    clash = sorted(set(envs or {}) & set(secret_envs or {}))
+    if clash:
+        raise ValidationFailed(f"{', '.join(clash)} set both as an env and as a secret", field="secrets")
     job = TrainingJob(
         team=team, name=name, local_queue=local_queue, priority_class=priority_class,
         accelerator_types=list(accelerator_types), workers_min=workers_min, workers_max=workers_max,
         devices_per_worker=devices_per_worker, cpus_per_worker=cpus_per_worker, trainer=trainer,
         entrypoint=entrypoint, working_dir=working_dir, hyperparameters=hyperparameters or {},
-        envs=envs or {}, dataset_version=dataset_version,
+        envs=envs or {}, secret_envs=dict(secret_envs or {}), dataset_version=dataset_version,
         checkpoint_interval_steps=checkpoint_interval_steps, checkpoint_keep_last=checkpoint_keep_last,
         max_restarts=max_restarts, max_duration_seconds=max_duration_seconds, created_by=actor,
         parallelism=dict(parallelism or {}), parallel_plan=parallel_plan,

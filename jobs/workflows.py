@@ -70,7 +70,8 @@ def build_launch(job: TrainingJob) -> TrainingLaunch:
     dataset_path = dataset_local_path(job)
     runtime = {
         "trainer": job.trainer, "hyperparameters": dict(job.hyperparameters or {}), "entrypoint": job.entrypoint,
-        "working_dir": job.working_dir, "envs": dict(job.envs or {}), "dataset_path": dataset_path,
+        "working_dir": job.working_dir, "envs": {**(job.envs or {}), **(job.secret_envs or {})},
+        "dataset_path": dataset_path,
         "checkpoint_dir": str(checkpoint_dir(job)), "checkpoint_interval_steps": job.checkpoint_interval_steps,
         "checkpoint_keep_last": job.checkpoint_keep_last, "max_restarts": job.max_restarts,
         "detection": dict(settings.FLEETYARD_FAULT_DETECTION),

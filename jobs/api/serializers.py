@@ -48,12 +48,16 @@ class TrainingJobSpecSerializer(serializers.ModelSerializer):
     priority = serializers.CharField(source="priority_class.name", allow_null=True, default=None)
     dataset = serializers.SerializerMethodField()
     checkpoint = serializers.SerializerMethodField()
+    secrets = serializers.SerializerMethodField(help_text="names of the secrets given to the workers (never values)")
 
     class Meta:
         model = TrainingJob
         fields = ["queue", "priority", "accelerator_types", "workers_min", "workers_max", "devices_per_worker",
-                  "cpus_per_worker", "trainer", "entrypoint", "working_dir", "hyperparameters", "envs", "dataset",
-                  "checkpoint", "max_restarts", "max_duration_seconds", "parallelism"]
+                  "cpus_per_worker", "trainer", "entrypoint", "working_dir", "hyperparameters", "envs", "secrets",
+                  "dataset", "checkpoint", "max_restarts", "max_duration_seconds", "parallelism"]
+
+    def get_secrets(self, obj) -> list[str]:
+        return sorted(obj.secret_envs or {})
 
     def get_dataset(self, obj) -> str | None:
         version = obj.dataset_version

@@ -102,3 +102,21 @@ def test_upload_reports_progress(live, tmp_path):
     version = client.upload_dataset_version(dataset["id"], data, progress=lambda sent, total: seen.append(sent))
     assert version["size_bytes"] == data.stat().st_size and version["version"] == 1
     assert len(seen) >= 3 and seen[-1] == data.stat().st_size
+
+
+def test_secret_values_reach_the_workers_but_never_the_api(live):
+    client = Client(live.url, live.token)
+    spec = JOB.format(name="with-secret") + "envs: {MODE: offline}\nsecrets: [HF_TOKEN]\n"
+    result = client.apply_spec(spec, secrets={"HF_TOKEN": "hf_top_secret_value"})
+    job_id = result["object"]["id"]
+    assert result["object"]["spec"]["secrets"] == ["HF_TOKEN"]
+    assert result["object"]["spec"]["envs"] == {"MODE": "offline"}
+    fetched = client.request("GET", f"training-jobs/{job_id}/").text
+    events = client.request("GET", f"training-jobs/{job_id}/events/").text
+    audit = client.request("GET", "audit-events/").text
+    assert all("hf_top_secret_value" not in text for text in (str(result), fetched, events, audit))
+    job = TrainingJob.objects.get(pk=job_id)
+    launched = live.backend.runs[job.compute_handle].launch.runtime["envs"]
+    assert launched == {"MODE": "offline", "HF_TOKEN": "hf_top_secret_value"}
+    with pytest.raises(BadRequest, match="HF_TOKEN"):  # a named secret without its value is refused
+        client.apply_spec(JOB.format(name="no-value") + "secrets: [HF_TOKEN]\n")

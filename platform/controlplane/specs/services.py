@@ -16,8 +16,9 @@ from jobs.models import TrainingJob
 JOB = "training_job"
 
 
-def spec_job_envs(*, envs: dict, secret_names: list[str], secrets: dict[str, str]) -> dict:
-    """The job's environment: the spec's envs plus the secrets it names, whose values the client sent."""
+def spec_job_secrets(*, secret_names: list[str], secrets: dict[str, str]) -> dict:
+    """The values of the secrets the spec names, as the client sent them (kept apart from `envs`: the workers
+    get them, the API shows only their names)."""
     missing = [name for name in secret_names if name not in secrets]
     if missing:
         raise ValidationFailed(f"no value sent for {', '.join(missing)} (the CLI reads them from your environment)",
@@ -25,7 +26,7 @@ def spec_job_envs(*, envs: dict, secret_names: list[str], secrets: dict[str, str
     extra = sorted(set(secrets) - set(secret_names))
     if extra:
         raise ValidationFailed(f"{', '.join(extra)} not named under secrets in the spec", field="secrets")
-    return {**envs, **{name: str(secrets[name]) for name in secret_names}}
+    return {name: str(secrets[name]) for name in secret_names}
 
 
 @transaction.atomic

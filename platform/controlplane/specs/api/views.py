@@ -82,8 +82,7 @@ class SpecApplyView(TeamScopedMixin, APIView):
         try:
             team = self.resolve_team(values.pop("team", None))
             if spec.kind == JOB:
-                values["envs"] = services.spec_job_envs(envs=values.get("envs") or {}, secret_names=spec.secrets,
-                                                        secrets=secrets)
+                values["secret_envs"] = services.spec_job_secrets(secret_names=spec.secrets, secrets=secrets)
             elif secrets:
                 raise DomainError("a deployment takes no secrets", field="secrets")
             plan = self._plan(spec, team, values)
