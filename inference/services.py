@@ -133,8 +133,9 @@ def deployment_update(*, actor, deployment: Deployment, changes: dict, reason: s
     """Change the spec: a new revision, rolled out by the workflow (SERVING/DEGRADED -> UPDATING).
 
     `changes` holds any of UPDATABLE_FIELDS; a change that changes nothing is a 400."""
-    deployment = Deployment.objects.select_for_update().select_related("local_queue", "priority_class").get(
-        pk=deployment.pk)
+    # of=self: PostgreSQL cannot lock the nullable side of an outer join (priority_class)
+    deployment = Deployment.objects.select_for_update(of=("self",)).select_related(
+        "local_queue", "priority_class").get(pk=deployment.pk)
     if deployment.is_terminal:
         raise ConflictError(f"deployment {deployment.name} is {deployment.state}; it cannot change any more",
                             field="state")

@@ -183,7 +183,7 @@ def build_spec(deployment: Deployment, decision: AutoscalingDecision) -> Service
 def deployment_deploy(*, deployment_id: int, backend) -> Deployment | None:
     """PENDING -> DEPLOYING and deploy; stays PENDING (with why) without room, FAILED without a model."""
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().select_related("source_job").filter(
+        deployment = Deployment.objects.select_for_update(of=("self",)).select_related("source_job").filter(
             pk=deployment_id).first()
         if deployment is None or deployment.state != S.PENDING:
             return deployment
@@ -239,7 +239,8 @@ def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | No
     if deployment.state not in LIVE_STATES:
         return deployment
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().select_related("source_job").get(pk=deployment_id)
+        deployment = Deployment.objects.select_for_update(of=("self",)).select_related("source_job").get(
+            pk=deployment_id)
         if deployment.state not in LIVE_STATES or deployment.applied_revision == deployment.revision:
             return deployment
         fields = ["model_dir", "autoscaling", "replicas_target"]
