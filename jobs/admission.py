@@ -84,13 +84,24 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
         for job in jobs.values() if job.state in HOLDING_STATES and job.admitted_accelerator_type
     )
     pending = tuple(_workload(job) for job in jobs.values() if job.state == JobState.QUEUED)
-    matrix = EfficiencyMatrix(chips=chip_facts_from_accelerator_facts(_facts()))
+    matrix = efficiency_matrix()
     preference = {
         workload.id: tuple(choice.accelerator_type for choice in rank_accelerator_types(
             workload_class=workload.workload_class, accepted=workload.accepted_types, matrix=matrix))
         for workload in pending
     }
     return Snapshot(tuple(nodes), tuple(queues), running, pending, preference), jobs
+
+
+def efficiency_matrix() -> EfficiencyMatrix:
+    """The matrix the scheduling cycle ranks accepted types with (chip facts and prices from the database)."""
+    return EfficiencyMatrix(chips=chip_facts_from_accelerator_facts(_facts()))
+
+
+def type_preference(*, workload_class: str, accepted: list[str]) -> list:
+    """The accepted types in the order the scheduling cycle tries them (cheapest per unit of work first),
+    each with its reason (controlplane.scheduling.efficiency.TypeChoice)."""
+    return rank_accelerator_types(workload_class=workload_class, accepted=accepted, matrix=efficiency_matrix())
 
 
 def _facts() -> list[dict]:

@@ -7,8 +7,10 @@ import threading
 
 import pytest
 
+from controlplane.cluster.models import Node
 from fleetyard import Client
 from fleetyard.errors import AuthenticationError, BadRequest, ConfigError, Conflict, NotFound, TimeoutExpired
+from jobs.admission import type_preference
 from jobs.models import TrainingJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,11 +33,21 @@ def test_dry_run_plans_without_creating(live):
     assert result["dry_run"] is True and result["object"] is None
     plan = result["plan"]
     assert [o["accelerator_type"] for o in plan["options"]] == ["nvidia-h100", "nvidia-a100"]
-    assert plan["chosen"]["accelerator_type"] == "nvidia-a100"  # both fit; A100 is cheaper per hour
-    assert plan["chosen"]["cost_per_hour_usd"] == pytest.approx(2.79 * 16)
-    assert "cheapest accepted type with room" in plan["chosen"]["reason"]
+    # the scheduling cycle's order: cheapest per unit of work (H100 does ~3x the work of an A100 for 1.4x the price)
+    ranked = type_preference(workload_class="builtin_lm", accepted=["nvidia-h100", "nvidia-a100"])
+    assert ranked[0].accelerator_type == "nvidia-h100"
+    assert plan["chosen"]["accelerator_type"] == "nvidia-h100"
+    assert plan["chosen"]["reason"] == f"{ranked[0].reason}; it has room now"
+    assert plan["chosen"]["cost_per_hour_usd"] == pytest.approx(3.99 * 16)
     assert plan["queue"]["position"] == 1 and plan["queue"]["cluster_queue"] == "shared"
     assert not TrainingJob.objects.exists()
+
+
+def test_the_plan_falls_back_like_the_scheduler_when_the_best_type_is_full(live):
+    Node.objects.filter(pool__name="h100-pool").update(cordoned=True)
+    plan = Client(live.url, live.token).apply_spec(JOB.format(name="fallback"), dry_run=True)["plan"]
+    assert plan["chosen"]["accelerator_type"] == "nvidia-a100" and plan["chosen"]["fits_now"]
+    assert plan["chosen"]["reason"].startswith("nvidia-h100 would be cheapest per unit of work but has no room now")
 
 
 def test_a_job_runs_and_its_logs_stream_to_the_end(live):

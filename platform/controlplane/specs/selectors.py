@@ -18,8 +18,10 @@ JOB = "training_job"
 
 
 def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: PriorityClass | None,
-              accelerator_types: list[str], units_by_type: dict[str, float], members: int) -> dict:
-    """`units_by_type`: what one worker (or replica) takes of each type (CPU cores on `cpu`)."""
+              accelerator_types: list[str], units_by_type: dict[str, float], members: int,
+              workload_class: str = "builtin_lm") -> dict:
+    """`units_by_type`: what one worker (or replica) takes of each type (CPU cores on `cpu`). A job's type is
+    chosen as the scheduling cycle chooses it: the first type, cheapest per unit of work first, with room."""
     check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
     types = {t.slug: t for t in AcceleratorType.objects.filter(slug__in=accelerator_types)}
     cluster_queue = local_queue.cluster_queue
@@ -47,7 +49,12 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
                 f"not enough free {slug}: {members} x {units:g} needed, {placeable} fit now" if not fits_capacity
                 else f"quota left {quota_left:g} < {need:g}"),
         })
-    chosen = _choose(kind, options)
+    preference = []
+    if kind == JOB:
+        from jobs.admission import type_preference
+
+        preference = type_preference(workload_class=workload_class, accepted=list(accelerator_types))
+    chosen = _choose(kind, options, preference)
     plan = {"kind": kind, "name": name, "members": members, "options": options, "chosen": chosen, "notes": []}
     if kind == JOB:
         plan["queue"] = _queue_position(local_queue, priority_class, fits=bool(chosen and chosen["fits_now"]))
@@ -59,7 +66,8 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     return plan
 
 
-def _choose(kind: str, options: list[dict]) -> dict | None:
+def _choose(kind: str, options: list[dict], preference: list) -> dict | None:
+    """`preference`: for a job, the accepted types as the scheduling cycle ranks them (TypeChoice, best first)."""
     if not options:
         return None
     fitting = [o for o in options if o["fits_now"]]
@@ -67,15 +75,24 @@ def _choose(kind: str, options: list[dict]) -> dict | None:
         pick = fitting[0] if fitting else options[0]
         reason = ("the first accepted type with room (deployments are placed in the order listed)" if fitting
                   else f"nothing has room now ({pick['why_not']}); it waits for the first type that does")
-    elif fitting:
-        pick = min(fitting, key=lambda o: (o["cost_per_hour_usd"] is None, o["cost_per_hour_usd"] or 0.0))
-        others = [f"{o['accelerator_type']} {_money(o['cost_per_hour_usd'])}/h" for o in fitting if o is not pick]
-        reason = f"the cheapest accepted type with room now ({_money(pick['cost_per_hour_usd'])}/h" + (
-            f"; also fits: {', '.join(others)})" if others else ")")
+        return {"accelerator_type": pick["accelerator_type"], "cost_per_hour_usd": pick["cost_per_hour_usd"],
+                "fits_now": pick["fits_now"], "reason": reason}
+    by_type = {o["accelerator_type"]: o for o in options}
+    ranked = [(choice, by_type[choice.accelerator_type]) for choice in preference if choice.accelerator_type in by_type]
+    ranked += [(None, o) for o in options if o["accelerator_type"] not in {c.accelerator_type for c, _ in ranked}]
+    best_choice, best = ranked[0]
+    why_best = best_choice.reason if best_choice is not None else "no throughput or price known"
+    room = [(choice, o) for choice, o in ranked if o["fits_now"]]
+    if room and room[0][1] is best:
+        pick, reason = best, f"{why_best}; it has room now"
+    elif room:
+        pick = room[0][1]
+        reason = (f"{best['accelerator_type']} would be cheapest per unit of work but has no room now "
+                  f"({best['why_not']}); {pick['accelerator_type']} is the next accepted type with room")
     else:
-        pick = min(options, key=lambda o: (o["cost_per_hour_usd"] is None, o["cost_per_hour_usd"] or 0.0))
-        reason = (f"nothing fits now ({'; '.join(o['why_not'] for o in options)}); it waits in the queue and "
-                  f"{pick['accelerator_type']} is the cheapest accepted type")
+        pick = best
+        reason = (f"nothing fits now ({'; '.join(o['why_not'] for o in options)}); it waits in the queue for "
+                  f"{pick['accelerator_type']} ({why_best})")
     return {"accelerator_type": pick["accelerator_type"], "cost_per_hour_usd": pick["cost_per_hour_usd"],
             "fits_now": pick["fits_now"], "reason": reason}
 

@@ -115,7 +115,7 @@ class SpecApplyView(TeamScopedMixin, APIView):
             members = values["replicas_min"]
         return selectors.spec_plan(kind=spec.kind, name=values["name"], local_queue=local_queue,
                                    priority_class=priority_class, accelerator_types=types, units_by_type=units,
-                                   members=members)
+                                   members=members, workload_class=values.get("trainer") or "builtin_lm")
 
 
 def _issues_from(spec: Spec, errors, prefix: str = "") -> list[SpecIssue]:
