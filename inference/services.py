@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from controlplane.common import references
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
 from controlplane.compute.base import ROUTERS
@@ -219,6 +220,29 @@ def _differs(deployment: Deployment, name: str, value) -> bool:
     if name == "engine":  # {} and {"slots": 4} are the same settings
         return EngineConfig.from_dict(deployment.engine).to_dict() != EngineConfig.from_dict(value).to_dict()
     return _current(deployment, name) != (value.pk if isinstance(value, TrainingJob) else value)
+
+
+def deployment_create_from_body(*, actor, team: Team, values: dict, spec_yaml: str = "") -> Deployment:
+    """A deployment from the validated create body of the API (DeploymentCreateSerializer, without `team`):
+    resolves the queue, priority and source job in the team, then deployment_create."""
+    values = dict(values)
+    sla = values.pop("sla")
+    source_job = None
+    if values.get("source_job"):
+        source_job = TrainingJob.objects.filter(pk=values["source_job"], team=team).first()
+        if source_job is None:
+            raise ValidationFailed(f"training job {values['source_job']} not found in team {team.name}",
+                                   field="source_job")
+    values.pop("source_job", None)
+    deployment = deployment_create(
+        actor=actor, team=team, source_job=source_job,
+        local_queue=references.resolve_local_queue(team=team, name=values.pop("queue")),
+        priority_class=references.resolve_priority_class(name=values.pop("priority", "")),
+        sla_ttft_p95_ms=sla["ttft_p95_ms"], sla_tpot_p95_ms=sla["tpot_p95_ms"],
+        sla_min_throughput_tps=sla.get("min_throughput_tps"), **values)
+    if spec_yaml:
+        Deployment.objects.filter(pk=deployment.pk).update(spec_yaml=spec_yaml)
+    return deployment
 
 
 @transaction.atomic

@@ -9,7 +9,6 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from controlplane.common import references
 from controlplane.common.errors import ValidationFailed
 from controlplane.tenancy.api.scoping import TeamScopedMixin
 from controlplane.tenancy.models import Role
@@ -47,21 +46,7 @@ class DeploymentViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         team = self.resolve_team(values.pop("team", None))
-        sla = values.pop("sla")
-        source_job = None
-        if values.get("source_job"):
-            source_job = TrainingJob.objects.filter(pk=values["source_job"], team=team).first()
-            if source_job is None:
-                raise ValidationFailed(f"training job {values['source_job']} not found in team {team.name}",
-                                       field="source_job")
-        values.pop("source_job", None)
-        deployment = services.deployment_create(
-            actor=request.user, team=team, source_job=source_job,
-            local_queue=references.resolve_local_queue(team=team, name=values.pop("queue")),
-            priority_class=references.resolve_priority_class(name=values.pop("priority")),
-            sla_ttft_p95_ms=sla["ttft_p95_ms"], sla_tpot_p95_ms=sla["tpot_p95_ms"],
-            sla_min_throughput_tps=sla.get("min_throughput_tps"), **values,
-        )
+        deployment = services.deployment_create_from_body(actor=request.user, team=team, values=values)
         return Response(s.DeploymentSerializer(self.get_queryset().get(pk=deployment.pk)).data,
                         status=status.HTTP_201_CREATED)
 

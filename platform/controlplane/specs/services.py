@@ -32,29 +32,16 @@ def spec_job_secrets(*, secret_names: list[str], secrets: dict[str, str]) -> dic
 @transaction.atomic
 def spec_apply(*, actor, team: Team, kind: str, values: dict, spec_yaml: str) -> TrainingJob | Deployment:
     """`values`: the validated create body (without team) of the spec's kind."""
+    if kind != JOB:
+        return inference_services.deployment_create_from_body(actor=actor, team=team, values=values,
+                                                              spec_yaml=spec_yaml)
     values = dict(values)
-    local_queue = references.resolve_local_queue(team=team, name=values.pop("queue"))
-    priority_class = references.resolve_priority_class(name=values.pop("priority", ""))
-    if kind == JOB:
-        checkpoint = values.pop("checkpoint") or {}
-        job = job_services.training_job_create(
-            actor=actor, team=team, local_queue=local_queue, priority_class=priority_class,
-            dataset_version=references.resolve_dataset_version(team=team, reference=values.pop("dataset")),
-            checkpoint_interval_steps=checkpoint.get("interval_steps", 100),
-            checkpoint_keep_last=checkpoint.get("keep_last", 3), **values)
-        TrainingJob.objects.filter(pk=job.pk).update(spec_yaml=spec_yaml)
-        return job
-    sla = values.pop("sla")
-    source_job = None
-    if values.get("source_job"):
-        source_job = TrainingJob.objects.filter(pk=values["source_job"], team=team).first()
-        if source_job is None:
-            raise ValidationFailed(f"training job {values['source_job']} not found in team {team.name}",
-                                   field="source_job")
-    values.pop("source_job", None)
-    deployment = inference_services.deployment_create(
-        actor=actor, team=team, source_job=source_job, local_queue=local_queue, priority_class=priority_class,
-        sla_ttft_p95_ms=sla["ttft_p95_ms"], sla_tpot_p95_ms=sla["tpot_p95_ms"],
-        sla_min_throughput_tps=sla.get("min_throughput_tps"), **values)
-    Deployment.objects.filter(pk=deployment.pk).update(spec_yaml=spec_yaml)
-    return deployment
+    checkpoint = values.pop("checkpoint") or {}
+    job = job_services.training_job_create(
+        actor=actor, team=team, local_queue=references.resolve_local_queue(team=team, name=values.pop("queue")),
+        priority_class=references.resolve_priority_class(name=values.pop("priority", "")),
+        dataset_version=references.resolve_dataset_version(team=team, reference=values.pop("dataset")),
+        checkpoint_interval_steps=checkpoint.get("interval_steps", 100),
+        checkpoint_keep_last=checkpoint.get("keep_last", 3), **values)
+    TrainingJob.objects.filter(pk=job.pk).update(spec_yaml=spec_yaml)
+    return job
