@@ -194,11 +194,13 @@ class LLMEngine:
     def cancel(self, request_id: int) -> None:
         """Drops a request whose caller went away (waiting: removed; running: freed at the next token)."""
         with self._lock:
-            self._cancelled.add(request_id)
             for seq in list(self._waiting):
                 if seq.request_id == request_id:
                     self._waiting.remove(seq)
-                    self._cancelled.discard(request_id)
+                    return
+            # only a running request is marked: a finished one (the usual case) must not stay in the set
+            if any(seq.request_id == request_id for seq in list(self._running)):
+                self._cancelled.add(request_id)
 
     def load(self) -> dict:
         with self._lock:

@@ -245,3 +245,18 @@ def test_a_block_read_back_while_its_write_is_pending_is_served_from_memory_and_
     cache.close()
     assert not list(tmp_path.glob("*.kv*"))
 
+
+
+def test_cancelling_finished_requests_leaves_nothing_behind(model, tmp_path):
+    engine = make_engine(model, tmp_path)
+    try:
+        for _ in range(5):
+            events = []
+            request_id = engine.submit(GenerationRequest(prompt_tokens=TOK.encode(PROMPTS[0]), max_tokens=2),
+                                       events.append)
+            while not events or events[-1]["type"] != "done":
+                threading.Event().wait(0.01)
+            engine.cancel(request_id)  # what a replica does after every stream, finished or not
+        assert engine._cancelled == set()
+    finally:
+        engine.stop()
