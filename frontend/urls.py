@@ -1,9 +1,9 @@
-"""Console routes."""
+"""Console routes. Pages are server-rendered; their actions call the REST API from the browser."""
 
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import views
+from frontend import deployment_views, job_views, team_views, views
 
 app_name = "console"
 urlpatterns = [
@@ -14,8 +14,9 @@ urlpatterns = [
     path("cluster/", views.cluster, name="cluster"),
     path("queues/", views.queues, name="queues"),
     path("datasets/", views.datasets, name="datasets"),
-    path("jobs/", views.job_list, name="jobs"),
-    path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
-    path("deployments/", views.deployment_list_page, name="deployments"),
-    path("deployments/<int:deployment_id>/", views.deployment_detail, name="deployment-detail"),
+    path("team/", team_views.team_settings, name="team"),
+    path("jobs/", job_views.job_list, name="jobs"),
+    path("jobs/<int:job_id>/", job_views.job_detail, name="job-detail"),
+    path("deployments/", deployment_views.deployment_list_page, name="deployments"),
+    path("deployments/<int:deployment_id>/", deployment_views.deployment_detail, name="deployment-detail"),
 ]

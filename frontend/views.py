@@ -1,4 +1,6 @@
-"""Console pages. Thin: read through selectors scoped to the caller's teams, render.
+"""Console pages: overview, cluster, queues, datasets, and the helpers every page module shares.
+
+Thin: read through selectors scoped to the caller's teams, render.
 
 Every page needs a login. Team-owned objects (datasets, jobs, deployments, local queues) are read
 with the team ids of `visible_team_ids`, so another team's job or deployment is a 404, never a 403
@@ -11,29 +13,24 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.db.models import Count
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 
 from controlplane.cluster.models import NodeHealth
 from controlplane.cluster.selectors import accelerator_type_list, node_list, node_pool_list
 from controlplane.datasets.selectors import dataset_list, dataset_version_list
 from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, priority_class_list
 from controlplane.tenancy.selectors import team_list, visible_team_ids
-from inference.selectors import deployment_list, deployment_metrics
+from inference.selectors import deployment_list
 from inference.states import DeploymentState
 from jobs.selectors import (
     goodput_overview,
     quota_usage,
-    training_job_events,
     training_job_list,
-    training_job_run_view,
     waiting_jobs,
 )
 from jobs.states import JobState
 
-JOBS_PER_PAGE = 50
-CONSOLE_METRICS_WINDOW_S = 900  # the deployment page shows the last 15 minutes of requests
 SIMULATED_NOTE = ("SIMULATED pools have logical chips: Ray nodes on a CPU host advertise them as custom "
                   "resources, and the work itself runs on CPU.")
 
@@ -115,56 +112,3 @@ def datasets(request):
         dataset.version_rows = versions.get(dataset.pk, [])
     context["datasets"] = rows
     return render(request, "frontend/datasets.html", context)
-
-
-@login_required
-def job_list(request):
-    team_ids, context = _base_context(request, "jobs")
-    jobs = training_job_list(team_ids=team_ids)
-    state = request.GET.get("state", "").upper()
-    if state not in JobState.__members__:
-        state = ""
-    counts = _state_counts(jobs, JobState)
-    if state:
-        jobs = jobs.filter(state=state)
-    page = Paginator(jobs, JOBS_PER_PAGE).get_page(request.GET.get("page"))
-    context.update({"page": page, "jobs": page.object_list, "state": state, "job_counts": counts,
-                    "total": sum(n for _, n in counts)})
-    return render(request, "frontend/jobs.html", context)
-
-
-@login_required
-def job_detail(request, job_id: int):
-    team_ids, context = _base_context(request, "jobs")
-    job = get_object_or_404(training_job_list(team_ids=team_ids), pk=job_id)
-    context.update({
-        "job": job,
-        "events": training_job_events(job=job),
-        "deployments": deployment_list(team_ids=team_ids).filter(source_job=job),
-        **training_job_run_view(job=job),
-    })
-    return render(request, "frontend/job_detail.html", context)
-
-
-@login_required
-def deployment_list_page(request):
-    team_ids, context = _base_context(request, "deployments")
-    deployments = deployment_list(team_ids=team_ids)
-    context.update({"deployments": deployments,
-                    "deployment_counts": _state_counts(deployments, DeploymentState)})
-    return render(request, "frontend/deployments.html", context)
-
-
-@login_required
-def deployment_detail(request, deployment_id: int):
-    team_ids, context = _base_context(request, "deployments")
-    deployment = get_object_or_404(deployment_list(team_ids=team_ids), pk=deployment_id)
-    context.update({
-        "deployment": deployment,
-        "revisions": deployment.revisions.select_related("created_by"),
-        "events": deployment.events.all(),
-        "metrics": deployment_metrics(deployment=deployment, window_s=CONSOLE_METRICS_WINDOW_S),
-        "metrics_window_min": CONSOLE_METRICS_WINDOW_S // 60,
-        "api_base": request.build_absolute_uri("/v1/"),
-    })
-    return render(request, "frontend/deployment_detail.html", context)
