@@ -147,8 +147,10 @@ def run(*, host: str, port: int, with_ray: bool) -> int:
                               env, log_dir))
         children.append(spawn("beat", [str(bin_dir / "celery"), "-A", "controlplane", "beat", "--loglevel=INFO",
                                        f"--schedule={data_dir / 'celerybeat-schedule'}"], env, log_dir))
+        # Threads, not processes: a console tab following a job's logs or a playground answer holds one
+        # thread for the length of its stream, and the pages' polling must not wait behind them.
         children.append(spawn("web", [str(bin_dir / "gunicorn"), "controlplane.wsgi:application",
-                                      f"--bind={host}:{port}", "--workers=2", "--threads=4", "--timeout=120",
+                                      f"--bind={host}:{port}", "--workers=2", "--threads=16", "--timeout=120",
                                       "--access-logfile=-"], env, log_dir))
         pid_file.write_text(json.dumps({child.name: child.process.pid for child in children}))
         url = f"http://{host}:{port}/"
