@@ -1,0 +1,47 @@
+"""Fixtures for the security suite: one of every team-owned object, all in team beta, and the API schema."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from drf_spectacular.generators import SchemaGenerator
+
+from controlplane.datasets.services import dataset_create, dataset_version_upload
+from controlplane.tenancy.models import AuditEvent, Membership
+from controlplane.tenancy.services import api_token_create
+from inference.services import deployment_create
+from jobs.services import training_job_create
+
+# Names only team beta's objects carry: a response to team alpha that contains one has leaked it.
+BETA_SECRETS = ("secret-job-b7", "secret-svc-b7", "corpus-b7", "beta-token-b7")
+
+
+@pytest.fixture(scope="session")
+def api_schema() -> dict:
+    """The OpenAPI document the API serves, generated the same way /api/v1/schema/ does."""
+    return SchemaGenerator().get_schema(request=None, public=True)
+
+
+@pytest.fixture
+def beta_objects(world):
+    """{resource path segment: the id of one beta object}, with beta's objects created through services."""
+    beta = world["beta"]
+    team, admin = beta["team"], beta["admin"]
+    dataset = dataset_create(actor=admin, team=team, name=BETA_SECRETS[2])
+    dataset_version_upload(actor=admin, dataset=dataset, upload=SimpleUploadedFile("a.txt", b"hello"))
+    job = training_job_create(actor=admin, team=team, name=BETA_SECRETS[0], local_queue=beta["queue"],
+                              accelerator_types=["nvidia-h100"])
+    deployment = deployment_create(actor=admin, team=team, name=BETA_SECRETS[1], local_queue=beta["queue"],
+                                   accelerator_types=["nvidia-a100"], sla_ttft_p95_ms=500, sla_tpot_p95_ms=50,
+                                   model_uri="file:///m")
+    token, _ = api_token_create(actor=admin, team=team, user=admin, name=BETA_SECRETS[3])
+    return {
+        "teams": team.pk,
+        "memberships": Membership.objects.filter(team=team, user=beta["member"]).get().pk,
+        "api-tokens": token.pk,
+        "audit-events": AuditEvent.objects.filter(team=team).first().pk,
+        "local-queues": beta["queue"].pk,
+        "datasets": dataset.pk,
+        "training-jobs": job.pk,
+        "deployments": deployment.pk,
+    }
