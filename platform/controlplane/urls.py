@@ -7,6 +7,10 @@ from django.db import connection
 from django.http import JsonResponse
 from django.urls import include, path
 
+from frontend.forms import AdminLoginForm
+
+admin.site.login_form = AdminLoginForm  # the admin's sign-in locks out repeated failures like the console's
+
 
 def healthz(request):
     with connection.cursor() as cursor:

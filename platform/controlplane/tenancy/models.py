@@ -93,3 +93,17 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.target_type}:{self.target_id}"
+
+
+class LoginThrottle(models.Model):
+    """Failed password sign-ins counted per username and per client address (`key` is "user:<name>" or
+    "ip:<address>"). Too many in a window locks that key until `locked_until`, even for the right password.
+    Kept in the database so every web process sees the same count."""
+
+    key = models.CharField(max_length=200, unique=True)
+    failures = models.PositiveIntegerField(default=0)
+    window_started_at = models.DateTimeField(default=timezone.now)
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.failures} failures"

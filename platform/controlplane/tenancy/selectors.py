@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from datetime import timedelta
 
-from controlplane.tenancy.models import ROLE_RANK, ApiToken, AuditEvent, Membership, Role, Team
+from django.db.models import Max, QuerySet
+from django.utils import timezone
+
+from controlplane.tenancy.models import ROLE_RANK, ApiToken, AuditEvent, LoginThrottle, Membership, Role, Team
 
 
 def visible_team_ids(*, user, token: ApiToken | None = None) -> list[int]:
@@ -43,3 +46,43 @@ def api_token_list(*, team_ids: list[int]) -> QuerySet[ApiToken]:
 
 def audit_event_list(*, team_ids: list[int]) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.filter(team_id__in=team_ids).select_related("team")
+
+
+def roles_by_team(*, user, team_ids: list[int]) -> dict[int, str]:
+    """{team id: the user's role} for the given teams the user belongs to."""
+    if user is None or not user.is_authenticated:
+        return {}
+    return dict(Membership.objects.filter(user=user, team_id__in=team_ids).values_list("team_id", "role"))
+
+
+def api_tokens_visible(*, user, team_ids: list[int]) -> QuerySet[ApiToken]:
+    """The tokens the API lists for this user: their own, plus every token of the teams they administer."""
+    tokens = api_token_list(team_ids=team_ids)
+    admin_teams = list(Membership.objects.filter(user=user, role=Role.ADMIN, team_id__in=team_ids)
+                       .values_list("team_id", flat=True))
+    return (tokens.filter(user=user) | tokens.filter(team_id__in=admin_teams)).order_by("-created_at")
+
+
+# Sign-in throttling (OWASP: lock out repeated failed logins). Per username, so one account cannot be
+# guessed at, and per client address, so one client cannot spray many accounts. Usernames that do not
+# exist are counted the same way, so the lockout says nothing about which accounts exist.
+LOGIN_WINDOW = timedelta(minutes=15)
+LOGIN_LOCKOUT = timedelta(minutes=15)
+LOGIN_MAX_FAILURES_PER_USER = 5
+LOGIN_MAX_FAILURES_PER_ADDRESS = 20
+
+
+def login_keys(*, username: str, address: str) -> list[tuple[str, int]]:
+    """(throttle key, failure limit) for a sign-in by this username from this address."""
+    keys = [(f"user:{username.strip().lower()[:150]}", LOGIN_MAX_FAILURES_PER_USER)]
+    if address:
+        keys.append((f"ip:{address[:45]}", LOGIN_MAX_FAILURES_PER_ADDRESS))
+    return keys
+
+
+def login_locked_seconds(*, username: str, address: str, now=None) -> int:
+    """Seconds until this username or address may try again (0: not locked)."""
+    now = now or timezone.now()
+    keys = [key for key, _ in login_keys(username=username, address=address)]
+    until = LoginThrottle.objects.filter(key__in=keys, locked_until__gt=now).aggregate(m=Max("locked_until"))["m"]
+    return 0 if until is None else max(1, int((until - now).total_seconds() + 0.999))

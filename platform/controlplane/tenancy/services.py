@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from datetime import datetime
 
@@ -11,8 +12,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.common.errors import ConflictError, ValidationFailed
-from controlplane.tenancy.models import ApiToken, AuditEvent, Membership, Role, Team
+from controlplane.tenancy.models import ApiToken, AuditEvent, LoginThrottle, Membership, Role, Team
+from controlplane.tenancy.selectors import LOGIN_LOCKOUT, LOGIN_WINDOW, login_keys
 
+logger = logging.getLogger(__name__)
 TOKEN_PREFIX = "fy_"  # noqa: S105 - a public prefix, not a secret
 
 
@@ -142,3 +145,25 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+@transaction.atomic
+def login_failure_record(*, username: str, address: str, now=None) -> None:
+    """Count one failed sign-in against the username and the address; lock a key that reached its limit."""
+    now = now or timezone.now()
+    for key, limit in login_keys(username=username, address=address):
+        LoginThrottle.objects.get_or_create(key=key, defaults={"window_started_at": now})
+        row = LoginThrottle.objects.select_for_update().get(key=key)
+        if now - row.window_started_at > LOGIN_WINDOW:
+            row.failures, row.window_started_at = 0, now
+        row.failures += 1
+        if row.failures >= limit:
+            row.locked_until = now + LOGIN_LOCKOUT
+            row.failures, row.window_started_at = 0, now
+            logger.warning("sign-in locked for %s until %s after %d failures", key, row.locked_until, limit)
+        row.save(update_fields=["failures", "window_started_at", "locked_until"])
+
+
+def login_success_record(*, username: str) -> None:
+    """A right password clears the username's count (not the address's: a sprayer may own one account)."""
+    LoginThrottle.objects.filter(key=login_keys(username=username, address="")[0][0]).delete()
