@@ -19,7 +19,6 @@ import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from django.conf import settings
 from django.db import transaction
@@ -30,6 +29,7 @@ from controlplane.common.errors import ConflictError
 from controlplane.common.lifecycle import record_event, transition
 from controlplane.compute.base import TrainingLaunch, TrainingReport
 from controlplane.compute.ray_backend import TRAINING_PREFIX
+from controlplane.datasets.fetching import DatasetUnavailable, dataset_local_file
 from controlplane.tenancy.services import audit_record
 from jobs.models import FaultKind, TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
 from jobs.runtime.goodput import GoodputLedger
@@ -108,7 +108,23 @@ def training_job_launch(*, job_id: int, backend) -> TrainingJob | None:
                          reason=f"launching {len(nodes)} worker(s) on {', '.join(nodes)} (attempt {job.attempt})",
                          system="launcher", data={"handle": job.compute_handle, "nodes": nodes})
     job = TrainingJob.objects.select_related("dataset_version").get(pk=job.pk)
-    backend.launch_training(build_launch(job))  # idempotent by name; a failure is retried by the sync
+    try:
+        launch = build_launch(job)
+    except DatasetUnavailable as exc:
+        return _fail_before_start(job, f"{exc}")
+    backend.launch_training(launch)  # idempotent by name; a failure is retried by the sync
+    return job
+
+
+def _fail_before_start(job: TrainingJob, reason: str) -> TrainingJob:
+    """STARTING -> FAILED with the reason, before any worker started; the job no longer holds quota."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if job.state != JobState.STARTING:
+            return job
+        job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.FAILED,
+                         reason=reason, system="launcher")
+    _kick_scheduler()  # the quota it held is free for the next workload
     return job
 
 
@@ -414,9 +430,9 @@ def _finite(value):
 
 
 def dataset_local_path(job: TrainingJob) -> str:
-    """A file the workers can read: datasets uploaded to the platform live under its data folder."""
+    """A file the workers can read ("" without a dataset): an uploaded file, or an https one fetched through
+    the SSRF guard. DatasetUnavailable says why a version cannot be read (datasets/fetching.py)."""
     version = job.dataset_version
     if version is None:
         return ""
-    parsed = urlparse(version.uri or "")
-    return unquote(parsed.path) if parsed.scheme == "file" else ""
+    return str(dataset_local_file(version))

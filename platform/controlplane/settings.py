@@ -200,6 +200,9 @@ MEDIA_ROOT = Path(env_str("FLEETYARD_STORAGE_DIR", str(DATA_DIR / "storage"))).r
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FLEETYARD_MAX_DATASET_UPLOAD_BYTES = env_int("FLEETYARD_MAX_DATASET_UPLOAD_BYTES", 2 * 1024**3)
+# Exact host:port pairs the platform may fetch datasets from although they are internal (a mirror in your
+# network). Everything else internal is refused (common/netguard.py).
+FLEETYARD_FETCH_ALLOW_HOSTS = env_list("FLEETYARD_FETCH_ALLOW_HOSTS", [])
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False

@@ -10,13 +10,15 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 
+from controlplane.common import netguard
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.datasets import storage
 from controlplane.datasets.models import Dataset, DatasetFormat, DatasetVersion
 from controlplane.tenancy.models import Team
 from controlplane.tenancy.services import audit_record
 
-ALLOWED_URI_SCHEMES = {"s3", "gs", "az", "http", "https", "file", "hf"}
+# file:// is not among them: a registered path would let a job read the platform host's files (upload instead).
+ALLOWED_URI_SCHEMES = {"s3", "gs", "az", "http", "https", "hf"}
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -38,6 +40,23 @@ def _next_version(dataset: Dataset) -> int:
     return latest + 1
 
 
+def _check_uri(uri: str) -> None:
+    """A URI a team may register: a known scheme, and for http(s) a host that is not internal (SSRF)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        raise ValidationFailed("file:// URIs are not accepted: they would let a job read the platform's own "
+                               "files; upload the file instead", field="uri")
+    if parsed.scheme not in ALLOWED_URI_SCHEMES or not (parsed.netloc or parsed.path):
+        raise ValidationFailed(
+            f"{uri!r} is not a supported URI (schemes: {', '.join(sorted(ALLOWED_URI_SCHEMES))})", field="uri"
+        )
+    if parsed.scheme in netguard.FETCH_SCHEMES:
+        try:
+            netguard.check_url(uri, require_resolution=False)
+        except netguard.UnsafeURL as exc:
+            raise ValidationFailed(f"{exc}", field="uri") from None
+
+
 def _check_format(fmt: str) -> None:
     if fmt not in DatasetFormat.values:
         raise ValidationFailed(f"{fmt!r} is not a format (choose {', '.join(DatasetFormat.values)})",
@@ -48,11 +67,7 @@ def _check_format(fmt: str) -> None:
 def dataset_version_register(*, actor, dataset: Dataset, uri: str, fmt: str = DatasetFormat.OTHER,
                              size_bytes: int | None = None, checksum_sha256: str = "",
                              description: str = "") -> DatasetVersion:
-    parsed = urlparse(uri)
-    if parsed.scheme not in ALLOWED_URI_SCHEMES or not (parsed.netloc or parsed.path):
-        raise ValidationFailed(
-            f"{uri!r} is not a supported URI (schemes: {', '.join(sorted(ALLOWED_URI_SCHEMES))})", field="uri"
-        )
+    _check_uri(uri)
     _check_format(fmt)
     if size_bytes is not None and size_bytes < 0:
         raise ValidationFailed("size must not be negative", field="size_bytes")
