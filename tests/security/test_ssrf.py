@@ -84,7 +84,7 @@ def fake_dns(monkeypatch):
 def internal_forms(port: int) -> list[str]:
     """Every spelling of an internal address a URI can use (the listener is on 127.0.0.1:port)."""
     hosts = ["127.0.0.1", "localhost", "LOCALHOST.", "2130706433", "0x7f000001", "0177.0.0.1", "127.1",
-             "0.0.0.0", "0",  # noqa: S104 - an address a URI names, not a bind "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[64:ff9b::7f00:1]",
+             "0.0.0.0", "0", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[64:ff9b::7f00:1]",  # noqa: S104
              "[2002:7f00:1::]", "169.254.169.254", "[fe80::1]", "10.0.0.1", "172.16.0.1", "192.168.1.1",
              "100.64.0.1", "[fd00::1]", "[fd00:ec2::254]", "224.0.0.1", "240.0.0.1", "metadata.google.internal",
              "intranet.example.com", "sneaky.example.com", "v6.example.com", "metadata.example.com",
