@@ -31,6 +31,9 @@ def test_node_pools_are_operator_managed(api):
     assert again.status_code == 400 and "name" in again.json()
     bad = api("ops").post("/api/v1/node-pools/", {**body, "name": "x", "accelerator_type": "tpu"}, format="json")
     assert bad.status_code == 400 and "accelerator_type" in bad.json()
+    unsaid = {k: v for k, v in body.items() if k != "simulated"} | {"name": "unsaid"}
+    missing = api("ops").post("/api/v1/node-pools/", unsaid, format="json")
+    assert missing.status_code == 400 and "simulated" in missing.json()
 
 
 def test_nodes_observed_from_the_backend_show_capacity_and_simulation(api, world, accel):

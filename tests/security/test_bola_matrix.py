@@ -15,12 +15,7 @@ import json
 import pytest
 from django.test import Client
 
-from controlplane.datasets.models import Dataset, DatasetVersion
-from controlplane.quotas.models import LocalQueue
-from controlplane.tenancy.models import ApiToken, AuditEvent, Membership, Team
-from inference.models import Deployment, DeploymentRevision
-from jobs.models import TrainingJob
-from tests.security.conftest import BETA_SECRETS
+from tests.security.conftest import BETA_SECRETS, database_snapshot
 
 API = "/api/v1/"
 # Objects that belong to one team: another team's caller must not be able to tell they exist.
@@ -29,8 +24,6 @@ TEAM_OWNED = {"api-tokens", "audit-events", "datasets", "deployments", "local-qu
 # Cluster-wide facts every signed-in user may read (their writes are for operators: tests/security/test_roles.py).
 SHARED = {"accelerator-types", "cluster-queues", "node-pools", "nodes", "priority-classes"}
 ROLES = ("admin", "member", "viewer")
-SNAPSHOT_MODELS = (Team, Membership, ApiToken, LocalQueue, Dataset, DatasetVersion, TrainingJob, Deployment,
-                   DeploymentRevision)
 
 
 def _object_paths(schema: dict) -> list[tuple[str, str, str]]:
@@ -50,19 +43,6 @@ def _list_paths(schema: dict) -> list[tuple[str, list[dict]]]:
     """(path, declared query parameters) for every GET path without a path parameter."""
     return [(path, ops["get"].get("parameters", [])) for path, ops in schema["paths"].items()
             if "{" not in path and "get" in ops and not path.endswith(("/schema/", "/docs/", "/redoc/"))]
-
-
-def _snapshot() -> dict:
-    """Every row of every team-owned table (minus the token's last-use time, which a caller's own token bumps)."""
-    rows = {}
-    for model in SNAPSHOT_MODELS:
-        values = list(model.objects.order_by("pk").values())
-        if model is ApiToken:
-            for row in values:
-                row.pop("last_used_at")
-        rows[model.__name__] = values
-    rows["audit_events"] = AuditEvent.objects.count()
-    return rows
 
 
 def _client(world, role: str, *, session: bool = False) -> Client:
@@ -90,7 +70,7 @@ def test_another_teams_object_is_404_on_every_path_and_method(world, beta_object
     matrix = [(path, resource, method) for path, resource, method in _object_paths(api_schema)
               if resource in TEAM_OWNED]
     clients = {role: _client(world, role, session=session) for role in ROLES}
-    before = _snapshot()
+    before = database_snapshot()
     answers = []
     for path, resource, method in matrix:
         name = path[path.index("{") + 1:path.index("}")]
@@ -109,7 +89,7 @@ def test_another_teams_object_is_404_on_every_path_and_method(world, beta_object
           f"({100 * (len(answers) - len(wrong)) / len(answers):.1f}%)")
     assert not wrong, wrong
     assert len(matrix) >= 20, matrix
-    assert _snapshot() == before, "a request on another team's object changed the database"
+    assert database_snapshot() == before, "a request on another team's object changed the database"
 
 
 def _filter_values(parameter: dict, world, beta_objects) -> list[str]:

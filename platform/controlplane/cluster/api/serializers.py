@@ -41,8 +41,9 @@ class NodePoolSerializer(serializers.ModelSerializer):
                   "link_bandwidth_assumed", "link_bandwidth_note",
                   "node_count", "healthy_node_count", "capacity_devices", "free_devices", "created_at"]
         read_only_fields = ["id", "created_at"]
-        # Uniqueness is the service's check, so the error reads the same from every entry point.
-        extra_kwargs = {"name": {"validators": []}}
+        # Uniqueness is the service's check, so the error reads the same from every entry point. An operator
+        # says whether a pool's chips are simulated (leaving it out was a 500; found by the S3 role matrix).
+        extra_kwargs = {"name": {"validators": []}, "simulated": {"required": True}}
 
 
 class NodeSerializer(serializers.ModelSerializer):
