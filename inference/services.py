@@ -61,12 +61,19 @@ def validate_router(router: str) -> str:
 
 
 def validate_model_uri(model_uri: str) -> str:
-    """An absolute path or a file:// URI of a directory holding config.json + model.pt (checked at deploy)."""
-    from inference.workflows import model_uri_path
+    """An absolute path or a file:// URI of a directory holding config.json + model.pt (checked at deploy), inside
+    the platform's model folders (FLEETYARD_MODEL_DIRS): never another team's checkpoints or the host's files."""
+    from inference.workflows import model_dir_refusal, model_uri_path
 
-    if model_uri and model_uri_path(model_uri) is None:
+    if not model_uri:
+        return model_uri
+    path = model_uri_path(model_uri)
+    if path is None:
         raise ValidationFailed("must be an absolute path or a file:// URI of a model directory (config.json + "
                                "model.pt)", field="model_uri")
+    refusal = model_dir_refusal(path)
+    if refusal:
+        raise ValidationFailed(refusal, field="model_uri")
     return model_uri
 
 

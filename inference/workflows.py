@@ -125,12 +125,25 @@ def resolve_model_dir(deployment: Deployment) -> str:
     path = model_uri_path(deployment.model_uri)
     if path is None:
         raise ModelNotFound(f"model_uri {deployment.model_uri!r} is not an absolute path or file:// URI")
+    refusal = model_dir_refusal(path)
+    if refusal:
+        raise ModelNotFound(refusal)
     if not path.is_dir():
         raise ModelNotFound(f"model directory {path} does not exist")
     missing = [name for name in (CONFIG_FILE, MODEL_FILE) if not (path / name).is_file()]
     if missing:
         raise ModelNotFound(f"model directory {path} has no {', '.join(missing)}")
     return str(path)
+
+
+def model_dir_refusal(path: Path) -> str | None:
+    """Why a team may not serve this directory (outside FLEETYARD_MODEL_DIRS), or None when it may."""
+    resolved = path.resolve()
+    roots = [Path(root).resolve() for root in settings.FLEETYARD_MODEL_DIRS]
+    if any(resolved == root or root in resolved.parents for root in roots):
+        return None
+    return (f"{path} is outside the model folders this platform serves from ({', '.join(map(str, roots))}); "
+            f"put the model there, or deploy a training job's checkpoint by naming the job")
 
 
 def model_uri_path(uri: str) -> Path | None:

@@ -23,6 +23,9 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _isolated_storage(settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "storage"
+    # Most tests name made-up model folders (file:///m); tests/security/test_model_paths.py checks the
+    # real restriction to FLEETYARD_MODEL_DIRS.
+    settings.FLEETYARD_MODEL_DIRS = ["/"]
     # Unit and API tests run tasks in-process; tests/integration starts real workers instead.
     celery_app.conf.task_always_eager = True
 

@@ -203,6 +203,10 @@ FLEETYARD_MAX_DATASET_UPLOAD_BYTES = env_int("FLEETYARD_MAX_DATASET_UPLOAD_BYTES
 # Exact host:port pairs the platform may fetch datasets from although they are internal (a mirror in your
 # network). Everything else internal is refused (common/netguard.py).
 FLEETYARD_FETCH_ALLOW_HOSTS = env_list("FLEETYARD_FETCH_ALLOW_HOSTS", [])
+# Folders a deployment's model_uri may name (a model directory: config.json + model.pt). Anything else on the
+# platform's hosts (another team's checkpoints, the database, system files) is refused; a team deploys its
+# own training job's checkpoint by naming the job instead.
+FLEETYARD_MODEL_DIRS = env_list("FLEETYARD_MODEL_DIRS", [str(DATA_DIR / "models")])
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
