@@ -17,19 +17,30 @@ from django.db.models import Count
 from django.shortcuts import render
 
 from controlplane.cluster.models import NodeHealth
-from controlplane.cluster.selectors import accelerator_type_list, node_list, node_pool_list
+from controlplane.cluster.selectors import (
+    accelerator_type_list,
+    cluster_utilization,
+    node_list,
+    node_pool_list,
+    node_utilization,
+)
+from controlplane.datasets.models import DatasetFormat
 from controlplane.datasets.selectors import dataset_list, dataset_version_list
 from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, priority_class_list
-from controlplane.tenancy.selectors import team_list, visible_team_ids
+from controlplane.tenancy.selectors import roles_by_team, team_list, visible_team_ids
 from inference.selectors import deployment_list
 from inference.states import DeploymentState
 from jobs.selectors import (
     goodput_overview,
+    held_units_by_node,
+    job_counts_by_local_queue,
+    queue_depth,
     quota_usage,
+    quota_usage_by_local_queue,
     training_job_list,
     waiting_jobs,
 )
-from jobs.states import JobState
+from jobs.states import HOLDING_STATES, JobState
 
 SIMULATED_NOTE = ("SIMULATED pools have logical chips: Ray nodes on a CPU host advertise them as custom "
                   "resources, and the work itself runs on CPU.")
@@ -61,17 +72,37 @@ def _base_context(request, section: str) -> tuple[list[int], dict]:
                       "simulated_note": SIMULATED_NOTE}
 
 
+def _pct(fraction) -> float | None:
+    return round(fraction * 100, 1) if fraction is not None else None
+
+
 @login_required
 def overview(request):
     team_ids, context = _base_context(request, "overview")
     jobs = training_job_list(team_ids=team_ids)
     deployments = deployment_list(team_ids=team_ids)
+    utilization = cluster_utilization(held=held_units_by_node())
+    depth = queue_depth()
     context.update({
         "pools": _pools_with_nodes(),
+        "utilization": utilization,
+        "utilization_chart": {
+            "pools": [{"name": p["name"], "type": p["accelerator_type"], "unit": p["unit"], "used": p["used"],
+                       "capacity": p["capacity"], "percent": _pct(p["fraction"]), "simulated": p["simulated"]}
+                      for p in utilization["pools"]],
+            "types": [{"name": t["accelerator_type"], "unit": t["unit"], "used": t["used"],
+                       "capacity": t["capacity"], "percent": _pct(t["fraction"]), "simulated": t["simulated"]}
+                      for t in utilization["types"]],
+        },
+        "queue_depth": [(cq.name, depth.get(cq.name, 0)) for cq in cluster_queue_list()],
+        "waiting_total": sum(depth.values()),
         "job_counts": _state_counts(jobs, JobState),
         "deployment_counts": _state_counts(deployments, DeploymentState),
+        "running_jobs": jobs.filter(state__in=HOLDING_STATES)[:20],
+        "running_job_total": jobs.filter(state__in=HOLDING_STATES).count(),
+        "serving_deployments": deployments.filter(state__in=[DeploymentState.SERVING, DeploymentState.UPDATING,
+                                                              DeploymentState.DEGRADED])[:20],
         "latest_jobs": jobs[:10],
-        "latest_deployments": deployments[:5],
         "goodput": goodput_overview(team_ids=team_ids),
     })
     return render(request, "frontend/overview.html", context)
@@ -80,22 +111,66 @@ def overview(request):
 @login_required
 def cluster(request):
     _, context = _base_context(request, "cluster")
-    context.update({"pools": _pools_with_nodes(), "accelerator_types": accelerator_type_list()})
+    nodes = node_utilization(held=held_units_by_node())
+    pool_names = [pool.name for pool in node_pool_list()]
+    # Heatmap cells: one per node, x = the node's place in its pool, y = the pool.
+    slots: dict[str, int] = defaultdict(int)
+    cells = []
+    for node in nodes:
+        x = slots[node["pool"]]
+        slots[node["pool"]] += 1
+        cells.append({"x": x, "y": pool_names.index(node["pool"]), "name": node["name"], "unit": node["unit"],
+                      "used": node["used"], "capacity": node["capacity"], "percent": _pct(node["fraction"]),
+                      "health": node["health"], "cordoned": node["cordoned"], "simulated": node["simulated"]})
+    context.update({
+        "pools": _pools_with_nodes(),
+        "accelerator_types": accelerator_type_list(),
+        "can_cordon": request.user.is_staff,
+        "heatmap": {"pools": pool_names, "columns": max(slots.values(), default=0), "cells": cells},
+    })
     return render(request, "frontend/cluster.html", context)
+
+
+def _quota_limit(quota, cohort: str) -> float | None:
+    """The most a cluster queue may hold of a type: nominal, plus borrowing in a cohort (None: no cap)."""
+    if not cohort:
+        return quota.nominal_quota
+    if quota.borrowing_limit is None:
+        return None
+    return quota.nominal_quota + quota.borrowing_limit
 
 
 @login_required
 def queues(request):
     team_ids, context = _base_context(request, "queues")
     usage = quota_usage()
+    depth = queue_depth()
     cluster_queues = list(cluster_queue_list())
+    chart_rows = []
     for cq in cluster_queues:
+        cq.waiting = depth.get(cq.name, 0)
         for quota in cq.quotas.all():
             quota.used = usage.get((cq.name, quota.accelerator_type.slug), 0.0)
+            quota.limit = _quota_limit(quota, cq.cohort)
+            quota.borrowed = max(0.0, quota.used - quota.nominal_quota)
+            scale = quota.limit if quota.limit else max(quota.nominal_quota, quota.used) or 1.0
+            quota.used_percent = min(100.0, quota.used / scale * 100)
+            quota.nominal_percent = min(100.0, quota.nominal_quota / scale * 100)
+            chart_rows.append({"queue": cq.name, "type": quota.accelerator_type.slug,
+                               "unit": "CPUs" if quota.accelerator_type.slug == "cpu" else "devices",
+                               "used": quota.used, "nominal": quota.nominal_quota, "limit": quota.limit,
+                               "borrowing_limit": quota.borrowing_limit, "cohort": cq.cohort})
+    local_usage = quota_usage_by_local_queue(team_ids=team_ids)
+    local_counts = job_counts_by_local_queue(team_ids=team_ids)
+    local_queues = list(local_queue_list(team_ids=team_ids).order_by("team__name", "name"))
+    for lq in local_queues:
+        lq.usage = sorted((slug, used) for (queue_id, slug), used in local_usage.items() if queue_id == lq.pk)
+        lq.counts = local_counts.get(lq.pk, {"waiting": 0, "holding": 0})
     context.update({
         "cluster_queues": cluster_queues,
-        "waiting_jobs": waiting_jobs(team_ids=team_ids),
-        "local_queues": local_queue_list(team_ids=team_ids),
+        "quota_chart": chart_rows,
+        "waiting_jobs": waiting_jobs(team_ids=team_ids).select_related("priority_class"),
+        "local_queues": local_queues,
         "priority_classes": priority_class_list(),
     })
     return render(request, "frontend/queues.html", context)
@@ -105,10 +180,18 @@ def queues(request):
 def datasets(request):
     team_ids, context = _base_context(request, "datasets")
     versions = defaultdict(list)
-    for version in dataset_version_list(team_ids=team_ids):
+    for version in dataset_version_list(team_ids=team_ids).order_by("-version"):
         versions[version.dataset_id].append(version)
+    roles = roles_by_team(user=request.user, team_ids=team_ids)
     rows = list(dataset_list(team_ids=team_ids))
     for dataset in rows:
         dataset.version_rows = versions.get(dataset.pk, [])
-    context["datasets"] = rows
+        dataset.can_write = roles.get(dataset.team_id) in ("admin", "member")
+    writable = [team for team in context["teams"] if roles.get(team.pk) in ("admin", "member")]
+    context.update({
+        "datasets": rows,
+        "writable_teams": writable,
+        "read_only_teams": [team for team in context["teams"] if team not in writable],
+        "formats": DatasetFormat.choices,
+    })
     return render(request, "frontend/datasets.html", context)

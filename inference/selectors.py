@@ -6,12 +6,14 @@ import math
 from collections import Counter, defaultdict
 from datetime import timedelta
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from controlplane.cluster.models import Node, NodeHealth
+from controlplane.cluster.models import Node, NodeHealth, NodePool
 from inference.autoscaling import ObservedWindow, percentile
 from inference.models import Deployment, InferenceRequest
+from jobs.models import TrainingJob
+from jobs.states import JOB_MACHINE
 
 # Longest window the metrics endpoint reads (and the longest per-minute series it draws).
 MAX_WINDOW_S = 24 * 3600
@@ -22,6 +24,37 @@ def deployment_list(*, team_ids: list[int]) -> QuerySet[Deployment]:
     return Deployment.objects.filter(team_id__in=team_ids).select_related(
         "team", "local_queue", "priority_class", "source_job"
     )
+
+
+def deployable_jobs(*, team_ids: list[int]) -> QuerySet[TrainingJob]:
+    """The teams' training jobs a deployment can serve: those that wrote a checkpoint, and live ones (served
+    once their first complete checkpoint is written). Finished jobs without a checkpoint are left out."""
+    return TrainingJob.objects.filter(team_id__in=team_ids).filter(
+        Q(last_checkpoint_step__gte=0) | ~Q(state__in=JOB_MACHINE.terminal_states())
+    ).select_related("team").order_by("-created_at", "-id")
+
+
+def deployment_pools(*, deployment: Deployment) -> list[NodePool]:
+    """The node pools the deployment was placed on (its pinned pool, or every pool of its accelerator type),
+    each with `node_rows`: its nodes by name. Empty before placement."""
+    if not deployment.accelerator_type:
+        return []
+    pools = NodePool.objects.filter(accelerator_type__slug=deployment.accelerator_type)
+    if deployment.pool:
+        pools = pools.filter(name=deployment.pool)
+    pools = list(pools.prefetch_related(Prefetch("nodes", queryset=Node.objects.order_by("name"),
+                                                 to_attr="node_rows")).order_by("name"))
+    return pools
+
+
+def simulated_pool_flags() -> tuple[dict[str, bool], dict[str, bool]]:
+    """({pool name: simulated}, {accelerator type slug: every pool of the type simulated}) for labelling."""
+    by_pool: dict[str, bool] = {}
+    by_type: dict[str, bool] = {}
+    for name, slug, simulated in NodePool.objects.values_list("name", "accelerator_type__slug", "simulated"):
+        by_pool[name] = simulated
+        by_type[slug] = by_type.get(slug, True) and simulated
+    return by_pool, by_type
 
 
 # ------------------------------------------------------------------------------------------ capacity

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from jobs.models import TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
@@ -37,6 +37,48 @@ def quota_usage() -> dict[tuple[str, str], float]:
 def waiting_jobs(*, team_ids: list[int]) -> QuerySet[TrainingJob]:
     return training_job_list(team_ids=team_ids).filter(state="QUEUED").order_by(
         "local_queue__cluster_queue__name", "queue_position", "created_at")
+
+
+def quota_usage_by_local_queue(*, team_ids: list[int]) -> dict[tuple[int, str], float]:
+    """What quota_usage counts, split per local queue (team): {(local queue id, type): units}, for the
+    local queues of `team_ids` only."""
+    usage: dict[tuple[int, str], float] = {}
+    jobs = TrainingJob.objects.filter(team_id__in=team_ids, state__in=HOLDING_STATES).exclude(
+        admitted_accelerator_type="").only("local_queue_id", "admitted_accelerator_type", "placement",
+                                           "devices_per_worker", "cpus_per_worker")
+    for job in jobs:
+        key = (job.local_queue_id, job.admitted_accelerator_type)
+        usage[key] = usage.get(key, 0.0) + len(job.placement) * job.units_per_worker(job.admitted_accelerator_type)
+    return usage
+
+
+def held_units_by_node() -> dict[str, float]:
+    """Units (devices; CPU cores on `cpu`) that admitted training gangs hold on each node, all teams
+    together, from the scheduler's placements: {node name: units}."""
+    held: dict[str, float] = {}
+    for placement in TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(
+            admitted_accelerator_type="").values_list("placement", flat=True):
+        for worker in placement or []:
+            held[worker["node"]] = held.get(worker["node"], 0.0) + sum(float(share) for _, share in worker["taken"])
+    return held
+
+
+def queue_depth() -> dict[str, int]:
+    """Training jobs waiting for admission per cluster queue name, all teams together (a count only)."""
+    rows = (TrainingJob.objects.filter(state="QUEUED").order_by()
+            .values_list("local_queue__cluster_queue__name").annotate(n=Count("id")))
+    return dict(rows)
+
+
+def job_counts_by_local_queue(*, team_ids: list[int]) -> dict[int, dict[str, int]]:
+    """{local queue id: {"waiting": n, "holding": n}} for the local queues of `team_ids`."""
+    counts: dict[int, dict[str, int]] = {}
+    rows = (TrainingJob.objects.filter(team_id__in=team_ids, state__in=["QUEUED", *HOLDING_STATES]).order_by()
+            .values_list("local_queue_id", "state").annotate(n=Count("id")))
+    for queue_id, state, n in rows:
+        entry = counts.setdefault(queue_id, {"waiting": 0, "holding": 0})
+        entry["waiting" if state == "QUEUED" else "holding"] += n
+    return counts
 
 
 # ------------------------------------------------------------------------------ runs: metrics, logs, ETTR

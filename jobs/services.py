@@ -25,7 +25,8 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
                         envs: dict | None = None, dataset_version: DatasetVersion | None = None,
                         checkpoint_interval_steps: int = 100, checkpoint_keep_last: int = 3,
                         max_restarts: int = 3, max_duration_seconds: int | None = None,
-                        parallelism: dict | None = None, secret_envs: dict | None = None) -> TrainingJob:
+                        parallelism: dict | None = None, secret_envs: dict | None = None,
+                        submitted_reason: str = "submitted") -> TrainingJob:
     if local_queue.team_id != team.pk:
         raise ValidationFailed(f"queue {local_queue.name} does not belong to team {team.name}",
                                field="local_queue")
@@ -81,7 +82,7 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     job.full_clean()
     job.save()
     record_event(obj=job, event_model=TrainingJobEvent, from_state="", to_state=JobState.PENDING,
-                 reason="submitted", actor=actor)
+                 reason=submitted_reason, actor=actor)
     audit_record(actor=actor, team=team, action="training_job.create", target=job,
                  data={"name": name, "queue": local_queue.name, "accelerator_types": accelerator_types,
                        "workers": [workers_min, workers_max], "devices_per_worker": devices_per_worker})
@@ -89,6 +90,55 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
 
     transaction.on_commit(lambda: enqueue_training_job.delay(job.pk))
     return job
+
+
+RETRY_SUFFIX = "-retry-"
+
+
+def _retry_name(*, job: TrainingJob) -> str:
+    """`<name>-retry-<n>` with the first n not yet used in the team; a retry of a retry counts on from the
+    original name (`lm-retry-1` -> `lm-retry-2`). Trimmed to the 63 characters a name may have."""
+    base = job.name
+    head, sep, tail = base.rpartition(RETRY_SUFFIX)
+    if sep and head and tail.isdigit():
+        base = head
+    taken = set(TrainingJob.objects.filter(team_id=job.team_id, name__startswith=base[:40])
+                .values_list("name", flat=True))
+    n = 1
+    while True:
+        suffix = f"{RETRY_SUFFIX}{n}"
+        name = f"{base[:63 - len(suffix)].rstrip('-')}{suffix}"
+        if name not in taken:
+            return name
+        n += 1
+
+
+@transaction.atomic
+def training_job_retry(*, actor, job: TrainingJob) -> TrainingJob:
+    """A new job with the ended job's spec (queue, priority, accepted types, sizes, dataset version,
+    hyperparameters, checkpointing, envs and secret values, copied here so they never travel through the
+    client), named `<name>-retry-<n>`. Only an ended job (SUCCEEDED, FAILED, CANCELLED) is retried: a live
+    one is still running or waiting, and a preempted one is requeued by itself."""
+    job = TrainingJob.objects.select_for_update().select_related(
+        "team", "local_queue", "priority_class", "dataset_version").get(pk=job.pk)
+    if not job.is_terminal:
+        raise ConflictError(f"job {job.pk} is {job.state}; only a job that ended (SUCCEEDED, FAILED or "
+                            f"CANCELLED) can be retried (cancel it first)", field="state")
+    retry = training_job_create(
+        actor=actor, team=job.team, name=_retry_name(job=job), local_queue=job.local_queue,
+        accelerator_types=list(job.accelerator_types), workers_min=job.workers_min, workers_max=job.workers_max,
+        devices_per_worker=job.devices_per_worker, cpus_per_worker=job.cpus_per_worker,
+        priority_class=job.priority_class, trainer=job.trainer, entrypoint=job.entrypoint,
+        working_dir=job.working_dir, hyperparameters=dict(job.hyperparameters or {}), envs=dict(job.envs or {}),
+        dataset_version=job.dataset_version, checkpoint_interval_steps=job.checkpoint_interval_steps,
+        checkpoint_keep_last=job.checkpoint_keep_last, max_restarts=job.max_restarts,
+        max_duration_seconds=job.max_duration_seconds, parallelism=dict(job.parallelism or {}),
+        secret_envs=dict(job.secret_envs or {}),
+        submitted_reason=f"submitted as a retry of job {job.pk} ({job.name}, {job.state})",
+    )
+    audit_record(actor=actor, team=job.team, action="training_job.retry", target=retry,
+                 data={"retry_of": job.pk, "name": retry.name, "original_state": job.state})
+    return retry
 
 
 @transaction.atomic

@@ -117,11 +117,7 @@ class _CompletionView(GatewayView):
         response_id = f"{self.id_prefix}{uuid.uuid4().hex}"
         created = int(time.time())
         if parsed.stream:
-            response = StreamingHttpResponse(_stream(generation, parsed, response_id, created),
-                                             content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"
-            return response
+            return stream_response(generation, parsed, response_id, created)
         return _complete(generation, parsed, response_id, created)
 
 
@@ -154,6 +150,16 @@ def _complete(generation: services.Generation, parsed: CompletionRequest, respon
         return error_response(exc)
     finally:
         generation.close(status_code=status, error=error)
+
+
+def stream_response(generation: services.Generation, parsed: CompletionRequest, response_id: str,
+                    created: int) -> StreamingHttpResponse:
+    """The server-sent events answer of a started generation (also the console playground's)."""
+    response = StreamingHttpResponse(_stream(generation, parsed, response_id, created),
+                                     content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
 
 
 def _stream(generation: services.Generation, parsed: CompletionRequest, response_id: str, created: int):

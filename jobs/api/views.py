@@ -1,4 +1,4 @@
-"""REST endpoints for training jobs: submit, list, get, cancel, delete, the event timeline, and the
+"""REST endpoints for training jobs: submit, list, get, cancel, retry, delete, the event timeline, and the
 run's metrics and logs (queryable, or streamed with `follow`), faults, checkpoints and ETTR."""
 
 from __future__ import annotations
@@ -65,6 +65,16 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         data.is_valid(raise_exception=True)
         services.training_job_cancel(actor=request.user, job=job, reason=data.validated_data["reason"])
         return Response(s.TrainingJobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(request=None, responses={201: s.TrainingJobSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        """A new job with this ended job's spec (secrets included), named `<name>-retry-<n>`."""
+        job = self.get_object()
+        self.require_role(job.team_id, Role.MEMBER)
+        new = services.training_job_retry(actor=request.user, job=job)
+        return Response(s.TrainingJobSerializer(self.get_queryset().get(pk=new.pk)).data,
+                        status=status.HTTP_201_CREATED)
 
     def destroy(self, request, pk=None):
         job = self.get_object()

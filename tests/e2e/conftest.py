@@ -67,6 +67,16 @@ def browser():
             browser.close()
 
 
+# Chromium logs every non-2xx fetch as a console error. A 4xx or 503 from the API or the playground is an
+# answer the page shows the user (field errors, "not serving yet"); only a static file failing is a bug.
+_REFUSAL = re.compile(r"Failed to load resource: the server responded with a status of (4\d\d|503)\b")
+
+
+def _expected_refusal(msg) -> bool:
+    url = (msg.location or {}).get("url", "")
+    return bool(_REFUSAL.search(msg.text)) and "/static/" not in url
+
+
 class Console:
     """One signed-in browser page on the live server, plus the beat's work and screenshots."""
 
@@ -78,7 +88,7 @@ class Console:
         self.errors: list[str] = []
         page.on("pageerror", lambda exc: self.errors.append(f"page error: {exc}"))
         page.on("console", lambda msg: self.errors.append(f"console {msg.type}: {msg.text}")
-                if msg.type == "error" else None)
+                if msg.type == "error" and not _expected_refusal(msg) else None)
 
     def open(self, path: str):
         self.page.goto(self.url + path)

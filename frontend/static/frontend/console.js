@@ -192,15 +192,20 @@
     }
   }
 
+  // A form's named controls shadow its built-in properties (a field named "dataset" would hide
+  // form.dataset), so read data- attributes through the prototype's getter.
+  const DATASET = Object.getOwnPropertyDescriptor(HTMLElement.prototype, "dataset").get;
+  function attrs(el) { return DATASET.call(el); }
+
   function afterSuccess(el, data) {
-    const redirect = el.dataset.redirect;
+    const redirect = attrs(el).redirect;
     if (redirect) {
       window.location.assign(redirect.replace("{id}", data && data.id !== undefined ? data.id
         : (data && data.object ? data.object.id : "")));
       return;
     }
-    if (el.dataset.reload !== undefined) { window.location.reload(); return; }
-    if (el.dataset.done) flash(el.dataset.done, "success");
+    if (attrs(el).reload !== undefined) { window.location.reload(); return; }
+    if (attrs(el).done) flash(attrs(el).done, "success");
     el.dispatchEvent(new CustomEvent("fy:done", { detail: data, bubbles: true }));
   }
 
@@ -223,14 +228,14 @@
     const form = event.target.closest("form[data-api]");
     if (!form) return;
     event.preventDefault();
-    if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) return;
+    if (attrs(form).confirm && !window.confirm(attrs(form).confirm)) return;
     clearErrors(form);
     const button = event.submitter || form.querySelector('[type="submit"]');
-    busy(button, true, form.dataset.busy);
+    busy(button, true, attrs(form).busy);
     try {
-      const method = (form.dataset.method || "POST").toUpperCase();
-      const url = button && button.dataset.api ? button.dataset.api : form.dataset.api;
-      const data = form.dataset.multipart !== undefined
+      const method = (attrs(form).method || "POST").toUpperCase();
+      const url = button && button.dataset.api ? button.dataset.api : attrs(form).api;
+      const data = attrs(form).multipart !== undefined
         ? await api(url, { method, form: new FormData(form) })
         : await api(url, { method, body: formBody(form) });
       afterSuccess(form, data);
@@ -244,7 +249,7 @@
 
   async function clickAction(event) {
     const button = event.target.closest("button[data-api]");
-    if (!button || button.form && button.form.dataset.api !== undefined) return;
+    if (!button || button.form && attrs(button.form).api !== undefined) return;
     event.preventDefault();
     if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
     busy(button, true, button.dataset.busy);
@@ -273,7 +278,9 @@
 
   /* Read an NDJSON stream, calling onItem for each object; resolves when the stream ends. */
   async function streamLines(url, onItem, { signal } = {}) {
-    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/x-ndjson" }, signal });
+    // DRF negotiates the Accept header before a streaming view runs: offer JSON too, or it answers 406.
+    const headers = { Accept: "application/x-ndjson, application/json;q=0.9" };
+    const response = await fetch(url, { credentials: "same-origin", headers, signal });
     if (!response.ok) {
       let body = null;
       try { body = await response.json(); } catch (err) { body = null; }

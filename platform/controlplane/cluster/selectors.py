@@ -31,3 +31,83 @@ def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:
     pools = NodePool.objects.select_related("accelerator_type").filter(name__in=names).annotate(
         ready_node_count=Count("nodes", filter=ready))
     return {pool.name: pool for pool in pools}
+
+
+def _unit(slug: str) -> str:
+    """What a pool of this accelerator type counts: CPU cores for `cpu`, devices otherwise."""
+    return "CPUs" if slug == "cpu" else "devices"
+
+
+def node_utilization(*, held: dict[str, float] | None = None) -> list[dict]:
+    """Every node with what it has in use (CPUs on `cpu` pools).
+
+    In use = the larger of what the node reports taken (capacity - free, as last observed: serving
+    replicas and, on Ray, the actors of training gangs) and `held`, the units admitted training gangs are
+    placed on it ({node name: units}, from the scheduler's placements: counted from admission on, before
+    their actors start). The larger, not the sum, so a gang seen both ways is counted once.
+    `fraction` is None for a node with no capacity."""
+    held = held or {}
+    rows = []
+    for node in node_list():
+        slug = node.pool.accelerator_type.slug
+        capacity, free = ((node.capacity_cpus, node.free_cpus) if slug == "cpu"
+                          else (node.capacity_devices, node.free_devices))
+        used = min(capacity, max(0.0, capacity - free, held.get(node.name, 0.0)))
+        rows.append({"id": node.pk, "name": node.name, "pool": node.pool.name, "pool_id": node.pool_id,
+                     "accelerator_type": slug, "unit": _unit(slug), "capacity": capacity, "used": used,
+                     "fraction": used / capacity if capacity else None, "health": node.health,
+                     "cordoned": node.cordoned, "simulated": node.simulated})
+    return rows
+
+
+def cluster_utilization(*, held: dict[str, float] | None = None) -> dict:
+    """Use of the cluster per node pool and per accelerator type, with what it costs per hour.
+
+    Summed over healthy nodes from `node_utilization` (see there for what counts as in use). Cost per
+    hour = units in use x the accelerator type's price per device-hour (per vCPU-hour for `cpu`); a
+    simulated pool's logical chips are priced as the real chip type they stand for. A type with no known
+    price adds no cost and is listed in `unpriced` when some of it is in use.
+    """
+    per_pool: dict[int, dict[str, float]] = {}
+    for node in node_utilization(held=held):
+        if node["health"] != NodeHealth.HEALTHY:
+            continue
+        totals = per_pool.setdefault(node["pool_id"], {"capacity": 0.0, "used": 0.0})
+        totals["capacity"] += node["capacity"]
+        totals["used"] += node["used"]
+    pools = []
+    by_type: dict[str, dict] = {}
+    for pool in node_pool_list():
+        accel = pool.accelerator_type
+        unit = _unit(accel.slug)
+        totals = per_pool.get(pool.pk, {"capacity": 0.0, "used": 0.0})
+        capacity, used = totals["capacity"], totals["used"]
+        price = float(accel.price_per_hour_usd) if accel.price_per_hour_usd is not None else None
+        row = {"name": pool.name, "accelerator_type": accel.slug, "unit": unit, "simulated": pool.simulated,
+               "nodes": pool.node_count, "healthy_nodes": pool.healthy_node_count, "capacity": capacity,
+               "used": used, "fraction": used / capacity if capacity else None, "price_per_hour": price,
+               "cost_per_hour": used * price if price is not None else None}
+        pools.append(row)
+        kind = by_type.setdefault(accel.slug, {
+            "accelerator_type": accel.slug, "label": f"{accel.vendor} {accel.model}".strip(), "unit": unit,
+            "capacity": 0.0, "used": 0.0, "price_per_hour": price, "pools": [], "simulated": False,
+        })
+        kind["capacity"] += capacity
+        kind["used"] += used
+        kind["pools"].append(pool.name)
+        kind["simulated"] = kind["simulated"] or pool.simulated
+    types = sorted(by_type.values(), key=lambda kind: kind["accelerator_type"])
+    for kind in types:
+        kind["fraction"] = kind["used"] / kind["capacity"] if kind["capacity"] else None
+        kind["cost_per_hour"] = kind["used"] * kind["price_per_hour"] if kind["price_per_hour"] is not None else None
+    devices = [kind for kind in types if kind["unit"] == "devices"]
+    return {
+        "pools": pools,
+        "types": types,
+        "devices_capacity": sum(kind["capacity"] for kind in devices),
+        "devices_used": sum(kind["used"] for kind in devices),
+        "devices_fraction": (sum(kind["used"] for kind in devices) / sum(kind["capacity"] for kind in devices)
+                             if sum(kind["capacity"] for kind in devices) else None),
+        "cost_per_hour": sum(kind["cost_per_hour"] or 0.0 for kind in types),
+        "unpriced": [kind["accelerator_type"] for kind in types if kind["price_per_hour"] is None and kind["used"]],
+    }

@@ -204,7 +204,7 @@ class InMemoryComputeBackend:
         if overloaded:
             raise ServiceOverloaded(f"service {handle}: every replica queue is full", retry_after_s=1.0)
         prompt = [int(t) for t in request["prompt_tokens"]]
-        limit = int(spec.engine.get("max_prompt_tokens", 4096))
+        limit = int(spec.engine.get("max_prompt_tokens") or 4096)  # 0: the model's window (the echo model has none)
         if len(prompt) > limit:
             raise ServiceRequestInvalid(f"prompt: {len(prompt)} tokens; this model accepts at most {limit}")
         return _echo_events(prompt, request)
