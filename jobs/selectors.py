@@ -164,26 +164,14 @@ def goodput_overview(*, team_ids: list[int]) -> dict:
             "per_job": per_job}
 
 
-def training_job_run_view(*, job: TrainingJob, log_lines: int = 40, chart_points: int = 120) -> dict:
-    """What the console shows about a job's run: ETTR, loss curve (worker 0), faults, checkpoints, logs."""
+def training_job_run_view(*, job: TrainingJob, log_lines: int = 40) -> dict:
+    """What the console's job page shows about a run: ETTR, the latest metric (worker 0), faults, checkpoints,
+    the last log lines (the page's charts and log follow read the API's metrics and logs themselves)."""
     goodput = training_job_goodput(job=job)
-    losses = list(job.metrics.filter(worker=0, loss__isnull=False).order_by("-id")
-                  .values_list("step", "loss", "tokens_per_s")[:2000])[::-1]
-    stride = max(1, len(losses) // chart_points)
-    curve = losses[::stride]
-    chart = None
-    if len(curve) >= 2:
-        top = max(loss for _, loss, _ in curve)
-        bottom = min(loss for _, loss, _ in curve)
-        span = (top - bottom) or 1.0
-        first, last = curve[0][0], curve[-1][0]
-        width = (last - first) or 1
-        chart = {"points": " ".join(f"{(step - first) / width * 100:.2f},{(top - loss) / span * 40:.2f}"
-                                    for step, loss, _ in curve),
-                 "first_step": first, "last_step": last, "top": top, "bottom": bottom}
-    recent = losses[-1] if losses else None
+    recent = (job.metrics.filter(worker=0, loss__isnull=False).order_by("-id")
+              .values_list("step", "loss", "tokens_per_s").first())
     logs = list(job.log_lines.order_by("-id")[:log_lines])[::-1]
-    return {"goodput": goodput.to_dict() if goodput else None, "loss_chart": chart,
+    return {"goodput": goodput.to_dict() if goodput else None,
             "latest_metric": {"step": recent[0], "loss": recent[1], "tokens_per_s": recent[2]} if recent else None,
             "faults": list(training_job_faults(job=job)), "checkpoints": training_job_checkpoints(job=job),
             "log_lines": logs}
