@@ -6,12 +6,11 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from controlplane.cluster.services import node_pool_create, nodes_sync
-from controlplane.compute.base import ObservedNode
 from controlplane.datasets.services import dataset_create, dataset_version_upload
 from inference.services import deployment_create
 from jobs.models import TrainingJob
 from jobs.services import training_job_cancel, training_job_create
+from tests.api.conftest import small_cluster
 
 PAGES = ["/", "/cluster/", "/queues/", "/datasets/", "/jobs/", "/deployments/"]
 
@@ -19,22 +18,7 @@ PAGES = ["/", "/cluster/", "/queues/", "/datasets/", "/jobs/", "/deployments/"]
 @pytest.fixture
 def cluster(world, accel):
     """A simulated H100 pool with two nodes (one cordoned) and a real CPU pool with one node."""
-    ops = world["ops"]
-    node_pool_create(actor=ops, name="h100-pool", accelerator_type=accel["nvidia-h100"], devices_per_node=8,
-                     simulated=True)
-    node_pool_create(actor=ops, name="cpu-pool", accelerator_type=accel["cpu"], devices_per_node=0,
-                     simulated=False)
-    nodes_sync(observed=[
-        ObservedNode(node_id="n1", name="h100-pool-0", pool="h100-pool", accelerator_type="nvidia-h100",
-                     leaf_group="lg-h100-a", alive=True, simulated=True,
-                     capacity={"accel:nvidia-h100": 8, "CPU": 1}, free={"accel:nvidia-h100": 6, "CPU": 1},
-                     labels={"fleetyard/pool": "h100-pool"}),
-        ObservedNode(node_id="n2", name="h100-pool-1", pool="h100-pool", accelerator_type="nvidia-h100",
-                     leaf_group="lg-h100-a", alive=True, simulated=True,
-                     capacity={"accel:nvidia-h100": 8}, free={"accel:nvidia-h100": 8}),
-        ObservedNode(node_id="n3", name="cpu-pool-0", pool="cpu-pool", accelerator_type="cpu",
-                     leaf_group="lg-cpu-a", alive=True, simulated=False, capacity={"CPU": 4}, free={"CPU": 3}),
-    ])
+    small_cluster(world, accel, h100_free_on_first=6)
 
 
 def session(user) -> Client:

@@ -9,7 +9,6 @@ import pytest
 from django.test import Client, TestCase
 
 from controlplane.compute.base import ServiceSpec
-from controlplane.compute.registry import get_compute_backend
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.services import membership_set
 from inference import workflows
@@ -32,17 +31,6 @@ def make_deployment(team_world, name: str, **extra) -> Deployment:
               "model_uri": "file:///models/lm", **extra}
     return deployment_create(actor=team_world["admin"], team=team_world["team"], name=name,
                              local_queue=team_world["queue"], **values)
-
-
-@pytest.fixture
-def backend():
-    """The process's memory backend; services made by a test are removed after it."""
-    backend = get_compute_backend()
-    before = set(backend.list_service_handles())
-    yield backend
-    for handle in set(backend.list_service_handles()) - before:
-        backend.delete_service(handle)
-        backend.overloaded_services.discard(handle)
 
 
 @pytest.fixture

@@ -11,34 +11,19 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from controlplane.cluster.models import Node
-from controlplane.cluster.services import node_pool_create, node_set_cordoned, nodes_sync
-from controlplane.compute.base import ObservedNode
+from controlplane.cluster.services import node_set_cordoned
 from controlplane.datasets.services import dataset_create, dataset_version_register, dataset_version_upload
 from controlplane.tenancy.services import api_token_create, api_token_revoke
 from jobs.models import TrainingJob
 from jobs.services import training_job_create, training_job_enqueue
 from jobs.tasks import run_scheduling_cycle
+from tests.api.conftest import small_cluster
 
 
 @pytest.fixture
 def cluster(world, accel):
     """A simulated H100 pool (2 nodes, 4 of 16 devices in use) and a real CPU pool (1 of 4 CPUs in use)."""
-    ops = world["ops"]
-    node_pool_create(actor=ops, name="h100-pool", accelerator_type=accel["nvidia-h100"], devices_per_node=8,
-                     simulated=True)
-    node_pool_create(actor=ops, name="cpu-pool", accelerator_type=accel["cpu"], devices_per_node=0,
-                     simulated=False)
-    nodes_sync(observed=[
-        ObservedNode(node_id="n1", name="h100-pool-0", pool="h100-pool", accelerator_type="nvidia-h100",
-                     leaf_group="lg-h100-a", alive=True, simulated=True,
-                     capacity={"accel:nvidia-h100": 8, "CPU": 1}, free={"accel:nvidia-h100": 4, "CPU": 1},
-                     labels={"fleetyard/pool": "h100-pool"}),
-        ObservedNode(node_id="n2", name="h100-pool-1", pool="h100-pool", accelerator_type="nvidia-h100",
-                     leaf_group="lg-h100-a", alive=True, simulated=True,
-                     capacity={"accel:nvidia-h100": 8}, free={"accel:nvidia-h100": 8}),
-        ObservedNode(node_id="n3", name="cpu-pool-0", pool="cpu-pool", accelerator_type="cpu",
-                     leaf_group="lg-cpu-a", alive=True, simulated=False, capacity={"CPU": 4}, free={"CPU": 3}),
-    ])
+    small_cluster(world, accel, h100_free_on_first=4)
 
 
 def session(user) -> Client:

@@ -17,7 +17,6 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 
 from controlplane.compute.base import ServiceSpec, ServiceUnavailable
-from controlplane.compute.registry import get_compute_backend
 from controlplane.tenancy.services import api_token_create
 from inference.gateway.openai_schema import CHAT_COMPLETIONS, OutputText, parse_request, render_chat_prompt
 from inference.models import Deployment, InferenceRequest
@@ -27,17 +26,6 @@ CHAT_URL = "/v1/chat/completions"
 
 
 # --------------------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def backend():
-    """The process's memory backend; services and overload marks made by a test are removed after it."""
-    backend = get_compute_backend()
-    before = set(backend.list_service_handles())
-    yield backend
-    for handle in set(backend.list_service_handles()) - before:
-        backend.delete_service(handle)
-        backend.overloaded_services.discard(handle)
 
 
 @pytest.fixture

@@ -265,6 +265,16 @@
     }
   }
 
+  /* Text made safe for the HTML of an ECharts tooltip or label formatter. */
+  function escapeHtml(text) {
+    return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+  }
+
+  /* 8 -> "8", 7.25 -> "7.3": device counts are whole, fractional shares get one decimal. */
+  function formatNumber(n) {
+    return Number.isInteger(n) ? String(n) : n.toFixed(1);
+  }
+
   function chart(el, option) {
     if (!window.echarts) return null;
     const existing = window.echarts.getInstanceByDom(el);
@@ -274,6 +284,26 @@
     if (!existing && window.ResizeObserver) new ResizeObserver(() => instance.resize()).observe(el);
     el.dataset.chartReady = "true";
     return instance;
+  }
+
+  /* Read a response body as text records cut at `separator`, calling onRecord(text) for each; a record
+   * for which onRecord returns false ends the reading. */
+  async function readRecords(response, separator, onRecord) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf(separator)) >= 0) {
+        const record = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + separator.length);
+        if (onRecord(record) === false) { reader.cancel(); return; }
+      }
+    }
+    if (buffer.trim()) onRecord(buffer);
   }
 
   /* Read an NDJSON stream, calling onItem for each object; resolves when the stream ends. */
@@ -286,21 +316,7 @@
       try { body = await response.json(); } catch (err) { body = null; }
       throw new ApiError(response.status, body);
     }
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n")) >= 0) {
-        const line = buffer.slice(0, cut).trim();
-        buffer = buffer.slice(cut + 1);
-        if (line) onItem(JSON.parse(line));
-      }
-    }
-    if (buffer.trim()) onItem(JSON.parse(buffer));
+    await readRecords(response, "\n", (line) => { if (line.trim()) onItem(JSON.parse(line)); });
   }
 
   /* POST a JSON body and read server-sent events (`data: {...}` ... `data: [DONE]`). */
@@ -316,23 +332,13 @@
       const message = data && data.error ? data.error.message : null;
       throw new ApiError(response.status, message ? { detail: message, param: data.error.param } : data);
     }
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-        if (!data) continue;
-        if (data === "[DONE]") return;
-        onEvent(JSON.parse(data));
-      }
-    }
+    await readRecords(response, "\n\n", (block) => {
+      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
+      if (!data) return true;
+      if (data === "[DONE]") return false;
+      onEvent(JSON.parse(data));
+      return true;
+    });
   }
 
   document.addEventListener("submit", submitForm);
@@ -340,5 +346,5 @@
   // htmx: keep the CSRF token on its requests too (live regions only GET, but be safe).
   document.addEventListener("htmx:configRequest", (event) => { event.detail.headers["X-CSRFToken"] = csrfToken(); });
 
-  window.Fleetyard = { api, ApiError, chart, flash, formBody, streamLines, streamEvents, showErrors, clearErrors };
+  window.Fleetyard = { api, ApiError, chart, escapeHtml, formatNumber, flash, formBody, streamLines, streamEvents, showErrors, clearErrors };
 })();

@@ -3,16 +3,11 @@
 (function () {
   "use strict";
 
+  const esc = window.Fleetyard.escapeHtml;
+  const fmt = window.Fleetyard.formatNumber;
+
   const USED = "#2f5bd3";
   const FREE = "#e2e5ea";
-
-  function fmt(n) {
-    return Number.isInteger(n) ? String(n) : n.toFixed(1);
-  }
-
-  function esc(text) {
-    return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-  }
 
   function label(row) {
     return row.simulated ? `{name|${row.name}} {sim|SIMULATED}` : `{name|${row.name}}`;

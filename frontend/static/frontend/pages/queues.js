@@ -3,13 +3,8 @@
 (function () {
   "use strict";
 
-  function esc(text) {
-    return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-  }
-
-  function fmt(n) {
-    return Number.isInteger(n) ? String(n) : n.toFixed(1);
-  }
+  const esc = window.Fleetyard.escapeHtml;
+  const fmt = window.Fleetyard.formatNumber;
 
   function quotaOption(rows) {
     const names = rows.map((row) => `${row.queue} · ${row.type}`);
