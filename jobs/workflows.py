@@ -52,6 +52,9 @@ _RUN_TO_JOB_STATE = {
 }
 
 
+LAUNCH_TRIES = 5  # failed starts of one attempt before the job fails and frees its quota
+
+
 def run_handle(job: TrainingJob) -> str:
     return f"{TRAINING_PREFIX}{job.pk}-a{job.attempt}"
 
@@ -108,19 +111,35 @@ def training_job_launch(*, job_id: int, backend) -> TrainingJob | None:
                          reason=f"launching {len(nodes)} worker(s) on {', '.join(nodes)} (attempt {job.attempt})",
                          system="launcher", data={"handle": job.compute_handle, "nodes": nodes})
     job = TrainingJob.objects.select_related("dataset_version").get(pk=job.pk)
+    return _start_run(job, backend)  # idempotent by name; a failure is retried by the sync
+
+
+def _start_run(job: TrainingJob, backend) -> TrainingJob:
+    """Ask the backend to start (or restart) the job's run. A failure is recorded on the job's timeline and
+    raised (the sync tries again); after LAUNCH_TRIES failures of one attempt, or a dataset that cannot be
+    read, the job fails with the reason and gives its quota back instead of holding it forever."""
     try:
         launch = build_launch(job)
     except DatasetUnavailable as exc:
-        return _fail_before_start(job, f"{exc}")
-    backend.launch_training(launch)  # idempotent by name; a failure is retried by the sync
+        return _fail_launch(job, f"{exc}")
+    try:
+        backend.launch_training(launch)
+    except Exception as exc:
+        reason = f"launching the run failed: {type(exc).__name__}: {exc}"
+        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state, reason=reason,
+                     system="launcher", data={"attempt": job.attempt, "launch_failed": True})
+        tries = job.events.filter(data__launch_failed=True, data__attempt=job.attempt).count()
+        if tries >= LAUNCH_TRIES:
+            return _fail_launch(job, f"{reason} ({tries} tries); the job's quota is released")
+        raise
     return job
 
 
-def _fail_before_start(job: TrainingJob, reason: str) -> TrainingJob:
-    """STARTING -> FAILED with the reason, before any worker started; the job no longer holds quota."""
+def _fail_launch(job: TrainingJob, reason: str) -> TrainingJob:
+    """FAILED with the reason when its run cannot be started; the job no longer holds quota."""
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
-        if job.state != JobState.STARTING:
+        if job.state not in (JobState.STARTING, JobState.RUNNING, JobState.RECOVERING):
             return job
         job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.FAILED,
                          reason=reason, system="launcher")
@@ -345,8 +364,7 @@ def _run_missing(job: TrainingJob, report: TrainingReport, backend) -> TrainingJ
     with transaction.atomic():
         TrainingJob.objects.filter(pk=job.pk).update(events_cursor=0)
     job.events_cursor = 0
-    backend.launch_training(build_launch(job))
-    return job
+    return _start_run(job, backend)
 
 
 def reconcile_orphan_runs(*, backend) -> list[str]:

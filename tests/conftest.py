@@ -7,7 +7,9 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from controlplane import celery_app
-from controlplane.cluster.services import accelerator_types_seed
+from controlplane.cluster.services import accelerator_types_seed, node_pool_create, nodes_sync
+from controlplane.compute.memory import InMemoryComputeBackend
+from controlplane.compute.topology import load_topology
 from controlplane.quotas.services import cluster_queue_create, local_queue_create, priority_class_create
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.services import api_token_create, membership_set, team_create
@@ -101,3 +103,14 @@ DEPLOYMENT_BODY = {
     "replicas_max": 3,
     "sla": {"ttft_p95_ms": 500, "tpot_p95_ms": 50},
 }
+
+
+@pytest.fixture
+def demo_cluster(world, accel):
+    """The demo topology's pools and nodes (2x8 h100, 2x8 a100, 1x8 p800, a CPU node), all healthy."""
+    topology = load_topology()
+    for pool in topology.pools:
+        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
+                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
+    nodes_sync(observed=InMemoryComputeBackend.from_topology(topology).list_nodes())
+    return topology
