@@ -119,7 +119,8 @@ def training_job_retry(*, actor, job: TrainingJob) -> TrainingJob:
     hyperparameters, checkpointing, envs and secret values, copied here so they never travel through the
     client), named `<name>-retry-<n>`. Only an ended job (SUCCEEDED, FAILED, CANCELLED) is retried: a live
     one is still running or waiting, and a preempted one is requeued by itself."""
-    job = TrainingJob.objects.select_for_update().select_related(
+    # Lock only the job's row: PostgreSQL cannot lock the nullable side of the outer joins (priority, dataset).
+    job = TrainingJob.objects.select_for_update(of=("self",)).select_related(
         "team", "local_queue", "priority_class", "dataset_version").get(pk=job.pk)
     if not job.is_terminal:
         raise ConflictError(f"job {job.pk} is {job.state}; only a job that ended (SUCCEEDED, FAILED or "
