@@ -76,8 +76,12 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
         quotas = {q.accelerator_type.slug: Quota(q.nominal_quota, q.borrowing_limit, q.lending_limit)
                   for q in queue.quotas.all()}
         queues.append(ClusterQueueSpec(queue.name, quotas, queue.cohort or None))
+    # The jobs are locked too (in id order; only their own rows: PostgreSQL cannot lock the nullable side of
+    # an outer join). Without this a job cancelled, launched or finished while the cycle computed was acted on
+    # from a stale state and the whole cycle failed (found by the quota soak, tests/reliability).
     jobs = {str(job.pk): job for job in TrainingJob.objects.select_related(
-        "local_queue__cluster_queue", "priority_class").filter(state__in=[JobState.QUEUED, *HOLDING_STATES])}
+        "local_queue__cluster_queue", "priority_class").filter(state__in=[JobState.QUEUED, *HOLDING_STATES])
+        .select_for_update(of=("self",)).order_by("id")}
     running = tuple(
         Running(_workload(job, job.admitted_accelerator_type), job.admitted_accelerator_type,
                 _placement_from_json(job.placement))

@@ -18,6 +18,7 @@ from kombu import pools as kombu_pools
 from controlplane import celery_app
 
 ROOT = Path(__file__).resolve().parents[2]
+REDIS_BROKER = "redis://127.0.0.1:6379/15"  # the test workers' broker (CI's own runs use database 14)
 
 
 def redis_available() -> bool:
@@ -47,12 +48,13 @@ def reset_connections() -> None:
 
 @contextlib.contextmanager
 def running_worker(tmp_path: Path, broker_kind: str, *, extra_env: dict[str, str] | None = None,
-                   pool: str = "solo"):
-    """A `celery worker` process on `broker_kind` ("filesystem" or "redis"); this process publishes to it."""
+                   pool: str = "solo", name: str = ""):
+    """A `celery worker` process on `broker_kind` ("filesystem" or "redis"); this process publishes to it.
+    `name` tells several workers on one broker apart (node name and log file)."""
     if broker_kind == "redis":
         if not redis_available():
             pytest.skip("Redis is not running on 127.0.0.1:6379 (CI starts it)")
-        broker = "redis://127.0.0.1:6379/15"
+        broker = REDIS_BROKER
         options = {}
     else:
         broker = "filesystem://"
@@ -64,11 +66,11 @@ def running_worker(tmp_path: Path, broker_kind: str, *, extra_env: dict[str, str
     env = dict(os.environ, FLEETYARD_DATABASE_URL=database_url(), CELERY_BROKER_URL=broker,
                FLEETYARD_DATA_DIR=str(tmp_path), CELERY_TASK_ALWAYS_EAGER="false",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "platform")]), **(extra_env or {}))
-    log_path = tmp_path / "worker.log"
+    log_path = tmp_path / f"worker{name}.log"
     log = open(log_path, "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "controlplane", "worker", f"--pool={pool}", "--concurrency=1",
-         "--loglevel=INFO", f"--hostname=test-{broker_kind}@%h"],
+         "--loglevel=INFO", f"--hostname=test-{broker_kind}{name}@%h"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     saved = {key: celery_app.conf[key] for key in ("broker_url", "broker_transport_options", "task_always_eager")}
