@@ -21,9 +21,7 @@ from pathlib import Path
 import pytest
 from django.db import close_old_connections
 
-from controlplane.cluster.services import node_pool_create, nodes_sync
 from controlplane.compute.registry import get_compute_backend
-from controlplane.compute.topology import load_topology
 from inference.models import Deployment
 from inference.tasks import sync_deployments
 from jobs.tasks import run_scheduling_cycle, sync_training_jobs
@@ -133,15 +131,10 @@ class Console:
 
 
 @pytest.fixture
-def console(browser, live_server, world, accel, settings, tmp_path):
+def console(browser, live_server, world, demo_cluster, settings, tmp_path):
     """console.login(user) / open(path) / shot(name) / tick() on the demo cluster (memory backend)."""
     settings.DATA_DIR = tmp_path
-    topology = load_topology()
-    for pool in topology.pools:
-        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
-                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
     backend = get_compute_backend()
-    nodes_sync(observed=backend.list_nodes())
     steps_before = backend.steps_per_observe
     backend.steps_per_observe = 10
     context = browser.new_context(viewport={"width": 1440, "height": 900})

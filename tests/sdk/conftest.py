@@ -9,23 +9,16 @@ from types import SimpleNamespace
 import pytest
 from django.db import close_old_connections
 
-from controlplane.cluster.services import node_pool_create, nodes_sync
 from controlplane.compute.memory import InMemoryComputeBackend
-from controlplane.compute.topology import load_topology
 from controlplane.tenancy.services import api_token_create
 from jobs import tasks, workflows
 from jobs.models import TrainingJob
 
 
 @pytest.fixture
-def live(live_server, world, accel, monkeypatch, settings, tmp_path):
+def live(live_server, world, demo_cluster, monkeypatch, settings, tmp_path):
     settings.DATA_DIR = tmp_path
-    topology = load_topology()
-    for pool in topology.pools:
-        node_pool_create(actor=world["ops"], name=pool.name, accelerator_type=accel[pool.accelerator_type],
-                         devices_per_node=pool.devices_per_node, simulated=pool.simulated)
-    nodes_sync(observed=InMemoryComputeBackend.from_topology(topology).list_nodes())
-    backend = InMemoryComputeBackend.from_topology(topology)
+    backend = InMemoryComputeBackend.from_topology(demo_cluster)
     backend.steps_per_observe = 40
     monkeypatch.setattr(tasks, "get_compute_backend", lambda: backend)
     monkeypatch.setattr("jobs.api.views.get_compute_backend", lambda: backend)
