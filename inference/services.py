@@ -12,6 +12,7 @@ from django.db import transaction
 from controlplane.common import references
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
+from controlplane.common.tasks import dispatch_on_commit
 from controlplane.compute.base import ROUTERS
 from controlplane.quotas.models import LocalQueue, PriorityClass
 from controlplane.quotas.selectors import check_workload_request
@@ -132,7 +133,7 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
                  data={"name": name, **deployment_spec(deployment)})
     from inference.tasks import deploy_deployment
 
-    transaction.on_commit(lambda: deploy_deployment.delay(deployment.pk))
+    dispatch_on_commit(deploy_deployment, deployment.pk)
     return deployment
 
 
@@ -183,7 +184,7 @@ def deployment_update(*, actor, deployment: Deployment, changes: dict, reason: s
     audit_record(actor=actor, team=deployment.team_id, action="deployment.update", target=deployment, data=data)
     from inference.tasks import apply_deployment_revision
 
-    transaction.on_commit(lambda: apply_deployment_revision.delay(deployment.pk))
+    dispatch_on_commit(apply_deployment_revision, deployment.pk)
     return deployment
 
 
@@ -268,5 +269,5 @@ def deployment_delete(*, actor, deployment: Deployment) -> Deployment:
     if was_placed:
         from inference.tasks import tear_down_deployment
 
-        transaction.on_commit(lambda: tear_down_deployment.delay(deployment.pk))
+        dispatch_on_commit(tear_down_deployment, deployment.pk)
     return deployment

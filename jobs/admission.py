@@ -15,6 +15,7 @@ from django.db import transaction
 
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
 from controlplane.common.lifecycle import record_event, transition
+from controlplane.common.tasks import dispatch_on_commit
 from controlplane.quotas.models import ClusterQueue
 from controlplane.scheduling.efficiency import (
     EfficiencyMatrix,
@@ -123,7 +124,7 @@ def run_cycle() -> CycleResult:
 
     for admit in result.admitted:
         job = jobs[admit.workload_id]
-        transaction.on_commit(lambda pk=job.pk: launch_training_job.delay(pk))
+        dispatch_on_commit(launch_training_job, job.pk)
         TrainingJob.objects.filter(pk=job.pk).update(
             admitted_accelerator_type=admit.accelerator_type, placement=_placement_to_json(admit.workers),
             queue_position=None)
@@ -140,8 +141,7 @@ def run_cycle() -> CycleResult:
         transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=target,
                    reason=preempt.reason, system="scheduler", data={"for": preempt.for_workload})
         if target == JobState.PREEMPTED and job.compute_handle:
-            transaction.on_commit(lambda pk=job.pk: stop_training_run.delay(pk, checkpoint=True,
-                                                                            reason="preempted"))
+            dispatch_on_commit(stop_training_run, job.pk, checkpoint=True, reason="preempted")
     for change in [*result.shrunk, *result.grown]:
         job = jobs[change.workload_id]
         kept = _placement_from_json(job.placement)

@@ -6,6 +6,7 @@ from django.db import transaction
 
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
+from controlplane.common.tasks import dispatch_on_commit
 from controlplane.datasets.models import DatasetVersion
 from controlplane.quotas.models import LocalQueue, PriorityClass
 from controlplane.quotas.selectors import check_workload_request
@@ -88,7 +89,7 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
                        "workers": [workers_min, workers_max], "devices_per_worker": devices_per_worker})
     from jobs.tasks import enqueue_training_job
 
-    transaction.on_commit(lambda: enqueue_training_job.delay(job.pk))
+    dispatch_on_commit(enqueue_training_job, job.pk)
     return job
 
 
@@ -164,8 +165,8 @@ def training_job_cancel(*, actor, job: TrainingJob, reason: str = "") -> Trainin
     from jobs.tasks import run_scheduling_cycle, stop_training_run
 
     if job.compute_handle:
-        transaction.on_commit(lambda: stop_training_run.delay(job.pk, checkpoint=False, reason="cancelled"))
-    transaction.on_commit(run_scheduling_cycle.delay)  # its quota and devices are free for others
+        dispatch_on_commit(stop_training_run, job.pk, checkpoint=False, reason="cancelled")
+    dispatch_on_commit(run_scheduling_cycle)  # its quota and devices are free for others
     return job
 
 

@@ -22,7 +22,7 @@ from jobs.states import JobState
 
 log = logging.getLogger(__name__)
 
-# An ADMITTED job whose launch task has not run after this long is launched by the reconciler.
+# A PENDING job not queued, or an ADMITTED job not launched, after this long is picked up by the reconciler.
 LAUNCH_GRACE = timedelta(seconds=30)
 
 
@@ -67,11 +67,21 @@ def sync_training_jobs() -> dict:
             log.exception("syncing training job %s failed", job_id)
             failed += 1
     stale = timezone.now() - LAUNCH_GRACE
+    # A job whose enqueue message never reached a worker (the broker was down when it was submitted) is
+    # queued here, without the broker.
+    swept = 0
+    for job_id in TrainingJob.objects.filter(state=JobState.PENDING, state_changed_at__lt=stale) \
+            .values_list("pk", flat=True):
+        job = services.training_job_enqueue(job_id=job_id)
+        if job is not None and job.state == JobState.QUEUED:
+            swept += 1
+    if swept:
+        run_scheduling_cycle()
     for job_id in TrainingJob.objects.filter(state=JobState.ADMITTED, state_changed_at__lt=stale) \
             .values_list("pk", flat=True):
         launch_training_job.delay(job_id)
     orphans = workflows.reconcile_orphan_runs(backend=backend)
-    return {"synced": synced, "failed": failed, "orphans_stopped": len(orphans)}
+    return {"synced": synced, "failed": failed, "orphans_stopped": len(orphans), "pending_queued": swept}
 
 
 @shared_task(name="jobs.run_scheduling_cycle", **LIFECYCLE_TASK)

@@ -27,6 +27,7 @@ from django.utils import timezone
 from controlplane.cluster.models import Node
 from controlplane.common.errors import ConflictError
 from controlplane.common.lifecycle import record_event, transition
+from controlplane.common.tasks import dispatch_on_commit
 from controlplane.compute.base import TrainingLaunch, TrainingReport
 from controlplane.compute.ray_backend import TRAINING_PREFIX
 from controlplane.datasets.fetching import DatasetUnavailable, dataset_local_file
@@ -430,7 +431,7 @@ def _requeue_after_preemption(job: TrainingJob) -> TrainingJob:
 def _kick_scheduler() -> None:
     from jobs.tasks import run_scheduling_cycle
 
-    transaction.on_commit(run_scheduling_cycle.delay)
+    dispatch_on_commit(run_scheduling_cycle)
 
 
 def _when(value) -> datetime:

@@ -16,7 +16,7 @@ def admission_only(monkeypatch):
     """These tests are about admission: admitted jobs are not launched (tests/api/test_training_runs.py is)."""
     from jobs.tasks import launch_training_job
 
-    monkeypatch.setattr(launch_training_job, "delay", lambda *args, **kwargs: None)
+    monkeypatch.setattr(launch_training_job, "apply_async", lambda *args, **kwargs: None)
 
 
 @pytest.fixture

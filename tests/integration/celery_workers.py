@@ -47,6 +47,26 @@ def reset_connections() -> None:
 
 
 @contextlib.contextmanager
+def publishing_to(broker: str, options: dict | None = None):
+    """This process publishes tasks to `broker` (not eagerly) until the block ends."""
+    saved = {key: celery_app.conf[key] for key in ("broker_url", "broker_transport_options", "task_always_eager")}
+    # Celery reads CELERY_BROKER_URL from the environment before its configuration (CI sets it).
+    saved_env = os.environ.get("CELERY_BROKER_URL")
+    os.environ["CELERY_BROKER_URL"] = broker
+    celery_app.conf.update(broker_url=broker, broker_transport_options=options or {}, task_always_eager=False)
+    reset_connections()
+    try:
+        yield
+    finally:
+        celery_app.conf.update(**saved)
+        if saved_env is None:
+            os.environ.pop("CELERY_BROKER_URL", None)
+        else:
+            os.environ["CELERY_BROKER_URL"] = saved_env
+        reset_connections()
+
+
+@contextlib.contextmanager
 def running_worker(tmp_path: Path, broker_kind: str, *, extra_env: dict[str, str] | None = None,
                    pool: str = "solo", name: str = ""):
     """A `celery worker` process on `broker_kind` ("filesystem" or "redis"); this process publishes to it.
@@ -73,25 +93,14 @@ def running_worker(tmp_path: Path, broker_kind: str, *, extra_env: dict[str, str
          "--loglevel=INFO", f"--hostname=test-{broker_kind}{name}@%h"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    saved = {key: celery_app.conf[key] for key in ("broker_url", "broker_transport_options", "task_always_eager")}
-    # Celery reads CELERY_BROKER_URL from the environment before its configuration (CI sets it).
-    saved_env = os.environ.get("CELERY_BROKER_URL")
-    os.environ["CELERY_BROKER_URL"] = broker
-    celery_app.conf.update(broker_url=broker, broker_transport_options=options, task_always_eager=False)
     if options:
         from controlplane.celery import ensure_broker_folders
 
         ensure_broker_folders(options)
-    reset_connections()
     try:
-        yield {"process": process, "log": log_path, "broker": broker_kind}
+        with publishing_to(broker, options):
+            yield {"process": process, "log": log_path, "broker": broker_kind}
     finally:
-        celery_app.conf.update(**saved)
-        if saved_env is None:
-            os.environ.pop("CELERY_BROKER_URL", None)
-        else:
-            os.environ["CELERY_BROKER_URL"] = saved_env
-        reset_connections()
         process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(20)
