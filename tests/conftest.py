@@ -30,6 +30,15 @@ def _isolated_storage(settings, tmp_path):
     settings.FLEETYARD_MODEL_DIRS = ["/"]
     # Unit and API tests run tasks in-process; tests/integration starts real workers instead.
     celery_app.conf.task_always_eager = True
+    yield
+    # The process-wide in-memory backend outlives the test, but its training runs are named by job id and
+    # the next test's ids start at 1 again: drop them, so no test finds another's run under its job's name.
+    from controlplane.compute.registry import get_compute_backend
+
+    if get_compute_backend.cache_info().currsize and hasattr(get_compute_backend(), "runs"):
+        backend = get_compute_backend()
+        for handle in backend.list_training_handles():
+            backend.release_training(handle)
 
 
 @pytest.fixture
