@@ -16,12 +16,12 @@ from django.core.exceptions import RequestDataTooBig
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
-from controlplane.cluster.selectors import node_pool_list
+from controlplane.cluster.selectors import node_pool_list, simulated_pool_flags
 from controlplane.compute.base import ROUTERS
 from controlplane.quotas.selectors import local_queue_list, priority_class_list
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role, visible_team_ids
-from frontend.views import _base_context, _state_counts
+from frontend.views import _base_context, _state_counts, _writable_team_ids
 from inference.gateway import services as gateway
 from inference.gateway.openai_schema import CHAT_COMPLETIONS, GatewayError, parse_json_body, parse_request
 from inference.gateway.views import error_response, stream_response
@@ -30,17 +30,12 @@ from inference.selectors import (
     deployment_list,
     deployment_metrics,
     deployment_pools,
-    simulated_pool_flags,
 )
 from inference.states import DeploymentState
 
 CONSOLE_METRICS_WINDOW_S = 900  # the deployment page shows the last 15 minutes of requests
 PLAYGROUND_MAX_TOKENS = 64  # the playground's default answer length
 SLA_DEFAULTS = {"ttft_p95_ms": 500, "tpot_p95_ms": 50}
-
-
-def _writable_team_ids(request, team_ids: list[int]) -> list[int]:
-    return [team_id for team_id in team_ids if has_role(user=request.user, team_id=team_id, minimum=Role.MEMBER)]
 
 
 @login_required
@@ -58,7 +53,7 @@ def deployment_list_page(request):
                                 else by_type.get(deployment.accelerator_type, False))
     context.update({"deployments": rows, "state_filter": wanted, "total": everything.count(),
                     "deployment_counts": _state_counts(everything, DeploymentState),
-                    "can_create": bool(_writable_team_ids(request, team_ids))})
+                    "can_create": bool(_writable_team_ids(request.user, team_ids))})
     return render(request, "frontend/deployments.html", context)
 
 
@@ -66,7 +61,7 @@ def deployment_list_page(request):
 def deployment_new(request):
     """The create form: it posts JSON to POST /api/v1/deployments/ and opens the new deployment's page."""
     team_ids, context = _base_context(request, "deployments")
-    writable = _writable_team_ids(request, team_ids)
+    writable = _writable_team_ids(request.user, team_ids)
     jobs = list(deployable_jobs(team_ids=writable))
     chosen_job = None
     wanted = request.GET.get("job", "")

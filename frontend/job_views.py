@@ -13,12 +13,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, render
 
-from controlplane.cluster.selectors import accelerator_type_list, node_pool_list
+from controlplane.cluster.selectors import accelerator_type_list, simulated_pool_flags
 from controlplane.datasets.selectors import dataset_version_list
 from controlplane.quotas.selectors import local_queue_list, priority_class_list, quota_types_for_local_queue
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role
-from frontend.views import _base_context, _state_counts
+from frontend.views import _base_context, _state_counts, _writable_team_ids
 from inference.selectors import deployment_list
 from jobs.models import Trainer
 from jobs.runtime.lm_config import TrainHyperparameters
@@ -32,14 +32,8 @@ LIVE_STATES = [s.value for s in JobState if s.value not in ("SUCCEEDED", "FAILED
 
 def _simulated_types() -> set[str]:
     """Accelerator types whose every node pool is SIMULATED (logical chips on a CPU host)."""
-    by_type: dict[str, list[bool]] = {}
-    for pool in node_pool_list():
-        by_type.setdefault(pool.accelerator_type.slug, []).append(pool.simulated)
-    return {slug for slug, flags in by_type.items() if flags and all(flags)}
-
-
-def _writable_team_ids(user, team_ids: list[int]) -> list[int]:
-    return [team_id for team_id in team_ids if has_role(user=user, team_id=team_id, minimum=Role.MEMBER)]
+    _, by_type = simulated_pool_flags()
+    return {slug for slug, simulated in by_type.items() if simulated}
 
 
 @login_required

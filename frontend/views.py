@@ -27,6 +27,7 @@ from controlplane.cluster.selectors import (
 from controlplane.datasets.models import DatasetFormat
 from controlplane.datasets.selectors import dataset_list, dataset_version_list
 from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, priority_class_list
+from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import roles_by_team, team_list, visible_team_ids
 from inference.selectors import deployment_list
 from inference.states import DeploymentState
@@ -70,6 +71,12 @@ def _base_context(request, section: str) -> tuple[list[int], dict]:
     team_ids = visible_team_ids(user=request.user)
     return team_ids, {"section": section, "teams": team_list(team_ids=team_ids),
                       "simulated_note": SIMULATED_NOTE}
+
+
+def _writable_team_ids(user, team_ids: list[int]) -> list[int]:
+    """The teams among team_ids where the user may submit and change things (member or admin)."""
+    roles = roles_by_team(user=user, team_ids=team_ids)
+    return [team_id for team_id in team_ids if roles.get(team_id) in (Role.ADMIN, Role.MEMBER)]
 
 
 def _pct(fraction) -> float | None:

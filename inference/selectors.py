@@ -47,16 +47,6 @@ def deployment_pools(*, deployment: Deployment) -> list[NodePool]:
     return pools
 
 
-def simulated_pool_flags() -> tuple[dict[str, bool], dict[str, bool]]:
-    """({pool name: simulated}, {accelerator type slug: every pool of the type simulated}) for labelling."""
-    by_pool: dict[str, bool] = {}
-    by_type: dict[str, bool] = {}
-    for name, slug, simulated in NodePool.objects.values_list("name", "accelerator_type__slug", "simulated"):
-        by_pool[name] = simulated
-        by_type[slug] = by_type.get(slug, True) and simulated
-    return by_pool, by_type
-
-
 # ------------------------------------------------------------------------------------------ capacity
 
 def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_per_replica: float) -> dict[str, int]:

@@ -135,7 +135,6 @@ def console(browser, live_server, world, demo_cluster, settings, tmp_path):
     """console.login(user) / open(path) / shot(name) / tick() on the demo cluster (memory backend)."""
     settings.DATA_DIR = tmp_path
     backend = get_compute_backend()
-    _forget_runs(backend)
     steps_before = backend.steps_per_observe
     backend.steps_per_observe = 10
     context = browser.new_context(viewport={"width": 1440, "height": 900})
@@ -150,16 +149,7 @@ def console(browser, live_server, world, demo_cluster, settings, tmp_path):
         for handle in list(backend.list_service_handles()):
             if Deployment.objects.filter(compute_handle=handle).exists():
                 backend.delete_service(handle)
-        _forget_runs(backend)
     assert not console.errors, console.errors
-
-
-def _forget_runs(backend) -> None:
-    """Drop the process-wide in-memory backend's training runs. Handles are named by job id (fy-train-1-a1),
-    and every test's database starts its ids at 1 again, so a run left by an earlier test would be taken for
-    this test's job (it made the journey test read another job's logs)."""
-    for handle in backend.list_training_handles():
-        backend.release_training(handle)
 
 
 def pytest_collection_modifyitems(items):

@@ -33,6 +33,16 @@ def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:
     return {pool.name: pool for pool in pools}
 
 
+def simulated_pool_flags() -> tuple[dict[str, bool], dict[str, bool]]:
+    """({pool name: simulated}, {accelerator type slug: every pool of the type simulated}) for labelling."""
+    by_pool: dict[str, bool] = {}
+    by_type: dict[str, bool] = {}
+    for name, slug, simulated in NodePool.objects.values_list("name", "accelerator_type__slug", "simulated"):
+        by_pool[name] = simulated
+        by_type[slug] = by_type.get(slug, True) and simulated
+    return by_pool, by_type
+
+
 def _unit(slug: str) -> str:
     """What a pool of this accelerator type counts: CPU cores for `cpu`, devices otherwise."""
     return "CPUs" if slug == "cpu" else "devices"

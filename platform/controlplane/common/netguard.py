@@ -76,25 +76,31 @@ def _host_port(url: str) -> tuple[str, int, str]:
     return host, port, scheme
 
 
-def check_url(url: str, *, require_resolution: bool = True) -> list[str]:
-    """The public addresses of url's host; UnsafeURL if the platform must not connect there.
-
-    With require_resolution=False a name that does not resolve now passes (the fetch checks again)."""
+def check_target(url: str) -> tuple[str, int]:
+    """(host, port) of an http(s) URL whose name is not internal; UnsafeURL otherwise. Resolves nothing."""
     host, port, scheme = _host_port(url)
     if scheme not in FETCH_SCHEMES:
         raise UnsafeURL(f"the platform fetches only {' and '.join(FETCH_SCHEMES)} URLs, not {scheme or 'no'} scheme")
     if not host:
         raise UnsafeURL(f"{url!r} names no host")
     if f"{host}:{port}" in allowed_hosts():
-        return []
+        return host, port
     if host in METADATA_NAMES or host.endswith((".internal", ".localhost")) or host == "localhost":
         raise UnsafeURL(f"{host} is an internal name")
+    return host, port
+
+
+def public_addresses(host: str, port: int, *, require_resolution: bool = True) -> list[str]:
+    """Every address host resolves to, each checked to be public; UnsafeURL names the first that is not.
+
+    With require_resolution=False a name that does not resolve now gives [] (numeric forms always
+    resolve, so it is a name that may exist later; the connection checks again)."""
     try:
         addresses = resolve(host, port)
     except (socket.gaierror, UnicodeError, OSError):
         if require_resolution:
             raise UnsafeURL(f"{host} does not resolve") from None
-        return []  # numeric forms always resolve, so this is a name that may exist later: the fetch checks
+        return []
     for address in addresses:
         reason = internal_reason(address)
         if reason:
@@ -103,20 +109,21 @@ def check_url(url: str, *, require_resolution: bool = True) -> list[str]:
     return addresses
 
 
+def check_url(url: str, *, require_resolution: bool = True) -> list[str]:
+    """The public addresses of url's host ([] for an allowed mirror); UnsafeURL if the platform must not
+    connect there."""
+    host, port = check_target(url)
+    if f"{host}:{port}" in allowed_hosts():
+        return []
+    return public_addresses(host, port, require_resolution=require_resolution)
+
+
 def vetted_address(host: str, port: int) -> str:
     """The address to connect to for host: resolved once, every answer checked (no second lookup to rebind)."""
     host = host.rstrip(".")
     if f"{host.lower()}:{port}" in allowed_hosts():
         return resolve(host, port)[0]
-    try:
-        addresses = resolve(host, port)
-    except (socket.gaierror, UnicodeError, OSError):
-        raise UnsafeURL(f"{host} does not resolve") from None
-    for address in addresses:
-        reason = internal_reason(address)
-        if reason:
-            raise UnsafeURL(f"the connection to {host} would reach {address}: {reason}")
-    return addresses[0]
+    return public_addresses(host, port)[0]
 
 
 class _GuardedConnectionMixin:

@@ -70,7 +70,7 @@ def _fetched_file(version: DatasetVersion) -> Path:
     session = netguard.guarded_session()
     try:
         for _ in range(MAX_REDIRECTS + 1):
-            netguard.check_url(url)
+            netguard.check_url(url)  # refused before any connection; the connection checks its address again
             response = session.get(url, stream=True, allow_redirects=False, timeout=FETCH_TIMEOUT_S)
             if response.is_redirect:
                 url = urljoin(url, response.headers.get("Location", ""))
