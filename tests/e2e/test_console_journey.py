@@ -16,6 +16,8 @@ from jobs.workflows import checkpoint_dir
 
 def test_log_in_submit_watch_logs_deploy_and_ask(console):
     page = console.page
+    console.open("/login/")
+    console.shot("journey-0-login")
     console.login("alpha-member")
     assert page.locator("h1").first.inner_text().strip() == "Overview"
     console.shot("journey-1-overview")
