@@ -69,6 +69,9 @@ JOB_ONLY = {"workers", "num_nodes", "setup", "run", "trainer", "hyperparameters"
 RESOURCE_KEYS = {"accelerators", "any_of", "cpus", "memory"}
 SERVICE_KEYS = {"model", "checkpoint", "replicas", "replica_policy", "sla", "router", "engine"}
 SLA_KEYS = {"ttft_p95", "tpot_p95", "min_throughput", "ttft_p95_ms", "tpot_p95_ms", "min_throughput_tps"}
+# Lines plus flow-collection marks a spec may have (the parser's cost grows with them; see _Reader.load).
+MAX_SPEC_STRUCTURE = 4000
+MAX_SPEC_NESTING = 32
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
@@ -218,6 +221,20 @@ class _Reader:
         self.issues: list[SpecIssue] = []
 
     def load(self, text: str):
+        structure = text.count("\n") + sum(text.count(mark) for mark in "[]{},")
+        if structure > MAX_SPEC_STRUCTURE:
+            # PyYAML's pure-Python parser costs about 0.1 ms per line or flow item: a 256 KiB flow list took
+            # 29 s of CPU on the server. A spec is a few dozen lines.
+            raise SpecError([SpecIssue(None, "", f"too large to parse: {structure} lines and flow-collection marks "
+                                                 f"([ ] {{ }} ,), at most {MAX_SPEC_STRUCTURE}")],
+                            filename=self.filename)
+        depth = deepest = 0
+        for mark in re.finditer(r"[\[\]{}]", text):  # counted in strings too: a spec needs 3 or 4 levels
+            depth = depth + 1 if mark.group() in "[{" else max(0, depth - 1)
+            deepest = max(deepest, depth)
+        if deepest > MAX_SPEC_NESTING:
+            raise SpecError([SpecIssue(None, "", f"nested {deepest} levels deep in [ ] and {{ }}, at most "
+                                                 f"{MAX_SPEC_NESTING}")], filename=self.filename)
         loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()
@@ -231,6 +248,8 @@ class _Reader:
                             filename=self.filename) from None
         except yaml.YAMLError as exc:
             raise SpecError([SpecIssue(None, "", f"invalid YAML: {exc}")], filename=self.filename) from None
+        except RecursionError:  # `[[[[...`: deeper than Python's recursion limit
+            raise SpecError([SpecIssue(None, "", "invalid YAML: nested too deeply")], filename=self.filename) from None
         finally:
             loader.dispose()
 

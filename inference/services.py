@@ -12,6 +12,7 @@ from django.db import transaction
 from controlplane.common import references
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
+from controlplane.common.limits import deployment_size_check, submission_rate_check
 from controlplane.common.tasks import dispatch_on_commit
 from controlplane.compute.base import ROUTERS
 from controlplane.quotas.models import LocalQueue, PriorityClass
@@ -85,6 +86,7 @@ def _validate_replicas(replicas_min: int, replicas_max: int) -> None:
         raise ValidationFailed(f"must be at least replicas_min ({replicas_min})", field="replicas_max")
     if replicas_max < 1:
         raise ValidationFailed("must be at least 1", field="replicas_max")
+    deployment_size_check(replicas_min=replicas_min, replicas_max=replicas_max)
 
 
 @transaction.atomic
@@ -115,6 +117,7 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         raise ValidationFailed("SLA targets must be positive milliseconds",
                                field="sla_ttft_p95_ms" if sla_ttft_p95_ms < 1 else "sla_tpot_p95_ms")
     check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
+    submission_rate_check(team=team)  # last: a request refused for its content takes no slot
     deployment = Deployment(
         team=team, name=name, local_queue=local_queue, priority_class=priority_class, source_job=source_job,
         model_uri=model_uri, accelerator_types=list(accelerator_types),

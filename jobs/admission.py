@@ -122,22 +122,26 @@ def run_cycle() -> CycleResult:
     result = schedule(snapshot)
     from jobs.tasks import launch_training_job, stop_training_run
 
+    # Devices a preempted run still holds while it checkpoints and stops (it keeps its placement until then):
+    # whoever is admitted onto them launches once that run is gone. A victim admitted but not started yet
+    # leaves at once.
+    busy = _devices_of_stopping_runs(
+        [jobs[p.workload_id] for p in result.preempted
+         if jobs[p.workload_id].state != JobState.ADMITTED and jobs[p.workload_id].compute_handle])
     for admit in result.admitted:
-        job = jobs[admit.workload_id]
-        dispatch_on_commit(launch_training_job, job.pk)
-        TrainingJob.objects.filter(pk=job.pk).update(
-            admitted_accelerator_type=admit.accelerator_type, placement=_placement_to_json(admit.workers),
-            queue_position=None)
-        transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.ADMITTED,
-                   reason=f"admitted: {admit.reason}", system="scheduler",
-                   data={"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),
-                         "nodes": sorted({w.node for w in admit.workers}), "borrowed": admit.borrowed})
+        _admit(jobs[admit.workload_id], admit, waits_for=_overlap(admit, busy))
+    for wait in result.waiting:
+        if wait.held is not None:  # a preemptor: admitted now, so nothing admitted later takes what it freed
+            _admit(jobs[wait.workload_id], wait.held, waits_for=_overlap(wait.held, busy))
     for preempt in result.preempted:
         job = jobs[preempt.workload_id]
         # An admitted job that has not started gives its admission back; a running one is asked to
-        # checkpoint and stop by the training runtime, which moves it on to QUEUED.
+        # checkpoint and stop by the training runtime, which moves it on to QUEUED (and clears its placement).
         target = JobState.QUEUED if job.state == JobState.ADMITTED else JobState.PREEMPTED
-        TrainingJob.objects.filter(pk=job.pk).update(admitted_accelerator_type="", placement=[])
+        if target == JobState.QUEUED:
+            TrainingJob.objects.filter(pk=job.pk).update(admitted_accelerator_type="", placement=[], waits_for=[])
+        else:
+            TrainingJob.objects.filter(pk=job.pk).update(admitted_accelerator_type="", waits_for=[])
         transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=target,
                    reason=preempt.reason, system="scheduler", data={"for": preempt.for_workload})
         if target == JobState.PREEMPTED and job.compute_handle:
@@ -153,11 +157,63 @@ def run_cycle() -> CycleResult:
         record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
                      reason=change.reason, system="scheduler", data={"workers": len(workers)})
     for wait in result.waiting:
+        if wait.held is not None:
+            continue
         job = jobs[wait.workload_id]
         reason = f"position {wait.position} in cluster queue {job.local_queue.cluster_queue.name}: {wait.reason}"
         if job.queue_position != wait.position or job.state_reason != reason:
             TrainingJob.objects.filter(pk=job.pk).update(queue_position=wait.position, state_reason=reason)
+    # A preemptor admitted in an earlier cycle starts once its victims are gone (requeued or ended; both
+    # kick a cycle). The launch checks again under its own lock.
+    moved = {p.workload_id for p in result.preempted}
+    for job_id, job in jobs.items():
+        if job.state == JobState.ADMITTED and job.waits_for and job_id not in moved \
+                and not victims_still_stopping(job.waits_for):
+            dispatch_on_commit(launch_training_job, job.pk)
     return result
+
+
+def _devices_of_stopping_runs(preempted_now: list[TrainingJob]) -> dict[tuple[str, int], int]:
+    """(node, device index) -> id of the preempted job whose run still holds it."""
+    stopping = list(TrainingJob.objects.filter(state=JobState.PREEMPTED).exclude(compute_handle="")
+                    .values_list("pk", "placement"))
+    busy: dict[tuple[str, int], int] = {}
+    for job_id, placement in [*stopping, *((job.pk, job.placement) for job in preempted_now)]:
+        for worker in placement or []:
+            for index, _share in worker.get("taken", []):
+                busy[(worker["node"], int(index))] = job_id
+    return busy
+
+
+def _overlap(admit, busy: dict[tuple[str, int], int]) -> list[int]:
+    return sorted({busy[(w.node, index)] for w in admit.workers for index, _ in w.taken if (w.node, index) in busy})
+
+
+def victims_still_stopping(victim_ids: list[int]) -> list[int]:
+    """The jobs among `victim_ids` that were preempted while running and have not stopped yet."""
+    return list(TrainingJob.objects.filter(pk__in=victim_ids, state=JobState.PREEMPTED).exclude(compute_handle="")
+                .order_by("pk").values_list("pk", flat=True))
+
+
+def _admit(job: TrainingJob, admit, *, waits_for: list[int]) -> None:
+    """QUEUED -> ADMITTED on the devices the core chose. A preemptor whose victims are still stopping holds
+    them (quota and devices count for it from now on) and launches once the victims are gone."""
+    from jobs.tasks import launch_training_job
+
+    TrainingJob.objects.filter(pk=job.pk).update(
+        admitted_accelerator_type=admit.accelerator_type, placement=_placement_to_json(admit.workers),
+        queue_position=None, waits_for=waits_for)
+    reason = f"admitted: {admit.reason}"
+    if waits_for:
+        reason = (f"admitted ({len(admit.workers)} x {admit.accelerator_type} held); launches once "
+                  f"{', '.join(map(str, waits_for))} checkpoint(s) and stop")
+    transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.ADMITTED,
+               reason=reason, system="scheduler",
+               data={"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),
+                     "nodes": sorted({w.node for w in admit.workers}), "borrowed": admit.borrowed,
+                     "waits_for": waits_for})
+    if not waits_for:
+        dispatch_on_commit(launch_training_job, job.pk)
 
 
 @transaction.atomic

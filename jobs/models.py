@@ -62,6 +62,9 @@ class TrainingJob(models.Model):
     queue_position = models.PositiveIntegerField(null=True, blank=True,
                                                  help_text="place among the waiting workloads of its ClusterQueue")
     admitted_accelerator_type = models.CharField(max_length=63, blank=True)
+    waits_for = models.JSONField(default=list, blank=True,
+                                 help_text="ids of preempted jobs whose runs still hold devices this admission "
+                                           "was given (checkpointing, stopping): it launches once they are gone")
     placement = models.JSONField(default=list, blank=True,
                                  help_text="one entry per worker: node and the device shares it holds")
     # Set by the run workflow (jobs/workflows.py) from what the run reports:

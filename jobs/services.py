@@ -6,6 +6,7 @@ from django.db import transaction
 
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
+from controlplane.common.limits import job_size_check, submission_rate_check
 from controlplane.common.tasks import dispatch_on_commit
 from controlplane.datasets.models import DatasetVersion
 from controlplane.quotas.models import LocalQueue, PriorityClass
@@ -38,6 +39,7 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
         raise ValidationFailed("must be at least 1", field="workers_min")
     if workers_max < workers_min:
         raise ValidationFailed(f"must be at least workers_min ({workers_min})", field="workers_max")
+    job_size_check(workers_min=workers_min, workers_max=workers_max, devices_per_worker=devices_per_worker)
     if trainer == Trainer.ENTRYPOINT and not entrypoint.strip():
         raise ValidationFailed("an entrypoint trainer needs a command to run", field="entrypoint")
     if trainer not in Trainer.values:
@@ -69,6 +71,7 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     clash = sorted(set(envs or {}) & set(secret_envs or {}))
     if clash:
         raise ValidationFailed(f"{', '.join(clash)} set both as an env and as a secret", field="secrets")
+    submission_rate_check(team=team)  # last: a request refused for its content takes no slot
     job = TrainingJob(
         team=team, name=name, local_queue=local_queue, priority_class=priority_class,
         accelerator_types=list(accelerator_types), workers_min=workers_min, workers_max=workers_max,

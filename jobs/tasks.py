@@ -89,4 +89,6 @@ def run_scheduling_cycle() -> dict:
     from jobs.admission import run_cycle
 
     result = run_cycle()
-    return {"admitted": len(result.admitted), "preempted": len(result.preempted), "waiting": len(result.waiting)}
+    held = sum(1 for wait in result.waiting if wait.held is not None)  # preemptors, admitted while victims stop
+    return {"admitted": len(result.admitted) + held, "preempted": len(result.preempted),
+            "waiting": len(result.waiting) - held}

@@ -99,6 +99,16 @@ def training_job_launch(*, job_id: int, backend) -> TrainingJob | None:
         job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.state != JobState.ADMITTED or not job.placement:
             return job
+        if job.waits_for:  # admitted onto devices preempted runs still hold: free once they have stopped
+            from jobs.admission import victims_still_stopping
+
+            stopping = victims_still_stopping(job.waits_for)
+            if stopping:
+                reason = f"admitted; launches once {', '.join(map(str, stopping))} checkpoint(s) and stop"
+                if job.state_reason != reason:
+                    TrainingJob.objects.filter(pk=job.pk).update(state_reason=reason)
+                return job
+            job.waits_for = []
         job.attempt += 1
         job.compute_handle = run_handle(job)
         job.events_cursor = 0
@@ -106,7 +116,7 @@ def training_job_launch(*, job_id: int, backend) -> TrainingJob | None:
         job.observed_nodes = []
         job.recovery_exclude = []
         job.save(update_fields=["attempt", "compute_handle", "events_cursor", "runtime_state", "observed_nodes",
-                                "recovery_exclude"])
+                                "recovery_exclude", "waits_for"])
         nodes = placement_nodes(job)
         job = transition(obj=job, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.STARTING,
                          reason=f"launching {len(nodes)} worker(s) on {', '.join(nodes)} (attempt {job.attempt})",
@@ -420,7 +430,8 @@ def _requeue_after_preemption(job: TrainingJob) -> TrainingJob:
         locked.compute_handle = ""
         locked.runtime_state = "stopped"
         locked.observed_nodes = []
-        locked.save(update_fields=["compute_handle", "runtime_state", "observed_nodes"])
+        locked.placement = []  # kept while the run stopped, so nothing launched onto its devices meanwhile
+        locked.save(update_fields=["compute_handle", "runtime_state", "observed_nodes", "placement"])
         locked = transition(obj=locked, machine=TrainingJob.machine, event_model=TrainingJobEvent,
                             to=JobState.QUEUED, reason=f"checkpointed at step {locked.last_checkpoint_step} and "
                                                        f"stopped; waiting to be admitted again", system="launcher")

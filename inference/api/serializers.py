@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
 from controlplane.compute.base import ROUTERS
 from inference.models import Deployment, DeploymentEvent, DeploymentRevision
 from inference.states import DeploymentState
+
+# The platform's limit on replicas (the service checks it again for every create, update and scale).
+MAX_REPLICAS = settings.FLEETYARD_MAX_REPLICAS_PER_DEPLOYMENT
 
 
 class SlaSerializer(StrictInputSerializer):
@@ -25,8 +29,8 @@ class DeploymentCreateSerializer(StrictInputSerializer):
     source_job = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     accelerator_types = serializers.ListField(child=serializers.SlugField(), min_length=1, max_length=16)
     devices_per_replica = serializers.FloatField(min_value=0.01, max_value=64, default=1.0)
-    replicas_min = serializers.IntegerField(min_value=0, max_value=1024, default=1)
-    replicas_max = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True,
+    replicas_min = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=1)
+    replicas_max = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, allow_null=True,
                                             default=None)
     sla = SlaSerializer()
     engine = serializers.DictField(required=False, default=dict,
@@ -49,16 +53,16 @@ class DeploymentUpdateSerializer(StrictInputSerializer):
     accelerator_types = serializers.ListField(child=serializers.SlugField(), min_length=1, max_length=16,
                                               required=False)
     devices_per_replica = serializers.FloatField(min_value=0.01, max_value=64, required=False)
-    replicas_min = serializers.IntegerField(min_value=0, max_value=1024, required=False)
-    replicas_max = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    replicas_min = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False)
+    replicas_max = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False)
     sla = SlaUpdateSerializer(required=False)
     engine = serializers.DictField(required=False)
     router = serializers.ChoiceField(choices=list(ROUTERS), required=False)
 
 
 class DeploymentScaleSerializer(StrictInputSerializer):
-    replicas_min = serializers.IntegerField(min_value=0, max_value=1024)
-    replicas_max = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True,
+    replicas_min = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS)
+    replicas_max = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, allow_null=True,
                                             default=None, help_text="defaults to replicas_min")
 
 

@@ -34,6 +34,7 @@ class DeploymentViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
                         viewsets.GenericViewSet):
     serializer_class = s.DeploymentSerializer
     filterset_class = DeploymentFilter
+    submission_actions = ("create",)  # may answer 429 (controlplane.common.openapi)
     ordering_fields = ["created_at", "name", "state"]
     search_fields = ["name"]
 
@@ -104,13 +105,13 @@ class DeploymentViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses=s.DeploymentRevisionSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def revisions(self, request, pk=None):
         page = self.paginate_queryset(self.get_object().revisions.all())
         return self.get_paginated_response(s.DeploymentRevisionSerializer(page, many=True).data)
 
     @extend_schema(responses=s.DeploymentEventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def events(self, request, pk=None):
         page = self.paginate_queryset(self.get_object().events.all())
         return self.get_paginated_response(s.DeploymentEventSerializer(page, many=True).data)

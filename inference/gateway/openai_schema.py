@@ -137,6 +137,8 @@ def parse_json_body(raw: bytes | str) -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid(None, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # `[[[[...`: deeper than Python's recursion limit
+        raise invalid(None, "the request body is not valid JSON: nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid(None, f"the request body must be a JSON object, got {_json_type(body)}")
     return body

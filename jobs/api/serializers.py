@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -22,10 +23,13 @@ class TrainingJobCreateSerializer(StrictInputSerializer):
     queue = serializers.SlugField(max_length=63, help_text="a LocalQueue of the team")
     priority = serializers.SlugField(max_length=63, required=False, allow_blank=True, default="")
     accelerator_types = serializers.ListField(child=serializers.SlugField(), min_length=1, max_length=16)
-    workers_min = serializers.IntegerField(min_value=1, max_value=4096, default=1)
-    workers_max = serializers.IntegerField(min_value=1, max_value=4096, required=False, allow_null=True,
-                                           default=None)
-    devices_per_worker = serializers.IntegerField(min_value=0, max_value=64, default=1)
+    # Upper bounds: the platform's limits (settings, FLEETYARD_MAX_*; the service checks them again, as the
+    # spec of a retried job or one applied from YAML goes through it too).
+    workers_min = serializers.IntegerField(min_value=1, max_value=settings.FLEETYARD_MAX_WORKERS_PER_JOB, default=1)
+    workers_max = serializers.IntegerField(min_value=1, max_value=settings.FLEETYARD_MAX_WORKERS_PER_JOB,
+                                           required=False, allow_null=True, default=None)
+    devices_per_worker = serializers.IntegerField(min_value=0, max_value=settings.FLEETYARD_MAX_DEVICES_PER_WORKER,
+                                                  default=1)
     cpus_per_worker = serializers.FloatField(min_value=0, max_value=512, default=1.0)
     trainer = serializers.ChoiceField(choices=Trainer.choices, default=Trainer.BUILTIN_LM)
     entrypoint = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
@@ -76,7 +80,30 @@ class GoodputSerializer(serializers.Serializer):
     recompute_s = serializers.FloatField()
     paused_s = serializers.FloatField()
     interruptions = serializers.DictField(child=serializers.IntegerField())
+    pauses = serializers.DictField(child=serializers.IntegerField())
     recomputed_steps = serializers.IntegerField()
+
+
+class GoodputJobSerializer(GoodputSerializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    team = serializers.CharField()
+    state = serializers.ChoiceField(choices=[s.value for s in JobState])
+
+
+class GoodputOverviewSerializer(serializers.Serializer):
+    """The answer of GET /training-jobs/goodput/ (documented as one job's GoodputSerializer before; found by
+    schemathesis, S7): the started jobs you can see, together and one by one."""
+
+    jobs = serializers.IntegerField(help_text="jobs that have started")
+    ettr = serializers.FloatField(allow_null=True, help_text="productive / wall time of all of them; null when none")
+    wall_s = serializers.FloatField()
+    productive_s = serializers.FloatField()
+    detection_s = serializers.FloatField()
+    restart_s = serializers.FloatField()
+    recompute_s = serializers.FloatField()
+    paused_s = serializers.FloatField()
+    per_job = GoodputJobSerializer(many=True)
 
 
 class TrainingJobStatusSerializer(serializers.ModelSerializer):
@@ -154,6 +181,21 @@ class CheckpointSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     files = serializers.ListField(child=serializers.CharField())
     metadata = serializers.DictField()
+
+
+class CheckpointRequestedSerializer(serializers.Serializer):
+    requested = serializers.BooleanField()
+    step = serializers.IntegerField(allow_null=True, help_text="the step the job was at when asked")
+
+
+class TrainingMetricPageSerializer(serializers.Serializer):
+    results = TrainingMetricSerializer(many=True)
+    next_after = serializers.IntegerField(allow_null=True, help_text="pass as `after` for the rows that follow")
+
+
+class TrainingLogPageSerializer(serializers.Serializer):
+    results = TrainingLogLineSerializer(many=True)
+    next_after = serializers.IntegerField(allow_null=True, help_text="pass as `after` for the rows that follow")
 
 
 class StreamQuerySerializer(StrictInputSerializer):

@@ -7,12 +7,13 @@ import json
 import time
 
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.common import references
+from controlplane.common.parsers import BoundedJSONParser
 from controlplane.compute.registry import get_compute_backend
 from controlplane.tenancy.api.scoping import TeamScopedMixin
 from controlplane.tenancy.models import Role
@@ -22,15 +23,22 @@ from jobs.api.filters import TrainingJobFilter
 from jobs.models import TrainingJob
 
 FOLLOW_POLL_S = 0.5
-_STREAM_PARAMS = [OpenApiParameter(name, type=kind, required=False) for name, kind in
-                  (("after", int), ("since_step", int), ("worker", int), ("limit", int), ("follow", bool),
-                   ("timeout", int))]
+# The schema of metrics and logs: a page (JSON), or with `follow=true` an NDJSON stream of the same rows (its
+# schema reads the stream as the array of its lines). Neither is a paginated list nor takes the job list's
+# filters, which drf-spectacular documented for them (found by schemathesis, S7).
+NDJSON = "application/x-ndjson"
+
+
+def _stream_schema(page_serializer, row_serializer):
+    return extend_schema(parameters=[s.StreamQuerySerializer],
+                         responses={200: page_serializer, (200, NDJSON): row_serializer(many=True)})
 
 
 class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                          viewsets.GenericViewSet):
     serializer_class = s.TrainingJobSerializer
     filterset_class = TrainingJobFilter
+    submission_actions = ("create", "retry")  # may answer 429 (controlplane.common.openapi)
     ordering_fields = ["created_at", "name", "state", "state_changed_at"]
     search_fields = ["name"]
 
@@ -56,8 +64,10 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         return Response(s.TrainingJobSerializer(self.get_queryset().get(pk=job.pk)).data,
                         status=status.HTTP_201_CREATED)
 
+    # JSON only (as the console and SDK send it): the body is optional, so a multipart body that parsed to
+    # nothing was taken for "no reason" instead of refused (found by schemathesis, S7).
     @extend_schema(request=s.CancelSerializer, responses=s.TrainingJobSerializer)
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], parser_classes=[BoundedJSONParser])
     def cancel(self, request, pk=None):
         job = self.get_object()
         self.require_role(job.team_id, Role.MEMBER)
@@ -83,14 +93,14 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses=s.TrainingJobEventSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[])
     def events(self, request, pk=None):
         job = self.get_object()
         page = self.paginate_queryset(selectors.training_job_events(job=job))
         return self.get_paginated_response(s.TrainingJobEventSerializer(page, many=True).data)
 
-    @extend_schema(parameters=_STREAM_PARAMS, responses=s.TrainingMetricSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @_stream_schema(s.TrainingMetricPageSerializer, s.TrainingMetricSerializer)
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def metrics(self, request, pk=None):
         """Per-worker step metrics (step, loss, step time, compute time, tokens/s), oldest first."""
         job = self.get_object()
@@ -101,8 +111,8 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
                                                   worker=query.get("worker"), after_id=after)
         return _respond(job, query, rows, s.TrainingMetricSerializer)
 
-    @extend_schema(parameters=_STREAM_PARAMS, responses=s.TrainingLogLineSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @_stream_schema(s.TrainingLogPageSerializer, s.TrainingLogLineSerializer)
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def logs(self, request, pk=None):
         """The run's log lines (every worker; `worker=` for one), oldest first; `follow=true` streams."""
         job = self.get_object()
@@ -113,14 +123,15 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         return _respond(job, query, rows, s.TrainingLogLineSerializer)
 
     @extend_schema(responses=s.TrainingFaultSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def faults(self, request, pk=None):
         """Detected faults with node, worker, evidence, detection time and how the run recovered."""
         job = self.get_object()
         return Response(s.TrainingFaultSerializer(selectors.training_job_faults(job=job), many=True).data)
 
-    @extend_schema(responses=s.CheckpointSerializer(many=True))
-    @action(detail=True, methods=["get", "post"])
+    @extend_schema(methods=["GET"], responses=s.CheckpointSerializer(many=True))
+    @extend_schema(methods=["POST"], request=None, responses={202: s.CheckpointRequestedSerializer})
+    @action(detail=True, methods=["get", "post"], filter_backends=[], pagination_class=None)
     def checkpoints(self, request, pk=None):
         """GET: the complete checkpoints (step, size, time). POST: ask the running job for one now."""
         job = self.get_object()
@@ -131,7 +142,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
             return Response({"requested": True, "step": step}, status=status.HTTP_202_ACCEPTED)
         return Response(s.CheckpointSerializer(selectors.training_job_checkpoints(job=job), many=True).data)
 
-    @extend_schema(responses=s.GoodputSerializer)
+    @extend_schema(responses=s.GoodputOverviewSerializer)
     @action(detail=False, methods=["get"])
     def goodput(self, request):
         """Effective training time ratio of the jobs you can see, together and per job."""
@@ -167,4 +178,4 @@ def _respond(job: TrainingJob, query: dict, rows, serializer):
                 return
             time.sleep(FOLLOW_POLL_S)
 
-    return StreamingHttpResponse(stream(), content_type="application/x-ndjson")
+    return StreamingHttpResponse(stream(), content_type=NDJSON)

@@ -164,6 +164,11 @@ class GangSupervisor:
                                       f"within {spec.get('placement_timeout_s', PLACEMENT_TIMEOUT_S)} s")
                 return
             self._group = group
+            # Every bundle is reserved, so every node of the gang is alive now. A verdict from an earlier
+            # placement must not outlive it: a node that died and came back under the same name (a restarted
+            # machine) was otherwise "lost" again at once, forever (found by benchmarks/churn.py).
+            self._node_alive.clear()
+            self._raylets.clear()
         actor = ray.remote(TrainingWorker)
         cpus = float(spec["bundle"].get("CPU", 0.0))
         resources = {k: v for k, v in spec["bundle"].items() if k != "CPU"}

@@ -100,7 +100,7 @@ def wait_for_http(url: str, timeout: float, child: Child) -> bool:
         if child.process.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - our own local URL
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - our own local URL  # nosec B310
                 if response.status < 500:
                     return True
         except OSError:

@@ -18,6 +18,8 @@ def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
+handler404 = "controlplane.common.api.not_found"
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),

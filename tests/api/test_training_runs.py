@@ -186,8 +186,10 @@ def test_a_preempted_running_job_checkpoints_requeues_and_resumes(api, backend, 
     victim = sync(submit(client, name="low"), backend)
     assert victim.state == "RUNNING"
     urgent = submit(client, name="urgent", priority="urgent")
-    victim = TrainingJob.objects.get(pk=victim.pk)
-    assert victim.state == "PREEMPTED" and urgent.state == "QUEUED"
+    victim, urgent = TrainingJob.objects.get(pk=victim.pk), TrainingJob.objects.get(pk=urgent.pk)
+    # the preemptor is admitted at once (its devices and quota held for it) but launches only after the victim
+    assert victim.state == "PREEMPTED" and urgent.state == "ADMITTED" and urgent.waits_for == [victim.pk]
+    assert urgent.compute_handle == "" and f"launches once {victim.pk} checkpoint" in urgent.state_reason
     with TestCase.captureOnCommitCallbacks(execute=True):
         tasks.sync_training_jobs()
     victim = TrainingJob.objects.get(pk=victim.pk)

@@ -129,6 +129,27 @@ def test_a_lender_using_part_of_its_quota_still_lends_up_to_its_lending_limit():
     assert ledger.check("q0", H100, 3).ok and not ledger.check("q0", H100, 3.5).ok  # idle 3 now
 
 
+def test_a_queue_within_nominal_cannot_use_idle_quota_a_borrower_holds_past_a_lending_limit():
+    """Found by the preemption property test: q2's own idle quota was lent to q0, and q1's idle quota (lending
+    limit 0) counted as room, so a q2 workload within nominal took devices q0's borrowing already used."""
+    from controlplane.scheduling.placement import WorkerPlacement
+
+    queues = (queue("q0", nvidia_h100=Quota(0)), queue("q1", nvidia_h100=Quota(4, lending_limit=0)),
+              queue("q2", nvidia_h100=Quota(16)))
+    borrower = Running(job("borrower", queue="q0", devices=4, workers=3), H100,
+                       (WorkerPlacement("h0", tuple((d, 1.0) for d in range(4))),
+                        WorkerPlacement("h0", tuple((d, 1.0) for d in range(4, 8))),
+                        WorkerPlacement("h1", tuple((d, 1.0) for d in range(4)))))
+    own = Running(job("own", queue="q2", devices=2), H100, (WorkerPlacement("h2", ((0, 1.0), (1, 1.0))),))
+    snap = Snapshot(nodes(count=4), queues, running=(borrower, own), pending=(job("mine", queue="q2", devices=4),))
+    result = schedule(snap)
+    # 20 nominal in the cohort, 4 of them kept home by q1: 12 + 2 used leaves 2, not 4; q2 reclaims instead
+    assert result.admitted == []
+    assert [p.workload_id for p in result.preempted] == ["borrower"]
+    assert "borrowed quota reclaimed" in result.preempted[0].reason
+    assert result.waiting[0].held is not None and result.waiting[0].held.workload_id == "mine"
+
+
 def test_higher_priority_preempts_lowest_priority_least_work_lost_first():
     from controlplane.scheduling.placement import WorkerPlacement
 
@@ -260,7 +281,9 @@ def check_usage_and_devices(snapshot, result):
         if running.workload.id in grown:
             workers += list(grown[running.workload.id].added)
         live.append((running.workload, running.accelerator_type, workers))
-    for admit in result.admitted:
+    # A preemptor's held admission takes its devices and quota now, like an admission.
+    held = [wait.held for wait in result.waiting if wait.held is not None]
+    for admit in [*result.admitted, *held]:
         workload = by_id[admit.workload_id]
         assert workload.workers_min <= len(admit.workers) <= workload.workers_max  # gang: all of the minimum
         for worker in admit.workers:
@@ -281,14 +304,18 @@ def check_usage_and_devices(snapshot, result):
         quota = queues[queue_name].quotas.get(accelerator_type, Quota(0, 0))
         limit = quota.nominal + (float("inf") if quota.borrowing_limit is None else quota.borrowing_limit)
         assert used <= limit + 1e-9, (queue_name, accelerator_type, used, quota)
-    cohort_used, cohort_nominal = defaultdict(float), defaultdict(float)
+    cohort_used, cohort_lendable = defaultdict(float), defaultdict(float)
     for q in queues.values():
         for accelerator_type in {t for _, t in usage} | set(q.quotas):
             key = (q.cohort or q.name, accelerator_type)
-            cohort_used[key] += usage[(q.name, accelerator_type)]
-            cohort_nominal[key] += q.quotas.get(accelerator_type, Quota(0)).nominal
-    for key, used in cohort_used.items():  # borrowing only ever uses quota the cohort has
-        assert used <= cohort_nominal[key] + 1e-9, (key, used, cohort_nominal[key])
+            quota = q.quotas.get(accelerator_type, Quota(0))
+            used = usage[(q.name, accelerator_type)]
+            cohort_used[key] += used
+            # idle quota beyond a member's lending limit stays with it: nobody else may use it
+            kept = 0.0 if quota.lending_limit is None else max(0.0, quota.nominal - used - quota.lending_limit)
+            cohort_lendable[key] += quota.nominal - kept
+    for key, used in cohort_used.items():  # borrowing only ever uses quota the cohort has and lends
+        assert used <= cohort_lendable[key] + 1e-9, (key, used, cohort_lendable[key])
     assert all(total <= 1.0 + 1e-9 for total in device.values()), device
     victims = [p.workload_id for p in result.preempted] + [s.workload_id for s in result.shrunk]
     assert len(victims) == len(set(victims))  # each victim at most once

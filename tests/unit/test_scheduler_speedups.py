@@ -101,8 +101,10 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                 result.shrunk += shrinks
                 done.update([v.workload_id for v in victims] + [s.workload_id for s in shrinks])
                 names = ", ".join([v.workload_id for v in victims] + [f"{s.workload_id} (shrunk)" for s in shrinks])
-                result.waiting.append(Wait(wl.id, positions[q], f"waiting for {names} to checkpoint and release "
-                                                                f"{t} devices", reserved=True))
+                reason = f"waiting for {names} to checkpoint and release {t} devices"
+                borrowed = min(wl.demand(), state.ledger.borrowed(q, t))
+                held = Admit(wl.id, t, state.running[wl.id].workers, borrowed, reason)
+                result.waiting.append(Wait(wl.id, positions[q], reason, reserved=True, held=held))
                 continue
             reserved = not reserved_once and ref_reserve(state, wl, types)
             reserved_once = reserved_once or reserved

@@ -2,33 +2,79 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views.defaults import page_not_found
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from controlplane.common.errors import DomainError
+from controlplane.common.errors import DomainError, RateLimited
 
 
 class StandardPagination(PageNumberPagination):
+    """`?page=` and `?page_size=`; a page_size above FLEETYARD_MAX_PAGE_SIZE is capped to it (as DRF does), so
+    no request makes the database or the serializer handle more rows than that."""
+
     page_size = 50
     page_size_query_param = "page_size"
-    max_page_size = 500
+
+    @property
+    def max_page_size(self) -> int:
+        return settings.FLEETYARD_MAX_PAGE_SIZE
+
+    def get_page_size(self, request):
+        """One positive integer or the default; anything else is a 400 naming the parameter (DRF quietly used
+        the default for `page_size=abc`, `page_size=-5` or a repeated parameter: found by schemathesis, S7)."""
+        size = _one_positive_int(request, self.page_size_query_param)
+        return self.page_size if size is None else min(size, self.max_page_size)
+
+    def get_page_number(self, request, paginator):
+        _one_positive_int(request, self.page_query_param, allowed=tuple(self.last_page_strings))
+        return super().get_page_number(request, paginator)
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            parameter["schema"]["minimum"] = 1
+        return parameters
+
+
+def _one_positive_int(request, name: str, allowed: tuple[str, ...] = ()) -> int | None:
+    """The query parameter `name` as a positive integer (None when absent or one of `allowed`), or a 400."""
+    values = request.query_params.getlist(name)
+    if not values or (len(values) == 1 and values[0] in allowed):
+        return None
+    if len(values) == 1 and values[0].isascii() and values[0].isdigit() and int(values[0]) > 0:
+        return int(values[0])
+    raise exceptions.ValidationError({name: ["must be one positive integer"]})
 
 
 def exception_handler(exc, context):
     """Every error is a JSON body: `{"field": ["reason"]}` for input errors, `{"detail": ...}` otherwise."""
     if isinstance(exc, DomainError):
-        return Response(exc.as_dict(), status=exc.status_code)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+        return Response(exc.as_dict(), status=exc.status_code, headers=headers)
     if isinstance(exc, DjangoValidationError):
         if hasattr(exc, "message_dict"):
             return Response(exc.message_dict, status=status.HTTP_400_BAD_REQUEST)
         return Response({"detail": exc.messages}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    if isinstance(exc, exceptions.ValidationError) and not isinstance(exc.detail, dict):
+        # A bare list (DRF's SearchFilter refusing a NUL character) still gets the documented object shape.
+        return Response({"detail": exc.detail}, status=exc.status_code)
     return drf_exception_handler(exc, context)
+
+
+def not_found(request, exception):
+    """The site's handler404: under /api/ a JSON body like every other API error (a URL no route matches, such
+    as `/api/v1/datasets/1.5/`, was Django's HTML page: found by schemathesis, S7); elsewhere Django's page."""
+    if request.path_info.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
+    return page_not_found(request, exception)
 
 
 class StrictInputSerializer(serializers.Serializer):

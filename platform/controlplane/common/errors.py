@@ -39,3 +39,15 @@ class ConflictError(DomainError):
 
 class InvalidTransition(ConflictError):
     code = "invalid_transition"
+
+
+class RateLimited(DomainError):
+    """Too many requests of one kind in a window (429); `retry_after` is how many seconds until one is accepted
+    again, sent as the Retry-After header."""
+
+    status_code = 429
+    code = "throttled"
+
+    def __init__(self, message: str, *, retry_after: int, field: str | None = None):
+        super().__init__(message, field=field)
+        self.retry_after = max(1, int(retry_after))

@@ -38,7 +38,7 @@ from pathlib import Path
 from controlplane.compute.topology import NodeSpec, Topology
 
 STATE_FILE = "ray-cluster.json"
-TOKEN_FILE = "ray-auth-token"  # noqa: S105 - a file name, not a secret
+TOKEN_FILE = "ray-auth-token"  # noqa: S105 - a file name, not a secret  # nosec B105
 HEAD_NAME = "head"
 HOST = "127.0.0.1"
 
@@ -75,6 +75,11 @@ class LocalCluster:
     fingerprint: str = ""
     dashboard_url: str = ""
     started_at: float = 0.0
+    # What `restart_node` needs to start a node again as it was: NodeSpec fields by node name, the
+    # fate_share flag of the start, and how many times each node was started again (its temp sub-dir).
+    node_specs: dict[str, dict] = field(default_factory=dict)
+    fate_share: bool = False
+    restarts: dict[str, int] = field(default_factory=dict)
 
     def client_env(self) -> dict[str, str]:
         """Environment another process needs to connect with ray.init(address=...)."""
@@ -104,6 +109,40 @@ class LocalCluster:
         for pid in victims:
             _signal(pid, sig)
 
+    def restart_node(self, name: str, *, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> int:
+        """Fault injection's other half: start a killed node again with the same name, labels and
+        resources (under a new Ray node id, as a replaced machine gets) and, with `wait`, until it has
+        registered with the GCS (`wait_node_started` waits later). Returns its new pid; a node whose
+        process still runs is left alone. With `fate_share`, the node dies with the calling thread
+        (PR_SET_PDEATHSIG), so call it from the thread that outlives the cluster."""
+        if name == HEAD_NAME or name not in self.node_specs:
+            raise LocalClusterError(f"{name!r} is not a restartable node of this cluster "
+                                    f"(known: {', '.join(sorted(self.node_specs)) or 'none recorded'})")
+        with _state_lock(self.state_dir):
+            if self.node_alive(name):
+                return self.pids[name]
+            if self.pids[name] in _trusted_groups(self):  # what survived of the old incarnation goes first
+                for pid in _group_and_descendants(self.pids[name]):
+                    _signal(pid, signal.SIGKILL)
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            index = self.node_names.index(name) + 1
+            log_dir = self.state_dir / "logs"
+            log_path = log_dir / f"{name}.log"
+            if log_path.exists():
+                log_path.replace(log_dir / f"{name}.{self.restarts[name] - 1}.log")
+            # A fresh temp sub-dir: the dead raylet's sockets and session files stay where they were.
+            cmd = _worker_cmd(self, NodeSpec(name=name, **self.node_specs[name]),
+                              self.temp_dir / f"n{index}r{self.restarts[name]}")
+            _record(self, name, _spawn(cmd, _node_env(self), log_path, self.fate_share))
+            _save(self)
+        if wait:
+            self.wait_node_started(name, timeout_s=timeout_s)
+        return self.pids[name]
+
+    def wait_node_started(self, name: str, *, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until the node's `ray start` says it registered; LocalClusterError if it exits or times out."""
+        _wait_started(self, name, self.state_dir / "logs", time.monotonic() + timeout_s)
+
     def processes(self) -> set[int]:
         """Pids of every live (non-zombie) process of this cluster; empty once it is stopped."""
         return {p for p in _cluster_processes(self) if _alive(p)}
@@ -121,7 +160,10 @@ class LocalCluster:
                    pids={str(k): int(v) for k, v in data["pids"].items()},
                    start_ticks={str(k): int(v) for k, v in data.get("start_ticks", {}).items()},
                    node_names=list(data.get("node_names", [])), fingerprint=data.get("fingerprint", ""),
-                   dashboard_url=data.get("dashboard_url", ""), started_at=float(data.get("started_at", 0)))
+                   dashboard_url=data.get("dashboard_url", ""), started_at=float(data.get("started_at", 0)),
+                   node_specs={str(k): dict(v) for k, v in data.get("node_specs", {}).items()},
+                   fate_share=bool(data.get("fate_share", False)),
+                   restarts={str(k): int(v) for k, v in data.get("restarts", {}).items()})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,13 +200,15 @@ def _start_locked(*, topology: Topology, state_dir: Path, port: int | None, incl
     _write_private(token_path, secrets.token_hex(32))
     # Short on purpose: Ray puts unix sockets under it (108-byte path limit). One sub-dir per node:
     # nodes sharing a temp dir race for socket names when they start at the same time.
-    temp_dir = Path(tempfile.mkdtemp(prefix="fy-ray-", dir="/tmp"))  # noqa: S108
+    temp_dir = Path(tempfile.mkdtemp(prefix="fy-ray-", dir="/tmp"))  # noqa: S108 - mkdtemp: private, unique  # nosec B108
     log_dir = state_dir / "logs"
     log_dir.mkdir(exist_ok=True)
     gcs_port = port or _free_port()
     cluster = LocalCluster(address=f"{HOST}:{gcs_port}", state_dir=state_dir, temp_dir=temp_dir,
                            token_path=token_path, pids={}, node_names=[s.name for s in specs],
-                           fingerprint=fingerprint, started_at=time.time())
+                           fingerprint=fingerprint, started_at=time.time(), fate_share=fate_share,
+                           node_specs={s.name: {"pool": s.pool, "num_cpus": s.num_cpus, "resources": dict(s.resources),
+                                                "labels": dict(s.labels)} for s in specs})
     env = _node_env(cluster)
     try:
         dash_port = _free_port()

@@ -131,6 +131,10 @@ class Wait:
     position: int  # 1-based place among the waiting workloads of its ClusterQueue
     reason: str
     reserved: bool = False  # holds a reservation: later workloads may not take its devices
+    # After a preemption: the admission the preemptor holds (devices and quota) while its victims checkpoint and
+    # stop. The platform admits it at once so no later workload takes what the victims give back, and starts it
+    # once they are gone (jobs/admission.py); a simulator may ignore it and admit on a later cycle.
+    held: Admit | None = None
 
 
 @dataclass

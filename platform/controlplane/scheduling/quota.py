@@ -30,7 +30,6 @@ class QuotaLedger:
         self.queues = {queue.name: queue for queue in queues}
         self.usage: dict[tuple[str, str], float] = defaultdict(float)
         self.cohorts: dict[str, list[str]] = defaultdict(list)
-        self._nominal_cache: dict[tuple[str, str], float] = {}
         for queue in self.queues.values():
             if queue.cohort:
                 self.cohorts[queue.cohort].append(queue.name)
@@ -63,12 +62,6 @@ class QuotaLedger:
                 room -= max(0.0, idle - quota.lending_limit)  # idle beyond its lending limit stays home
         return max(0.0, room)
 
-    def _cohort_nominal(self, queue: str, members: list[str], accelerator_type: str) -> float:
-        key = (self.queues[queue].cohort or queue, accelerator_type)
-        if key not in self._nominal_cache:  # quotas never change: add them up once, in member order
-            self._nominal_cache[key] = sum(self.quota(member, accelerator_type).nominal for member in members)
-        return self._nominal_cache[key]
-
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
         spec = self.queues[queue]
         quota = spec.quotas.get(accelerator_type, _NO_QUOTA)
@@ -77,10 +70,9 @@ class QuotaLedger:
         if used + amount <= quota.nominal + EPS:
             # Within nominal, unless others borrowed that idle quota: then it must be reclaimed first
             # (by preemption), or a preemptor holding it would lose it to a third workload.
-            members = self.cohorts[spec.cohort] if spec.cohort else [queue]
-            cohort_used = sum([usage[(member, accelerator_type)] for member in members])
-            cohort_nominal = self._cohort_nominal(queue, members, accelerator_type)
-            if cohort_used + amount > cohort_nominal + EPS:
+            # The room counts only what the other members lend (found by the property tests: a queue used
+            # its own idle quota that a member's lending limit kept home, while a borrower still held it).
+            if spec.cohort and self.cohort_room(queue, accelerator_type) + EPS < amount:
                 return QuotaCheck(False, 0.0, f"{queue}'s idle {accelerator_type} quota is lent to its cohort; "
                                               "it must be reclaimed first")
             return QuotaCheck(True, 0.0, "within nominal quota")

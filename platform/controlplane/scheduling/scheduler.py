@@ -522,8 +522,9 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             preempted.update(v.workload_id for v in victims)
             preempted.update(s.workload_id for s in shrinks)
             names = ", ".join([v.workload_id for v in victims] + [f"{s.workload_id} (shrunk)" for s in shrinks])
-            result.waiting.append(Wait(workload.id, position, f"waiting for {names} to checkpoint and release "
-                                                              f"{accelerator_type} devices", reserved=True))
+            reason = f"waiting for {names} to checkpoint and release {accelerator_type} devices"
+            result.waiting.append(Wait(workload.id, position, reason, reserved=True,
+                                       held=_held_admission(state, workload, accelerator_type, reason)))
             waiting_types.update(types)
             continue
         reserved = False
@@ -561,6 +562,13 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
             why += f" (fallback: {types[0]} was not available)"
         return Admit(workload.id, accelerator_type, workers, check.borrowed, why), reasons
     return None, reasons
+
+
+def _held_admission(state: _State, workload: Workload, accelerator_type: str, reason: str) -> Admit:
+    """What `_plan_preemption` set aside for the preemptor, as the admission it becomes once the victims are gone."""
+    held = state.running[workload.id]
+    borrowed = min(workload.demand(), state.ledger.borrowed(workload.cluster_queue, accelerator_type))
+    return Admit(workload.id, accelerator_type, held.workers, borrowed, reason)
 
 
 def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -> str:

@@ -3,7 +3,9 @@ for planning a training run on it without submitting one."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+import django_filters
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -11,7 +13,35 @@ from rest_framework.views import APIView
 
 from controlplane.cluster import plans, selectors, services
 from controlplane.cluster.api import serializers as s
+from controlplane.cluster.models import Node, NodePool
 from controlplane.tenancy.api.scoping import IsStaffOrReadOnly
+
+
+@extend_schema_field(OpenApiTypes.BOOL)
+class StrictBooleanFilter(django_filters.TypedChoiceFilter):
+    """`true` or `false`; anything else is a 400 naming the parameter. (A BooleanFilter took `cordoned=yes`
+    for no filter at all and listed every node: found by schemathesis, S7.)"""
+
+    def __init__(self, **kwargs):
+        super().__init__(choices=[("true", "true"), ("false", "false")], coerce=lambda value: value == "true",
+                         **kwargs)
+
+
+class NodePoolFilter(django_filters.FilterSet):
+    simulated = StrictBooleanFilter()
+
+    class Meta:
+        model = NodePool
+        fields = ["simulated", "accelerator_type__slug"]
+
+
+class NodeFilter(django_filters.FilterSet):
+    cordoned = StrictBooleanFilter()
+    simulated = StrictBooleanFilter()
+
+    class Meta:
+        model = Node
+        fields = ["pool__name", "health", "cordoned", "leaf_group", "simulated"]
 
 
 class AcceleratorTypeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -29,7 +59,7 @@ class NodePoolViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.NodePoolSerializer
     permission_classes = [IsStaffOrReadOnly]
     lookup_field = "name"
-    filterset_fields = ["simulated", "accelerator_type__slug"]
+    filterset_class = NodePoolFilter
     ordering_fields = ["name", "created_at"]
 
     def get_queryset(self):
@@ -46,7 +76,7 @@ class NodePoolViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = s.NodeSerializer
     permission_classes = [IsStaffOrReadOnly]
-    filterset_fields = ["pool__name", "health", "cordoned", "leaf_group", "simulated"]
+    filterset_class = NodeFilter
     ordering_fields = ["name", "free_devices", "last_seen_at"]
     search_fields = ["name", "leaf_group"]
 

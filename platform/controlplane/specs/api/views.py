@@ -7,14 +7,16 @@ queue position) without creating anything. Every mistake is a 400 whose `spec` l
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.common.api import StrictInputSerializer
 from controlplane.common.errors import DomainError
+from controlplane.common.parsers import BoundedJSONParser
 from controlplane.common.references import resolve_local_queue, resolve_priority_class
 from controlplane.specs import selectors, services
 from controlplane.tenancy.api.scoping import TeamScopedMixin
@@ -23,7 +25,8 @@ from fleetyard.spec import JOB, Spec, parse_spec
 from inference.api.serializers import DeploymentCreateSerializer, DeploymentSerializer
 from jobs.api.serializers import TrainingJobCreateSerializer, TrainingJobSerializer
 
-MAX_SPEC_BYTES = 256 * 1024
+# The largest spec accepted (FLEETYARD_MAX_SPEC_BYTES); fleetyard.spec also bounds its lines and flow items.
+MAX_SPEC_BYTES = settings.FLEETYARD_MAX_SPEC_BYTES
 
 
 class YamlParser(BaseParser):
@@ -53,8 +56,20 @@ _RESPONSE = inline_serializer("SpecApplyResult", fields={
 })
 
 
+def _dry_run(request) -> bool:
+    """`?dry_run=`: 1/true/yes or 0/false/no (or absent). Anything else is a 400: `dry_run=ture` applied the spec
+    for real before (found by schemathesis, S7)."""
+    value = request.query_params.get("dry_run", "").lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise serializers.ValidationError({"dry_run": ["must be true or false"]})
+
+
 class SpecApplyView(TeamScopedMixin, APIView):
-    parser_classes = [JSONParser, YamlParser, TextYamlParser]
+    parser_classes = [BoundedJSONParser, YamlParser, TextYamlParser]
+    submission_actions = ("post",)  # may answer 429 (controlplane.common.openapi)
 
     @extend_schema(request={"application/json": SpecApplySerializer, "application/yaml": str},
                    parameters=[OpenApiParameter("dry_run", type=bool, required=False)],
@@ -69,7 +84,7 @@ class SpecApplyView(TeamScopedMixin, APIView):
             data = SpecApplySerializer(data=request.data)
             data.is_valid(raise_exception=True)
             text, filename, secrets = (data.validated_data[k] for k in ("spec", "filename", "secrets"))
-        dry_run = request.query_params.get("dry_run", "").lower() in ("1", "true", "yes")
+        dry_run = _dry_run(request)
         try:
             spec = parse_spec(text, filename=filename)
         except SpecError as exc:

@@ -119,7 +119,7 @@ class ApiTokenViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         return Response(s.ApiTokenSerializer(token).data)
 
     def destroy(self, request, pk=None):
-        services.api_token_revoke(actor=request.user, token=self.get_object())
+        services.api_token_delete(actor=request.user, token=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
