@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
-import io
 import json
 import os
 import platform as std_platform
@@ -256,18 +255,9 @@ def elastic_job(name: str, accelerator_type: str, *, steps: int, step_sleep_s: f
 
 def write_model_dir(directory: Path) -> Path:
     """A tiny built-in LM (random weights) to serve, in the layout a checkpoint has."""
-    import torch
+    from jobs.runtime.lm import write_random_model_dir
 
-    from jobs.runtime.lm import LMConfig, build_model
-
-    directory.mkdir(parents=True, exist_ok=True)
-    config = LMConfig.from_dict(MODEL_SHAPE)
-    buffer = io.BytesIO()
-    torch.save(build_model(config, seed=5).state_dict(), buffer)
-    (directory / "model.pt").write_bytes(buffer.getvalue())
-    (directory / "config.json").write_text(json.dumps({"format": 1, "model": config.to_dict(),
-                                                       "hyperparameters": {}, "step": 0}))
-    return directory
+    return write_random_model_dir(directory, MODEL_SHAPE, seed=5)
 
 
 def event_counts(job_ids: Sequence[int]) -> dict:

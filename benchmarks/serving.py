@@ -27,7 +27,6 @@ import argparse
 import concurrent.futures
 import csv
 import datetime as dt
-import io
 import json
 import os
 import statistics
@@ -119,21 +118,9 @@ def _ms(value: float | None) -> float | None:
 
 def write_model(directory: Path, seed: int = 0) -> Path:
     """A checkpoint directory (model.pt + config.json) of the built-in LM with random weights."""
-    import torch
+    from jobs.runtime.lm import write_random_model_dir
 
-    from jobs.runtime.lm import LMConfig, build_model
-    from jobs.runtime.lm_config import STATE_FORMAT
-
-    config = LMConfig.from_dict(MODEL_SHAPE)
-    model = build_model(config, seed=seed)
-    buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "model.pt").write_bytes(buffer.getvalue())
-    (directory / "config.json").write_text(json.dumps(
-        {"format": STATE_FORMAT, "model": config.to_dict(), "hyperparameters": {}, "step": 0,
-         "note": "random weights for the serving benchmark"}, indent=2))
-    return directory
+    return write_random_model_dir(directory, MODEL_SHAPE, seed=seed, note="random weights for the serving benchmark")
 
 
 def service_spec(*, handle: str, model_dir: Path, replicas: int, engine: dict, router: str):

@@ -67,20 +67,9 @@ GUNICORN_THREADS = 16
 
 def write_model(directory: Path) -> Path:
     """A checkpoint of the built-in LM with random (seeded) weights: this measures serving, not text."""
-    import io
+    from jobs.runtime.lm import write_random_model_dir
 
-    import torch
-
-    from jobs.runtime.lm import LMConfig, build_model
-
-    directory.mkdir(parents=True, exist_ok=True)
-    config = LMConfig.from_dict(SHAPE)
-    buffer = io.BytesIO()
-    torch.save(build_model(config, seed=5).state_dict(), buffer)
-    (directory / "model.pt").write_bytes(buffer.getvalue())
-    (directory / "config.json").write_text(json.dumps({"format": 1, "model": config.to_dict(),
-                                                       "hyperparameters": {}, "step": 0}))
-    return directory
+    return write_random_model_dir(directory, SHAPE, seed=5)
 
 
 def deployment_fields(model_dir: Path) -> dict:

@@ -299,6 +299,22 @@ def load_model_state(files: Mapping[str, bytes], model: TinyTransformerLM,
     return int(config["step"])
 
 
+def write_random_model_dir(directory, shape: Mapping[str, Any], *, seed: int = 0, note: str = "") -> Any:
+    """A model directory (model.pt + config.json, as a checkpoint has) of the built-in LM with seeded random
+    weights, for serving tests and benchmarks that measure serving, not text. Returns `directory` (a Path)."""
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = LMConfig.from_dict(dict(shape))
+    described = {"format": STATE_FORMAT, "model": config.to_dict(), "hyperparameters": {}, "step": 0}
+    if note:
+        described["note"] = note
+    (directory / MODEL_FILE).write_bytes(_save(build_model(config, seed=seed).state_dict()))
+    (directory / CONFIG_FILE).write_text(json.dumps(described, indent=2))
+    return directory
+
+
 def load_model_for_inference(files: Mapping[str, bytes]) -> tuple[TinyTransformerLM, ByteTokenizer, LMConfig]:
     """The model described by config.json with weights from model.pt, in eval mode."""
     config = LMConfig.from_dict(_read_config(files)["model"])

@@ -7,7 +7,6 @@ test_training_on_ray.py, which kills a node.
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import time
@@ -24,18 +23,9 @@ HANDLE = "fy-serve-itest"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    import torch
+    from jobs.runtime.lm import write_random_model_dir
 
-    from jobs.runtime.lm import LMConfig, build_model
-
-    directory = tmp_path_factory.mktemp("model")
-    config = LMConfig.from_dict(SHAPE)
-    buffer = io.BytesIO()
-    torch.save(build_model(config, seed=5).state_dict(), buffer)
-    (directory / "model.pt").write_bytes(buffer.getvalue())
-    (directory / "config.json").write_text(json.dumps({"format": 1, "model": config.to_dict(),
-                                                       "hyperparameters": {}, "step": 0}))
-    return directory
+    return write_random_model_dir(tmp_path_factory.mktemp("model"), SHAPE, seed=5)
 
 
 def spec(model_dir, **changes) -> ServiceSpec:

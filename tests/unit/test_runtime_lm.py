@@ -27,6 +27,7 @@ from jobs.runtime.lm import (
     model_state_bytes,
     tokens_from_bytes,
     train_step,
+    write_random_model_dir,
 )
 
 # A model small enough that every test here runs in well under a second on one CPU thread.
@@ -334,3 +335,15 @@ def test_data_parallel_replicas_stay_identical_and_match_a_big_batch(tokens):
     assert len(averaged) == len(single) == len(list(big.parameters()))
     for a, b in zip(averaged, single, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_random_model_dir_loads_as_a_checkpoint_with_the_seeded_weights(tmp_path):
+    shape = {"vocab_size": 258, "context": 64, "d_model": 32, "n_heads": 2, "n_layers": 1, "d_ff": 64}
+    directory = write_random_model_dir(tmp_path / "m", shape, seed=5, note="test")
+    files = {name: (directory / name).read_bytes() for name in ("model.pt", "config.json")}
+    model, _tokenizer, config = load_model_for_inference(files)
+    assert config == LMConfig.from_dict(shape)
+    assert json.loads(files["config.json"])["note"] == "test"
+    same, other = build_model(config, seed=5).state_dict(), build_model(config, seed=6).state_dict()
+    assert all(torch.equal(model.state_dict()[k], same[k]) for k in same)
+    assert not all(torch.equal(model.state_dict()[k], other[k]) for k in other)
