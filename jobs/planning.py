@@ -18,14 +18,18 @@ from controlplane.common.errors import ValidationFailed
 PLAN_KEYS = {"mode", "model", "global_batch_size", "options"}
 
 
-def _summary(best: dict, accelerator_type: str, count: int) -> dict:
+def _summary(best: dict, accelerator_type: str, count: int, pool: dict) -> dict:
+    """What the job keeps of a plan: the figures shown, and the whole layout with the pool shape and achievable
+    fraction it was planned with, so step times measured later can refine the fraction (jobs/calibration.py)."""
     layout = best["layout"]
     return {"accelerator_type": accelerator_type, "devices": count, "description": best["description"],
             "dp": layout["dp"], "tp": layout["tp"], "pp": layout["pp"], "ep": layout["ep"],
             "micro_batch_size": layout["micro_batch_size"], "recompute": layout["recompute"], "zero": layout["zero"],
             "step_time_s": best["step_time_s"], "tokens_per_s": best["tokens_per_s"], "mfu": best["mfu"],
             "memory_gb": best["memory_gb"], "memory_limit_gb": best["memory_limit_gb"],
-            "cost_per_million_tokens_usd": best.get("cost_per_million_tokens_usd"), "reason": best["reason"]}
+            "cost_per_million_tokens_usd": best.get("cost_per_million_tokens_usd"), "reason": best["reason"],
+            "layout": layout, "achievable_fraction": pool["achievable_fraction"],
+            "pool": {key: pool[key] for key in ("devices_per_node", "intra_node_gbps", "inter_node_gbps")}}
 
 
 def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], workers: int,
@@ -45,6 +49,9 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
     batch = parallelism["global_batch_size"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValidationFailed("global_batch_size: must be a positive integer", field="parallelism")
+    from jobs.calibration import planner_fractions
+
+    fractions = planner_fractions()
     count = workers * devices_per_worker
     by_type: dict[str, dict] = {}
     cannot: dict[str, str] = {}
@@ -61,7 +68,7 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             device.update(intra_node_gbps=link.intra_node_gbps, inter_node_gbps=link.inter_node_gbps)
         try:
             answer = plan_estimate(model=parallelism["model"], global_batch_size=batch, devices=[device],
-                                   options=parallelism.get("options"))
+                                   options=parallelism.get("options"), fractions=fractions)
         except ValidationFailed as exc:
             if exc.field in ("model", "options", "global_batch_size"):
                 raise ValidationFailed(f"{exc.field}: {exc}", field="parallelism") from exc
@@ -69,7 +76,7 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             continue
         model_facts = answer["model"]
         if answer["feasible"]:
-            by_type[slug] = _summary(answer["best"], slug, count)
+            by_type[slug] = _summary(answer["best"], slug, count, answer["pools"][0])
         else:
             cannot[slug] = answer["reason"]
     if not by_type:

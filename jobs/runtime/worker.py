@@ -276,6 +276,7 @@ class TrainingWorker:
         self._process = subprocess.Popen(["/bin/sh", "-c", self.spec["entrypoint"]], cwd=workdir, env=env,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         last = time.perf_counter()
+        previous_step: int | None = None
         with self._lock:
             self._resumed_from = -1
         for raw in self._process.stdout:
@@ -285,14 +286,17 @@ class TrainingWorker:
             if "step" in fields:
                 now = time.perf_counter()
                 loss = fields.get("loss")
+                step = int(fields["step"])
+                step_time = entrypoint_step_time(fields, now - last,
+                                                 1 if previous_step is None else step - previous_step)
                 with self._lock:
-                    self._step = int(fields["step"])
+                    self._step = step
                     self._last_loss = loss
-                    self._compute_times.append(now - last)
+                    self._compute_times.append(step_time)
                     self._events.append({"type": "metric", "at": time.time(), "rank": self.rank,
-                                         "step": self._step, "loss": loss, "step_time": now - last,
-                                         "compute_time": now - last, "tokens_per_s": None})
-                last = now
+                                         "step": self._step, "loss": loss, "step_time": step_time,
+                                         "compute_time": step_time, "tokens_per_s": None})
+                last, previous_step = now, step
         code = self._process.wait()
         if code != 0 and not self._stop.is_set():
             raise RuntimeError(f"entrypoint exited with code {code}")
@@ -348,19 +352,29 @@ class AsyncCheckpointWriter:
 
 
 def parse_progress_line(line: str) -> dict[str, float]:
-    """`fleetyard: step=12 loss=3.4` -> {"step": 12.0, "loss": 3.4}; other lines -> {}."""
+    """`fleetyard: step=12 loss=3.4` -> {"step": 12.0, "loss": 3.4}; other lines -> {}. A program may also
+    report its own measured `step_time=` (seconds per step)."""
     text = line.strip()
     if not text.lower().startswith("fleetyard:"):
         return {}
     fields: dict[str, float] = {}
     for part in shlex.split(text.split(":", 1)[1]):
         key, sep, value = part.partition("=")
-        if sep and key in ("step", "loss"):
+        if sep and key in ("step", "loss", "step_time"):
             try:
                 fields[key] = float(value)
             except ValueError:
                 continue
     return fields
+
+
+def entrypoint_step_time(fields: dict[str, float], elapsed_s: float, steps_advanced: int) -> float:
+    """Seconds per step of a user program: the `step_time=` it reported, else the time since its previous
+    progress line divided by the steps between the two (a program that prints every 10th step ran 10)."""
+    reported = fields.get("step_time")
+    if reported is not None and reported > 0 and math.isfinite(reported):
+        return reported
+    return elapsed_s / max(1, steps_advanced)
 
 
 class _StepTimer:

@@ -52,3 +52,14 @@ def test_progress_lines_of_user_entrypoints():
     assert parse_progress_line("FLEETYARD: step=3") == {"step": 3.0}
     assert parse_progress_line("fleetyard: step=x loss=2") == {"loss": 2.0}
     assert parse_progress_line("step=12 loss=3.5") == {}
+
+
+def test_an_entrypoint_step_time_is_per_step_or_what_the_program_reported():
+    from jobs.runtime.worker import entrypoint_step_time
+
+    assert parse_progress_line("fleetyard: step=20 step_time=0.25") == {"step": 20.0, "step_time": 0.25}
+    assert entrypoint_step_time({"step": 20.0}, 5.0, 10) == 0.5  # printed every 10th step
+    assert entrypoint_step_time({"step": 20.0}, 5.0, 0) == 5.0  # a repeated step number counts as one
+    assert entrypoint_step_time({"step": 20.0, "step_time": 0.25}, 5.0, 10) == 0.25
+    assert entrypoint_step_time({"step": 20.0, "step_time": float("nan")}, 5.0, 10) == 0.5
+    assert entrypoint_step_time({"step": 20.0, "step_time": -1.0}, 5.0, 1) == 5.0

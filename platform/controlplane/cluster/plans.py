@@ -7,6 +7,10 @@ inputs (``controlplane.planning``), runs the search, and prices the answer from 
 The helpers ``device_type_for`` and ``device_pool_for`` are the one place that maps database rows to
 planner dataclasses, so that anything else that plans (a job with ``parallelism: auto``) sees the same
 figures as this endpoint.
+
+``fractions`` (from ``jobs.calibration.planner_fractions``) carries per accelerator type the achievable
+fraction of peak refined from step times measured on real hardware, with a note saying so; without it the
+published calibration or the default applies.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class _Entry:
     accelerator: AcceleratorType
     link: LinkBandwidth
     simulated: bool | None
+    fraction_note: str = ""  # where the achievable fraction comes from, when measured runs refined it
 
     def as_dict(self) -> dict:
         price = self.accelerator.price_per_hour_usd
@@ -60,21 +65,35 @@ class _Entry:
             "intra_node_gbps": self.pool.intra_node_gbps, "inter_node_gbps": self.pool.inter_node_gbps,
             "link_bandwidth_assumed": self.link.assumed, "link_bandwidth_note": self.link.note,
             "price_per_hour_usd": float(price) if price is not None else None,
-            "achievable_fraction": self.pool.device.achievable_fraction, "simulated": self.simulated,
+            "achievable_fraction": self.pool.device.achievable_fraction,
+            "achievable_fraction_source": self.fraction_note or _fraction_source(self.pool.device),
+            "simulated": self.simulated,
         }
 
 
 # -- database rows -> planner inputs ------------------------------------------------------------------------
 
 
-def device_type_for(accelerator: AcceleratorType) -> DeviceType:
+# {accelerator type slug: (achievable fraction, where it comes from)}: measured refinements.
+Fractions = Mapping[str, tuple[float, str]]
+
+
+def device_type_for(accelerator: AcceleratorType, fractions: Fractions | None = None) -> DeviceType:
     """The planner's view of an accelerator type. ValueError naming the missing figure when the type lacks
-    published TFLOPS, memory or memory bandwidth (the planner never invents one)."""
+    published TFLOPS, memory or memory bandwidth (the planner never invents one). ``fractions`` replaces
+    the calibrated or default achievable fraction with a measured one."""
+    refined = (fractions or {}).get(accelerator.slug)
     return device_type_from_facts({
         "slug": accelerator.slug, "bf16_dense_tflops": accelerator.bf16_dense_tflops,
         "fp8_dense_tflops": accelerator.fp8_dense_tflops, "memory_gb": accelerator.memory_gb,
         "memory_bandwidth_gbps": accelerator.memory_bandwidth_gbps,
-    })
+    }, achievable_fraction=refined[0] if refined else None)
+
+
+def _fraction_source(device: DeviceType) -> str:
+    if device.slug in CALIBRATED_ACHIEVABLE_FRACTION:
+        return f"calibrated on published {device.slug} training runs"
+    return f"assumed (no measured step times for {device.slug} yet)"
 
 
 def _shape(devices: int, per_node: int) -> tuple[int, int]:
@@ -86,10 +105,11 @@ def _shape(devices: int, per_node: int) -> tuple[int, int]:
     return devices // per_node, per_node
 
 
-def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None) -> DevicePool:
+def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None,
+                    fractions: Fractions | None = None) -> DevicePool:
     """``pool`` as a planner pool of ``nodes`` nodes, or of its first ``devices`` devices. ValueError when
     the accelerator type or the link bandwidths are unknown, or ``devices`` is not whole nodes."""
-    device = device_type_for(pool.accelerator_type)
+    device = device_type_for(pool.accelerator_type, fractions)
     link = pool.link_bandwidth
     if not link.known:
         raise ValueError(f"node pool {pool.name!r} has no link bandwidth to plan with ({link.note}); an "
@@ -108,7 +128,9 @@ def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None) -
                       inter_node_gbps=link.inter_node_gbps, name=pool.name)
 
 
-def _model(model) -> tuple[ModelSpec, str | None]:
+def resolve_model(model) -> tuple[ModelSpec, str | None]:
+    """(the model, its preset name or None) from a preset name, a preset with overrides, or a description.
+    ValidationFailed (field "model") when it is malformed."""
     try:
         if isinstance(model, str):
             return model_spec(model), model
@@ -122,7 +144,7 @@ def _model(model) -> tuple[ModelSpec, str | None]:
         raise ValidationFailed(str(exc), field="model") from exc
 
 
-def _node_pool_entries(pools: Sequence[Mapping], taken: set[str]) -> list[_Entry]:
+def _node_pool_entries(pools: Sequence[Mapping], taken: set[str], fractions: Fractions) -> list[_Entry]:
     names = [item["pool"] for item in pools]
     found = selectors.node_pools_for_planning(names=names)
     entries = []
@@ -138,15 +160,21 @@ def _node_pool_entries(pools: Sequence[Mapping], taken: set[str]) -> list[_Entry
             raise ValidationFailed(f"{where}: node pool {name!r} has no healthy, uncordoned nodes to plan on; "
                                    f"ask about hypothetical devices instead", field="pools")
         try:
-            device_pool = device_pool_for(pool, nodes=pool.ready_node_count, devices=item.get("devices"))
+            device_pool = device_pool_for(pool, nodes=pool.ready_node_count, devices=item.get("devices"),
+                                          fractions=fractions)
         except ValueError as exc:
             raise ValidationFailed(f"{where}: {exc}", field="pools") from exc
         taken.add(name)
-        entries.append(_Entry(device_pool, "node-pool", pool.accelerator_type, pool.link_bandwidth, pool.simulated))
+        entries.append(_Entry(device_pool, "node-pool", pool.accelerator_type, pool.link_bandwidth, pool.simulated,
+                              _fraction_note(pool.accelerator_type.slug, fractions)))
     return entries
 
 
-def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str]) -> list[_Entry]:
+def _fraction_note(slug: str, fractions: Fractions) -> str:
+    return fractions[slug][1] if slug in fractions else ""
+
+
+def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions: Fractions) -> list[_Entry]:
     types = {a.slug: a for a in selectors.accelerator_type_list().filter(
         slug__in=[item["accelerator_type"] for item in devices])}
     entries = []
@@ -157,7 +185,7 @@ def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str]) -> list[_
         if accelerator is None:
             raise ValidationFailed(f"{where}: unknown accelerator type {slug!r}", field="devices")
         try:
-            device = device_type_for(accelerator)
+            device = device_type_for(accelerator, fractions)
             nodes, per_node = _shape(item["count"], item.get("devices_per_node") or 8)
         except ValueError as exc:
             raise ValidationFailed(f"{where}: {exc}", field="devices") from exc
@@ -170,7 +198,7 @@ def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str]) -> list[_
         pool = DevicePool(device=device, nodes=nodes, devices_per_node=per_node, intra_node_gbps=link.intra_node_gbps,
                           inter_node_gbps=link.inter_node_gbps, name=name)
         taken.add(name)
-        entries.append(_Entry(pool, "hypothetical", accelerator, link, None))
+        entries.append(_Entry(pool, "hypothetical", accelerator, link, None, _fraction_note(slug, fractions)))
     return entries
 
 
@@ -245,7 +273,10 @@ def _assumptions(entries: Sequence[_Entry]) -> list[str]:
         device = entry.pool.device
         if entry.link.assumed:
             notes.append(f"{entry.pool.name}: {entry.link.note}")
-        if device.slug in CALIBRATED_ACHIEVABLE_FRACTION:
+        if entry.fraction_note:
+            notes.append(f"{entry.pool.name}: matrix multiplies reach {device.achievable_fraction:g} of the "
+                         f"dense peak, {entry.fraction_note}")
+        elif device.slug in CALIBRATED_ACHIEVABLE_FRACTION:
             notes.append(f"{entry.pool.name}: matrix multiplies reach {device.achievable_fraction:g} of the "
                          f"dense peak, calibrated on published {device.slug} training runs")
         else:
@@ -260,13 +291,15 @@ def _assumptions(entries: Sequence[_Entry]) -> list[str]:
 
 
 def plan_estimate(*, model: str | Mapping, global_batch_size: int, pools: Sequence[Mapping] = (),
-                  devices: Sequence[Mapping] = (), options: Mapping | None = None, compare: bool = False) -> dict:
+                  devices: Sequence[Mapping] = (), options: Mapping | None = None, compare: bool = False,
+                  fractions: Fractions | None = None) -> dict:
     """Plan ``model`` at ``global_batch_size`` sequences per step on node pools (``{"pool", "devices"?}``)
     and/or hypothetical devices (``{"accelerator_type", "count", "devices_per_node"?, "intra_node_gbps"?,
     "inter_node_gbps"?}``). Malformed input raises ValidationFailed naming the field; a request nothing can
     run is an answer (``feasible: false`` and the reason). With ``compare``, each accelerator type is also
-    planned alone, and the answer gives the ratios to the mix."""
-    spec, preset = _model(model)
+    planned alone, and the answer gives the ratios to the mix. ``fractions``: measured achievable fractions
+    per accelerator type (``jobs.calibration.planner_fractions``)."""
+    spec, preset = resolve_model(model)
     try:
         plan_options = PlanOptions(**dict(options or {}))
     except (TypeError, ValueError) as exc:
@@ -279,7 +312,8 @@ def plan_estimate(*, model: str | Mapping, global_batch_size: int, pools: Sequen
                                + (" when mixing chips (options.allow_heterogeneous)"
                                   if plan_options.allow_heterogeneous else ""), field="pools" if pools else "devices")
     taken: set[str] = set()
-    entries = _node_pool_entries(pools, taken) + _hypothetical_entries(devices, taken)
+    fractions = fractions or {}
+    entries = _node_pool_entries(pools, taken, fractions) + _hypothetical_entries(devices, taken, fractions)
     total = sum(entry.pool.devices for entry in entries)
     if total > MAX_DEVICES:
         raise ValidationFailed(f"{total} devices in all; the planner answers for at most {MAX_DEVICES}",

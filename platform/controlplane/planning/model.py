@@ -450,6 +450,20 @@ class Layout:
             "devices": self.devices, "devices_by_pool": self.devices_by_pool(),
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Layout:
+        """The layout ``as_dict`` described (its derived keys are ignored); ValueError on a malformed one."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("stages"), list):
+            raise ValueError("a layout needs a list of stages")
+        try:
+            stages = tuple(Stage(str(s["pool"]), s["tp"], s["layers"]) for s in data["stages"])
+            return cls(dp=data["dp"], stages=stages, micro_batch_size=data["micro_batch_size"],
+                       recompute=data.get("recompute", "none"), zero=bool(data.get("zero", False)),
+                       ep=data.get("ep", 1), virtual_stages=data.get("virtual_stages", 1),
+                       sequence_parallel=bool(data.get("sequence_parallel", False)))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed layout: {exc!r}") from exc
+
 
 @dataclass(frozen=True)
 class Prediction:

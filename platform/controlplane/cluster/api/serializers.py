@@ -187,6 +187,8 @@ class PlanPoolResultSerializer(serializers.Serializer):
     link_bandwidth_note = serializers.CharField()
     price_per_hour_usd = serializers.FloatField(allow_null=True)
     achievable_fraction = serializers.FloatField()
+    achievable_fraction_source = serializers.CharField(
+        help_text="where the fraction comes from: measured runs of this type, a published calibration, or assumed")
     simulated = serializers.BooleanField(allow_null=True)
 
 

@@ -111,5 +111,7 @@ class PlanView(APIView):
     def post(self, request):
         data = s.PlanSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        answer = plans.plan_estimate(**data.validated_data)
+        from jobs.calibration import planner_fractions  # measured runs refine each chip's fraction of peak
+
+        answer = plans.plan_estimate(**data.validated_data, fractions=planner_fractions())
         return Response(s.PlanResultSerializer(answer).data)
