@@ -119,36 +119,57 @@ class ChurnRecord:
     back_at: float | None = None  # Ray reported the new incarnation alive
 
 
-class Churner:
-    """Kills a random node every `interval` seconds (one down at a time) and restarts it `down` seconds later.
+def _most_at_once(records: Sequence[ChurnRecord]) -> int:
+    """The most nodes that were killed and not back yet at the same moment."""
+    edges = sorted([(r.killed_at, 1) for r in records] + [(r.back_at, -1) for r in records if r.back_at is not None],
+                   key=lambda edge: (edge[0], edge[1]))
+    most = away = 0
+    for _, change in edges:
+        away += change
+        most = max(most, away)
+    return most
 
-    Driven by `tick()` from the thread that owns the cluster (a restarted node shares the fate of the thread
-    that started it); liveness comes from the caller (`alive`: node name -> Ray node id of its live
-    incarnation): a node is back once Ray reports an incarnation other than the one killed."""
+
+class Churner:
+    """Kills a random node every `interval` seconds and restarts it `down` seconds later.
+
+    Up to `max_down` nodes may be down or coming back at once, so kills keep their cadence although a node
+    takes longer than the interval to return (about 16 s here); with `max_down=1` the next kill waits until
+    the last node is back. Driven by `tick()` from the thread that owns the cluster (a restarted node shares
+    the fate of the thread that started it); liveness comes from the caller (`alive`: node name -> Ray node id
+    of its live incarnation): a node is back once Ray reports an incarnation other than the one killed."""
 
     def __init__(self, cluster, nodes: Sequence[str], *, rng: random.Random, interval=(5.0, 10.0),
-                 down=(2.0, 4.0), log: Callable[[str], None] = print) -> None:
+                 down=(2.0, 4.0), max_down: int = 1, log: Callable[[str], None] = print) -> None:
         self.cluster = cluster
         self.nodes = list(nodes)
         self.rng = rng
         self.interval = interval
         self.down = down
+        self.max_down = max(1, min(max_down, len(self.nodes)))
         self.log = log
         self.records: list[ChurnRecord] = []
         self.next_kill = time.monotonic() + rng.uniform(*interval)
-        self._restart_due: float | None = None
+        self._restart_due: dict[int, float] = {}  # index in records -> when to restart that node
         self.errors: list[str] = []
+        self.postponed = 0  # kills due while max_down nodes were already away
+
+    @property
+    def away(self) -> list[ChurnRecord]:
+        """Nodes killed and not back yet."""
+        return [r for r in self.records if r.back_at is None]
 
     @property
     def current(self) -> ChurnRecord | None:
-        record = self.records[-1] if self.records else None
-        return record if record is not None and record.back_at is None else None
+        away = self.away
+        return away[0] if away else None
 
     def tick(self, alive: dict[str, str], *, churning: bool) -> None:
         now = time.monotonic()
-        record = self.current
-        if record is not None:
-            if record.restarted_at is None and now >= (self._restart_due or 0):
+        for index, record in enumerate(self.records):
+            if record.back_at is not None:
+                continue
+            if record.restarted_at is None and now >= self._restart_due.get(index, 0):
                 self._restart(record)
             elif record.restarted_at is not None and alive.get(record.node) not in (None, record.node_id):
                 record.back_at = now
@@ -156,14 +177,20 @@ class Churner:
             elif record.restarted_at is not None and now - record.restarted_at > 90:
                 self.errors.append(f"{record.node} did not come back within 90 s of its restart")
                 record.back_at = now
+        if not churning or now < self.next_kill:
             return
-        if churning and now >= self.next_kill:
-            node = self.rng.choice(self.nodes)
-            self.cluster.kill_node(node)
-            self.records.append(ChurnRecord(node=node, killed_at=now, node_id=alive.get(node, "")))
-            self._restart_due = now + self.rng.uniform(*self.down)
-            self.next_kill = now + self.rng.uniform(*self.interval)
-            self.log(f"  killed {node} (kill {len(self.records)})")
+        away = {r.node for r in self.away}
+        candidates = [node for node in self.nodes if node not in away]
+        if len(away) >= self.max_down or not candidates:
+            self.postponed += 1
+            self.next_kill = now + 0.5  # try again soon: the cadence slips only while max_down are away
+            return
+        node = self.rng.choice(candidates)
+        self.cluster.kill_node(node)
+        self.records.append(ChurnRecord(node=node, killed_at=now, node_id=alive.get(node, "")))
+        self._restart_due[len(self.records) - 1] = now + self.rng.uniform(*self.down)
+        self.next_kill = now + self.rng.uniform(*self.interval)
+        self.log(f"  killed {node} (kill {len(self.records)}, {len(away) + 1} away)")
 
     def _restart(self, record: ChurnRecord) -> None:
         try:
@@ -176,7 +203,12 @@ class Churner:
 
     def summary(self) -> dict:
         back = [r.back_at - r.killed_at for r in self.records if r.back_at is not None]
+        kills = [r.killed_at for r in self.records]
+        gaps = [b - a for a, b in zip(kills, kills[1:], strict=False)]
         return {"kills": len(self.records), "by_node": dict(Counter(r.node for r in self.records)),
+                "max_down": self.max_down, "kill_gap_s_mean": round(sum(gaps) / len(gaps), 2) if gaps else None,
+                "kill_gap_s_max": round(max(gaps), 2) if gaps else None,
+                "most_away_at_once": _most_at_once(self.records),
                 "node_back_s_max": round(max(back), 2) if back else None,
                 "node_back_s_mean": round(sum(back) / len(back), 2) if back else None, "errors": list(self.errors)}
 
@@ -242,6 +274,7 @@ class ChurnPlan:
     deployment: bool = True
     interval_s: tuple[float, float] = (5.0, 10.0)
     down_s: tuple[float, float] = (2.0, 4.0)
+    max_down: int = 1  # nodes away at once; more keeps the kill cadence although a node takes ~16 s to return
     settle_timeout_s: float = 240.0
     stuck_bound_s: float = 120.0
     seed: int = 8
@@ -334,7 +367,8 @@ def run_churn(*, cluster, backend, actor, team, local_queue, plan: ChurnPlan, mo
     from jobs.services import training_job_create
 
     rng = random.Random(plan.seed)
-    churner = Churner(cluster, plan.churned_nodes, rng=rng, interval=plan.interval_s, down=plan.down_s, log=log)
+    churner = Churner(cluster, plan.churned_nodes, rng=rng, interval=plan.interval_s, down=plan.down_s,
+                      max_down=plan.max_down, log=log)
     control = ControlPlane()
     stuck = LongestStretch(WAITING_STATES)
     deployment_stretch = LongestStretch(("PENDING", "DEPLOYING", "DEGRADED", "UPDATING"))
@@ -386,7 +420,7 @@ def run_churn(*, cluster, backend, actor, team, local_queue, plan: ChurnPlan, mo
 
         churn_started = time.monotonic()
         churn_end = churn_started + plan.duration_s
-        while time.monotonic() < churn_end or churner.current is not None:
+        while time.monotonic() < churn_end or churner.away:
             control.tick()
             churner.tick(alive_nodes(backend), churning=time.monotonic() < churn_end)
             states = observe()
@@ -505,7 +539,9 @@ def format_report(result: dict) -> str:
     parts += ["", f"Churn: {churn.get('kills')} kills in {result.get('churn_s')} s "
                   f"({', '.join(f'{k} x{v}' for k, v in sorted(churn.get('by_node', {}).items()))}); a node back "
                   f"(alive in Ray) {churn.get('node_back_s_mean')} s after its kill on average, "
-                  f"{churn.get('node_back_s_max')} s at most",
+                  f"{churn.get('node_back_s_max')} s at most; a kill every {churn.get('kill_gap_s_mean')} s on "
+                  f"average ({churn.get('kill_gap_s_max')} s at most), up to {churn.get('most_away_at_once')} "
+                  f"node(s) away at once",
               f"Events: {ev.get('metric_rows')} metric rows ({ev.get('metric_duplicates')} duplicates), "
               f"{ev.get('log_rows')} log lines ({ev.get('log_duplicates')} duplicates), {ev.get('fault_rows')} faults "
               f"({ev.get('fault_duplicates')} duplicates, {ev.get('fault_timeline_events')} timeline events), "
@@ -569,6 +605,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="elastic jobs kept running: h100, a100, ... (max 3)")
     parser.add_argument("--steps", type=int, default=400, help="steps per job")
     parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument("--max-down", type=int, default=3,
+                        help="nodes away at once (default 3: kills every 5-10 s while each takes ~16 s to return)")
     parser.add_argument("--stuck-bound", type=float, default=120.0)
     parser.add_argument("--no-deployment", action="store_true")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "churn.json")
@@ -590,7 +628,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bodies = tuple(elastic_job(f"elastic-{t.split('-')[-1]}", t, steps=args.steps) for t in types)
     churned = tuple(spec.name for spec in topology.node_specs())
     plan = ChurnPlan(duration_s=args.duration, churned_nodes=churned, jobs=bodies,
-                     deployment=not args.no_deployment, stuck_bound_s=args.stuck_bound, seed=args.seed)
+                     deployment=not args.no_deployment, stuck_bound_s=args.stuck_bound, seed=args.seed,
+                     max_down=args.max_down)
     state_dir = work / "cluster"
     started = time.time()
     cluster = start_local_cluster(topology=topology, state_dir=state_dir, fate_share=True)
