@@ -5,7 +5,8 @@ keeps a few elastic training jobs (workers_min < workers_max, the built-in LM, d
 deployment (Ray Serve, the cpu pool) running, and acts as the control plane the way beat does, in this process:
 the node reconciler, the scheduling cycle, the training sync and the deployment sync on their beat periods
 (Celery tasks run eagerly). Meanwhile it churns: every 5-10 s it SIGKILLs the whole process tree of a random
-non-head node (`LocalCluster.kill_node`: raylet, agents and the Ray workers on it, what losing the machine does)
+non-head node (`LocalCluster.kill_node`: raylet, agents and the Ray workers on it, what losing the machine does;
+up to `--max-down` nodes are away at once, so the cadence holds although a node takes ~16 s to return)
 and starts the node again 2-4 s later with the same name, labels and resources (`LocalCluster.restart_node`).
 A job that finishes while the churn goes on is replaced by a new one, so work runs during the whole churn.
 
@@ -20,7 +21,7 @@ Then it stops churning (every node back), lets the jobs finish and checks:
   and every `accel:*`, within 60 s (the time it took is reported).
 
     .venv/bin/python benchmarks/churn.py [--duration 180] [--jobs 2] [--steps 400] [--seed 8]
-                                         [--stuck-bound 120] [--json PATH] [--no-write]
+                                         [--stuck-bound 120] [--max-down 3] [--json PATH] [--no-write]
 
 The short variant is tests/integration/test_node_churn.py (30 s, one job). Accelerators are SIMULATED
 (logical Ray resources); the work runs on this host's CPUs. Exit status 1 when a check fails.
