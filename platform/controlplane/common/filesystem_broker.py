@@ -13,6 +13,15 @@ Also: kombu creates an exchange's binding table file, then writes it; a worker k
 empty file that made every later worker fail at start (JSONDecodeError in _queue_bind). An empty or
 unreadable table is read here as no bindings, and rewritten.
 
+And messages are published whole: kombu creates `<name>.msg` in the queue folder and then writes it (under a
+lock that only its own reader takes), so a consumer here could take a file whose writer had not written it
+yet and read it empty: the worker died of a JSONDecodeError (found by the C3 control-plane outage test), and
+a producer killed between create and write left an empty message that would kill every worker. A message
+is now written to a hidden `.incoming-*` file and renamed into place (atomic on one file system); a taken
+file is read under the writer's lock (an older writer's file is read once it is written); and a message
+that still cannot be read (its writer died mid-write) is moved aside to `<queue folder>/.unreadable/`
+with the reason logged, never delivered and never fatal.
+
 `register()` makes `filesystem://` URLs use this transport in this process (settings.py calls it).
 """
 
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import socket
 import uuid
@@ -33,6 +43,10 @@ from kombu.utils.json import dumps, loads
 
 ORPHAN_SCAN_SECONDS = 5.0
 LOCK_NAME = ".owner.lock"
+INCOMING_PREFIX = ".incoming-"  # a message being written; never matches a queue's `.msg` suffix
+UNREADABLE_FOLDER = ".unreadable"
+
+log = logging.getLogger(__name__)
 
 
 class DurableQoS(virtual.QoS):
@@ -151,10 +165,44 @@ class DurableChannel(filesystem.Channel):
                 os.rename(os.path.join(self.data_folder_in, filename), held)
             except OSError:
                 continue  # another consumer took it first
-            payload = loads(bytes_to_str(held.read_bytes()))
+            payload = self._read_held(held)
+            if payload is None:
+                continue
             self._in_hand[payload["properties"]["delivery_tag"]] = held
             return payload
         raise filesystem.Empty()
+
+    def _put(self, queue, payload, **kwargs):
+        """Publish `payload` whole: written and synced under a hidden name, then renamed to `<name>.msg`."""
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"  # kombu's name: its order
+        folder = self.data_folder_out
+        incoming = os.path.join(folder, f"{INCOMING_PREFIX}{uuid.uuid4().hex}")
+        try:
+            with open(incoming, "wb", buffering=0) as message:
+                message.write(str_to_bytes(dumps(payload)))
+                os.fsync(message.fileno())
+            os.rename(incoming, os.path.join(folder, name))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(incoming)
+            raise ChannelError(f"Cannot add file {name!r} to directory {folder!r}") from exc
+
+    def _read_held(self, held: Path) -> dict | None:
+        """The message in a file just taken, read under its writer's lock; None (and moved aside) if unreadable."""
+        try:
+            with open(held, "rb") as message:
+                fcntl.flock(message, fcntl.LOCK_SH)  # a writer that locks (kombu's own _put) has finished
+                payload = loads(bytes_to_str(message.read()))
+            payload["properties"]["delivery_tag"]  # noqa: B018 - a message without one is not a message
+            return payload
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            aside = Path(self.data_folder_in) / UNREADABLE_FOLDER
+            with contextlib.suppress(OSError):
+                aside.mkdir(exist_ok=True)
+                os.rename(held, aside / held.name)
+            log.error("file-system broker: message %s cannot be read (%s: %s); moved to %s, not delivered",
+                      held.name, type(exc).__name__, exc, aside)
+            return None
 
     def _restore(self, message):
         super()._restore(message)  # back in the queue first, then let go of the held copy
