@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from controlplane.scheduling.model import ClusterQueueSpec, Quota
 
 EPS = 1e-9
-_NO_QUOTA = Quota(nominal=0.0, borrowing_limit=0.0)
+NO_QUOTA = Quota(nominal=0.0, borrowing_limit=0.0)
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class QuotaLedger:
                 self.cohorts[queue.cohort].append(queue.name)
 
     def quota(self, queue: str, accelerator_type: str) -> Quota:
-        return self.queues[queue].quotas.get(accelerator_type, _NO_QUOTA)
+        return self.queues[queue].quotas.get(accelerator_type, NO_QUOTA)
 
     def add(self, queue: str, accelerator_type: str, amount: float) -> None:
         self.usage[(queue, accelerator_type)] += amount
@@ -52,7 +52,7 @@ class QuotaLedger:
         each other member does not lend (a member lends at most `lending_limit` of its idle quota)."""
         members = self.members(queue)
         usage, queues = self.usage, self.queues
-        quotas = [queues[m].quotas.get(accelerator_type, _NO_QUOTA) for m in members]
+        quotas = [queues[m].quotas.get(accelerator_type, NO_QUOTA) for m in members]
         room = sum([quota.nominal - usage[(m, accelerator_type)] for m, quota in zip(members, quotas, strict=True)])
         for other, quota in zip(members, quotas, strict=True):
             if other == queue:
@@ -64,7 +64,7 @@ class QuotaLedger:
 
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
         spec = self.queues[queue]
-        quota = spec.quotas.get(accelerator_type, _NO_QUOTA)
+        quota = spec.quotas.get(accelerator_type, NO_QUOTA)
         usage = self.usage
         used = usage[(queue, accelerator_type)]
         if used + amount <= quota.nominal + EPS:

@@ -20,7 +20,8 @@ Speed (decisions are those of the straightforward algorithm, checked in tests/un
 nodes are indexed per accelerator type and leaf group with cached free totals, whole-free counts and, per
 worker shape, the number of workers each node, leaf group and type can still hold. A gang fits iff its type
 can hold all its workers (greedy placement uses exactly one slot per worker), so failures cost O(1) and a
-placement only looks at one leaf group. Quota checks are cached until a usage of the cohort changes.
+placement only looks at one leaf group. Quota checks are cached until a usage of the cohort changes, and a
+cohort's room comes from sums kept up to date per cohort and type, not a loop over its members.
 Preemption trials run on the live state with an undo log instead of a deep copy, skip types where even
 every candidate victim could not make room (quota and capacity bounds), and take candidates from a
 per-type list sorted once per cycle.
@@ -39,6 +40,7 @@ from controlplane.scheduling.model import (
     CycleResult,
     Grow,
     Preempt,
+    Quota,
     Running,
     Shrink,
     Snapshot,
@@ -46,7 +48,7 @@ from controlplane.scheduling.model import (
     Workload,
 )
 from controlplane.scheduling.placement import EPS, WorkerPlacement
-from controlplane.scheduling.quota import QuotaCheck, QuotaLedger
+from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger
 
 _WHOLE = 1.0 - EPS
 _EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
@@ -244,24 +246,94 @@ def _node_slots(node: _Node, devices: float, info: tuple[int, int, int]) -> int:
     return sum(int((share + EPS) // devices) for share in node.device_free)
 
 
+def _exact(value: float) -> bool:
+    return (value * _EXACT).is_integer()
+
+
+def _kept_home(quota: Quota, used: float) -> float:
+    """What a cohort member with a lending limit does not lend: its idle quota beyond that limit."""
+    return max(0.0, max(0.0, quota.nominal - used) - quota.lending_limit)
+
+
+class _CohortSums:
+    """Per (cohort, type), kept up to date as usage changes: the cohort's unused nominal quota and what its
+    members keep home (idle beyond their lending limits), so cohort_room costs O(1), not O(members).
+    Exact while every usage and quota is a multiple of 2**-20 (then sums do not depend on their order and
+    equal QuotaLedger.cohort_room's); otherwise the ledger falls back to the straightforward sum."""
+
+    __slots__ = ("room", "home", "inexact", "stale", "quotas_inexact")
+
+    def __init__(self, ledger: QuotaLedger, cohort: str, accelerator_type: str):
+        self.room = self.home = 0.0
+        self.inexact = 0  # members whose usage is not exact
+        self.stale = False  # an inexact value passed through the sums: add them up again once all are exact
+        self.quotas_inexact = False
+        for member in ledger.cohorts[cohort]:
+            quota = ledger.queues[member].quotas.get(accelerator_type, NO_QUOTA)
+            used = ledger.usage[(member, accelerator_type)]
+            self.room += quota.nominal - used
+            if quota.lending_limit is not None:
+                self.home += _kept_home(quota, used)
+                self.quotas_inexact |= not _exact(quota.lending_limit)
+            self.quotas_inexact |= not _exact(quota.nominal)
+            self.inexact += not _exact(used)
+
+
 class _Ledger(QuotaLedger):
-    """QuotaLedger whose checks are cached until a usage of the queue's cohort (for that type) changes."""
+    """QuotaLedger whose checks are cached until a usage of the queue's cohort (for that type) changes, and
+    whose cohort room comes from sums kept per cohort and type (_CohortSums)."""
 
     def __init__(self, queues):
         super().__init__(queues)
         self.version: dict[tuple, int] = defaultdict(int)
         self.cache: dict[tuple, tuple[int, QuotaCheck]] = {}
+        self.sums: dict[tuple[str, str], _CohortSums] = {}
 
     def _scope(self, queue: str, accelerator_type: str) -> tuple:
         spec = self.queues.get(queue)
         return (spec.cohort if spec is not None and spec.cohort else ("", queue)), accelerator_type
 
+    def change(self, queue: str, accelerator_type: str, value: float) -> None:
+        """Set a usage, keeping the cohort sums current; cached checks stay (callers that need them
+        invalidated use add or set)."""
+        key = (queue, accelerator_type)
+        old = self.usage[key]
+        self.usage[key] = value
+        spec = self.queues.get(queue)
+        if spec is None or not spec.cohort:
+            return
+        sums = self.sums.get((spec.cohort, accelerator_type))
+        if sums is None:
+            return
+        quota = spec.quotas.get(accelerator_type, NO_QUOTA)
+        sums.room += old - value
+        if quota.lending_limit is not None:
+            sums.home += _kept_home(quota, value) - _kept_home(quota, old)
+        was, now = _exact(old), _exact(value)
+        if not (was and now):
+            sums.stale = True
+            sums.inexact += (not now) - (not was)
+
+    def cohort_room(self, queue: str, accelerator_type: str) -> float:
+        spec = self.queues[queue]
+        if not spec.cohort:
+            return super().cohort_room(queue, accelerator_type)
+        key = (spec.cohort, accelerator_type)
+        sums = self.sums.get(key)
+        if sums is None or (sums.stale and not sums.inexact):
+            sums = self.sums[key] = _CohortSums(self, spec.cohort, accelerator_type)
+        if sums.inexact or sums.quotas_inexact:
+            return super().cohort_room(queue, accelerator_type)
+        quota = spec.quotas.get(accelerator_type, NO_QUOTA)
+        own = _kept_home(quota, self.usage[(queue, accelerator_type)]) if quota.lending_limit is not None else 0.0
+        return max(0.0, sums.room - (sums.home - own))
+
     def add(self, queue: str, accelerator_type: str, amount: float) -> None:
-        self.usage[(queue, accelerator_type)] += amount
+        self.change(queue, accelerator_type, self.usage[(queue, accelerator_type)] + amount)
         self.version[self._scope(queue, accelerator_type)] += 1
 
     def set(self, queue: str, accelerator_type: str, value: float) -> None:
-        self.usage[(queue, accelerator_type)] = value
+        self.change(queue, accelerator_type, value)
         self.version[self._scope(queue, accelerator_type)] += 1
 
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
@@ -662,11 +734,11 @@ def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims
     saved = {queue: ledger.usage[(queue, accelerator_type)] for queue in usage}
     try:
         for queue, amount in usage.items():
-            ledger.usage[(queue, accelerator_type)] -= amount + 1e-6
+            ledger.change(queue, accelerator_type, saved[queue] - amount - 1e-6)
         return QuotaLedger.check(ledger, workload.cluster_queue, accelerator_type, workload.demand()).ok
     finally:
         for queue, value in saved.items():
-            ledger.usage[(queue, accelerator_type)] = value
+            ledger.change(queue, accelerator_type, value)
 
 
 def _within_nominal(state: _State, workload: Workload, accelerator_type: str) -> bool:
