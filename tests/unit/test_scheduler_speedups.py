@@ -135,6 +135,9 @@ def ref_preemption(state, wl, types, already):
         trial, victims, shrinks = copy.deepcopy(state), [], []
         for r in candidates:
             v = r.workload
+            if v.cluster_queue != wl.cluster_queue and v.cluster_queue in trial.ledger.queues \
+                    and trial.ledger.borrowed(v.cluster_queue, t) <= EPS:
+                continue  # another queue within its nominal quota keeps what it runs
             kind = "lower priority" if v.priority < wl.priority else "borrowed quota reclaimed"
             if len(r.workers) > v.workers_min:
                 released = r.workers[v.workers_min:]
@@ -335,3 +338,40 @@ def test_the_kept_cohort_sums_are_added_up_again_after_inexact_values_left():
     kept.add("a", "t", 0.1)
     kept.set("a", "t", 0.0)
     assert kept.cohort_room("a", "t") == QuotaLedger(queues).cohort_room("a", "t") == 2.0
+
+
+def replay_until_quiet(snap: Snapshot, cycles: int = 12) -> list[int]:
+    """Run `cycles` cycles with no new events, each applying the last one's decisions (victims leave and
+    shrinks take effect at once); returns the preemptions + shrinks of each cycle."""
+    running = {r.workload.id: r for r in snap.running}
+    pending = {w.id: w for w in snap.pending}
+    workloads = {**{r.workload.id: r.workload for r in snap.running}, **pending}
+    moves = []
+    for _ in range(cycles):
+        result = schedule(Snapshot(snap.nodes, snap.cluster_queues, tuple(running.values()),
+                                   tuple(pending.values()), snap.type_preference))
+        moves.append(len(result.preempted) + len(result.shrunk))
+        for p in result.preempted:
+            pending[p.workload_id] = running.pop(p.workload_id).workload
+        for s in result.shrunk:
+            r = running[s.workload_id]
+            running[s.workload_id] = Running(r.workload, r.accelerator_type,
+                                             tuple(w for w in r.workers if w not in set(s.released)),
+                                             r.work_since_checkpoint_s)
+        for a in [*result.admitted, *(w.held for w in result.waiting if w.held is not None)]:
+            running[a.workload_id] = Running(workloads[a.workload_id], a.accelerator_type, a.workers)
+            pending.pop(a.workload_id, None)
+        for g in result.grown:
+            r = running[g.workload_id]
+            running[g.workload_id] = Running(r.workload, r.accelerator_type, r.workers + g.added,
+                                             r.work_since_checkpoint_s)
+    return moves
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_with_no_new_events_the_cycles_stop_preempting(seed):
+    """No preemption loops: replayed without arrivals or departures, a cluster settles within 6 cycles. (Before
+    rule 6 kept cross-queue preemption to borrowing queues, 33 of these 400 snapshots preempted forever: a
+    borrowing preemptor and the requeued victim that reclaimed its queue's quota took turns.)"""
+    moves = replay_until_quiet(random_snapshot(random.Random(seed)))
+    assert sum(moves[6:]) == 0, moves

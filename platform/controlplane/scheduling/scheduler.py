@@ -9,10 +9,15 @@ Rules (issue 3), in the order applied:
 5. Backfill with a reservation: the first workload that cannot start reserves the free devices it
    will need, and later workloads may only use what is left, so it is not starved.
 6. Preemption: a workload that still cannot start may take the devices of lower-priority workloads,
-   or (within its nominal quota) of workloads borrowing in its cohort. Victims are the lowest
-   priority, then the least work lost since their last checkpoint; an elastic victim is shrunk
-   before it is stopped; each victim at most once; nothing happens unless the preemptor then fits.
-   Victims checkpoint first; the preemptor's devices and quota stay reserved until they are free.
+   or (within its nominal quota) of workloads borrowing in its cohort. A victim in another cluster
+   queue is taken only while that queue uses more than its nominal quota (as Kueue does): a queue
+   within its nominal quota keeps what it runs, whatever the priorities. Without this, a borrowing
+   high-priority preemptor took a low-priority job within its queue's nominal quota, the requeued
+   job reclaimed its queue's quota from the preemptor, and the two preempted each other in every
+   cycle (found by the Q1 quota soak). Victims are the lowest priority, then the least work lost since
+   their last checkpoint; an elastic victim is shrunk before it is stopped; each victim at most once;
+   nothing happens unless the preemptor then fits. Victims checkpoint first; the preemptor's devices
+   and quota stay reserved until they are free.
 7. Elastic growth: running workloads below `workers_max` grow into capacity nobody waits for.
 The cycle is a pure function of the snapshot: the same snapshot gives the same decisions.
 
@@ -288,6 +293,8 @@ class _Ledger(QuotaLedger):
         self.version: dict[tuple, int] = defaultdict(int)
         self.cache: dict[tuple, tuple[int, QuotaCheck]] = {}
         self.sums: dict[tuple[str, str], _CohortSums] = {}
+        self.type_version: dict[str, int] = defaultdict(int)  # bumped by add and set, per accelerator type
+        self.borrowing_cache: dict[str, tuple[int, frozenset[str]]] = {}
 
     def _scope(self, queue: str, accelerator_type: str) -> tuple:
         spec = self.queues.get(queue)
@@ -331,10 +338,21 @@ class _Ledger(QuotaLedger):
     def add(self, queue: str, accelerator_type: str, amount: float) -> None:
         self.change(queue, accelerator_type, self.usage[(queue, accelerator_type)] + amount)
         self.version[self._scope(queue, accelerator_type)] += 1
+        self.type_version[accelerator_type] += 1
 
     def set(self, queue: str, accelerator_type: str, value: float) -> None:
         self.change(queue, accelerator_type, value)
         self.version[self._scope(queue, accelerator_type)] += 1
+        self.type_version[accelerator_type] += 1
+
+    def borrowing(self, accelerator_type: str) -> frozenset[str]:
+        """The queues using more than their nominal quota of the type now (cached until an add or set)."""
+        version = self.type_version[accelerator_type]
+        hit = self.borrowing_cache.get(accelerator_type)
+        if hit is None or hit[0] != version:
+            queues = frozenset(queue for queue in self.queues if self.borrowed(queue, accelerator_type) > EPS)
+            hit = self.borrowing_cache[accelerator_type] = (version, queues)
+        return hit[1]
 
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
         version = self.version[self._scope(queue, accelerator_type)]
@@ -383,9 +401,9 @@ class _State:
         victims = self._victims.get(accelerator_type)
         if victims is None:
             victims = self._victims[accelerator_type] = _Victims(
-                r for r in self.running.values()
-                if r.accelerator_type == accelerator_type and r.workload.preemptible
-                and r.workload.id in self.started_before)
+                (r for r in self.running.values()
+                 if r.accelerator_type == accelerator_type and r.workload.preemptible
+                 and r.workload.id in self.started_before), known_queues=self.ledger.queues)
         return victims
 
 
@@ -393,17 +411,29 @@ class _Victims:
     """Workloads of one type that may be preempted (running before the cycle, preemptible), sorted as victims
     are chosen, with what releasing all of them per (priority, queue) would give back."""
 
-    def __init__(self, running):
+    def __init__(self, running, known_queues):
         self.order = sorted(running, key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
+        self.eligible_cache: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
         self.start = 0
         self.priorities = [r.workload.priority for r in self.order]
         self.positions: dict[str, list[int]] = {}  # queue -> its indexes in order
         for index, r in enumerate(self.order):
             self.positions.setdefault(r.workload.cluster_queue, []).append(index)
+        self.unknown = frozenset(queue for queue in self.positions if queue not in known_queues)  # no quota
         self.totals: dict[int, dict[str, list[float]]] = {}  # priority -> queue -> [usage, shares, entries, n]
         self.cache: dict[tuple, tuple[dict[str, float], float, float, float]] = {}
         for r in self.order:
             self._count(r, 1.0)
+
+    def eligible(self, own: str, borrowing: frozenset[str]) -> frozenset[str]:
+        """The queues a preemptor of queue `own` may take victims from: its own, and those above their nominal
+        quota (`borrowing`) or without quota."""
+        key = (own, borrowing)
+        hit = self.eligible_cache.get(key)
+        if hit is None:
+            hit = self.eligible_cache[key] = frozenset(
+                queue for queue in self.positions if queue == own or queue in borrowing or queue in self.unknown)
+        return hit
 
     def _count(self, running: Running, sign: float) -> None:
         per_queue = self.totals.setdefault(running.workload.priority, {})
@@ -417,44 +447,73 @@ class _Victims:
         self._count(running, -1.0)
         self.cache.clear()
 
-    def releasable(self, priority: int, reclaim: set[str]) -> tuple[dict[str, float], float, float, float]:
-        key = (priority, frozenset(reclaim))
+    def releasable(self, priority: int, reclaim: set[str],
+                   queues: frozenset[str]) -> tuple[dict[str, float], float, float, float]:
+        key = (priority, frozenset(reclaim), queues)
         hit = self.cache.get(key)
         if hit is None:
-            hit = self.cache[key] = self._releasable(priority, reclaim)
+            hit = self.cache[key] = self._releasable(priority, reclaim, queues)
         return hit
 
-    def _releasable(self, priority: int, reclaim: set[str]) -> tuple[dict[str, float], float, float, float]:
+    def _releasable(self, priority: int, reclaim: set[str],
+                    queues: frozenset[str]) -> tuple[dict[str, float], float, float, float]:
         usage: dict[str, float] = defaultdict(float)
         shares = entries = victims = 0.0
         for victim_priority, per_queue in self.totals.items():
             for queue, (amount, share, count, number) in per_queue.items():
-                if victim_priority < priority or queue in reclaim:
+                if (victim_priority < priority and queue in queues) or queue in reclaim:
                     usage[queue] += amount
                     shares += share
                     entries += count
                     victims += number
         return usage, shares, entries, victims
 
-    def candidates(self, priority: int, reclaim: set[str], already: set[str]):
+    def candidates(self, priority: int, reclaim: set[str], already: set[str], live: set[str]):
+        """Victims in the order they are taken: lower priority ones of the queues in `live` (the preemptor's
+        own and those borrowing), then, from the priority boundary on, those of the queues whose borrowed
+        quota is reclaimed. The caller removes a queue from `live` once it no longer borrows: nothing more is
+        drawn from it."""
         order = self.order
         while self.start < len(order) and order[self.start].workload.id in already:
             self.start += 1
         boundary = max(self.start, bisect_left(self.priorities, priority))  # lower priority before it
-        for index in range(self.start, boundary):
-            running = order[index]
-            if running.workload.id not in already:
-                yield running
-        if not reclaim:
-            return
+        lower = []
+        for queue in live:
+            positions = self.positions.get(queue)
+            if positions:
+                low, high = bisect_left(positions, self.start), bisect_left(positions, boundary)
+                if low < high:
+                    lower.append((queue, islice(positions, low, high)))
+        yield from self._merged(lower, live, already)
         tails = []  # from the boundary on, only workloads of reclaimed queues are candidates
         for queue in reclaim:
             positions = self.positions.get(queue)
             if positions:
                 at = bisect_left(positions, boundary)
                 if at < len(positions):
-                    tails.append(islice(positions, at, None))
-        for index in (tails[0] if len(tails) == 1 else heapq.merge(*tails)):
+                    tails.append((queue, islice(positions, at, None)))
+        yield from self._merged(tails, live, already)
+
+    def _merged(self, lists, live: set[str], already: set[str]):
+        """The running workloads at the merged indexes of per-queue index lists, skipping the rest of a list
+        whose queue left `live`."""
+        heap = []
+        for queue, indexes in lists:
+            first = next(indexes, None)
+            if first is not None:
+                heap.append((first, queue, indexes))
+        heapq.heapify(heap)
+        order = self.order
+        while heap:
+            index, queue, indexes = heap[0]
+            if queue not in live:
+                heapq.heappop(heap)
+                continue
+            following = next(indexes, None)
+            if following is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (following, queue, indexes))
             running = order[index]
             if running.workload.id not in already:
                 yield running
@@ -657,14 +716,17 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
     holds the preemptor's devices and quota, so no later workload can take them."""
     ledger = state.ledger
     for accelerator_type in types:
+        borrowing = ledger.borrowing(accelerator_type)
         reclaim: set[str] = set()
         if _within_nominal(state, workload, accelerator_type):
             reclaim = {queue for queue in ledger.members(workload.cluster_queue)
-                       if queue != workload.cluster_queue and ledger.borrowed(queue, accelerator_type) > EPS}
+                       if queue != workload.cluster_queue and queue in borrowing}
         pool_victims = state.victims(accelerator_type)
-        if not _could_fit(state, workload, accelerator_type, pool_victims, reclaim):
+        queues = pool_victims.eligible(workload.cluster_queue, borrowing)
+        if not _could_fit(state, workload, accelerator_type, pool_victims, reclaim, queues):
             continue  # no candidates, or even every candidate would not make room: preempt nothing
-        candidates = pool_victims.candidates(workload.priority, reclaim, already)
+        live = set(queues | reclaim)
+        candidates = pool_victims.candidates(workload.priority, reclaim, already, live)
         first = next(candidates, None)
         if first is None:
             continue
@@ -673,6 +735,10 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         fitted = False
         for running in _chain(first, candidates):
             victim = running.workload
+            if victim.cluster_queue != workload.cluster_queue and not _borrowing(ledger, victim.cluster_queue,
+                                                                                 accelerator_type):
+                live.discard(victim.cluster_queue)  # and, being no longer borrowing, the rest of it
+                continue  # another queue within its nominal quota keeps it (see rule 6)
             gone.append(running)
             kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
             if len(running.workers) > victim.workers_min:  # shrink an elastic victim before stopping it
@@ -710,16 +776,22 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
     return None
 
 
+def _borrowing(ledger: QuotaLedger, queue: str, accelerator_type: str) -> bool:
+    """Whether `queue` uses more than its nominal quota of the type now (a queue unknown to the ledger has no
+    quota to protect)."""
+    return queue not in ledger.queues or ledger.borrowed(queue, accelerator_type) > EPS
+
+
 def _chain(first, rest):
     yield first
     yield from rest
 
 
 def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
-               reclaim: set[str]) -> bool:
+               reclaim: set[str], queues: frozenset[str]) -> bool:
     """False only when even releasing every candidate victim could not make `workload` fit (quota and
     capacity are monotone in what is released, so the trial would preempt nothing)."""
-    usage, shares, entries, count = victims.releasable(workload.priority, reclaim)
+    usage, shares, entries, count = victims.releasable(workload.priority, reclaim, queues)
     if count < 0.5:
         return False  # no candidates
     pool = state.pool(accelerator_type)
