@@ -1,5 +1,6 @@
 """Inference services on a real local Ray cluster through RayComputeBackend: deploy, call, stream, rolling
-update without dropped requests, scale, prefix-aware routing, overload and delete.
+update without dropped requests, scale, prefix-aware routing, overload and delete; through the platform, a
+trained checkpoint deployed by the API, and an SLA breach that degrades a deployment and makes Serve scale it out.
 
 Replicas run the built-in LM (random weights, a tiny shape) on the cpu pool; this file sorts before
 test_training_on_ray.py, which kills a node.
@@ -304,3 +305,65 @@ def test_a_trained_checkpoint_is_deployed_called_updated_and_deleted_through_the
         time.sleep(0.5)
     gone = client.post("/v1/completions", {"model": "tales", "prompt": "hi", "max_tokens": 1}, format="json")
     assert gone.status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_sla_breach_degrades_the_deployment_and_serve_scales_it_out(api, platform, world, settings, tmp_path):
+    """The SLA control loop end to end: measured requests breach the SLA, the sync marks the deployment DEGRADED
+    with the reason and lowers Serve's target, and Serve adds the replica the SLA asks for."""
+    from inference import tasks as inference_tasks
+    from inference.models import Deployment, DeploymentEvent
+    from jobs.runtime.lm import write_random_model_dir
+
+    settings.FLEETYARD_SERVING_WINDOW_SECONDS = 20
+    model = write_random_model_dir(tmp_path / "model", SHAPE, seed=9)
+    client = api("alpha", "member")
+    body = {"name": "strict", "queue": "default", "model_uri": str(model), "accelerator_types": ["cpu"],
+            "devices_per_replica": 1, "replicas_min": 1, "replicas_max": 2,
+            "sla": {"ttft_p95_ms": 1, "tpot_p95_ms": 1},  # no replica meets this: every window breaches
+            "engine": {"slots": 2, "block_size": 8}}
+    response = client.post("/api/v1/deployments/", body, format="json")
+    assert response.status_code == 201, response.json()
+    pk = response.json()["id"]
+    deployment = drive(lambda: Deployment.objects.get(pk=pk), lambda d: d.state == "SERVING",
+                       inference_tasks.sync_deployments)
+    assert deployment.autoscaling["target_ongoing_requests"] == 2 and deployment.replicas_ready == 1
+
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        from django.db import connection
+
+        try:
+            while not stop.is_set():
+                r = client.post("/v1/completions", {"model": "strict", "prompt": "Once upon a time", "max_tokens": 8},
+                                format="json")
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code}: {r.content[:200]!r}")
+        finally:
+            connection.close()
+
+    callers = [threading.Thread(target=traffic) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    try:
+        degraded = drive(lambda: Deployment.objects.get(pk=pk), lambda d: d.state == "DEGRADED",
+                         inference_tasks.sync_deployments, timeout=90)
+        scaled = drive(lambda: Deployment.objects.get(pk=pk), lambda d: d.replicas_ready == 2,
+                       inference_tasks.sync_deployments, timeout=120)
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join(timeout=60)
+    assert errors == []
+    assert degraded.state_reason.startswith("SLA breach: TTFT p95") and "> SLA 1 ms" in degraded.state_reason
+    assert scaled.autoscaling["target_ongoing_requests"] == 1 and scaled.state == "DEGRADED"
+    lowered = DeploymentEvent.objects.filter(subject_id=pk, reason__contains="target lowered from 2 to 1")
+    assert lowered.count() == 1, list(DeploymentEvent.objects.filter(subject_id=pk).values_list("reason", flat=True))
+
+    assert client.delete(f"/api/v1/deployments/{pk}/").status_code == 204
+    deadline = time.monotonic() + 60
+    while platform.observe_service(scaled.compute_handle).state != "not_found":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)

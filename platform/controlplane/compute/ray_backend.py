@@ -74,6 +74,7 @@ class RayComputeBackend:
         self.namespace = namespace
         self.env = dict(env or {})
         self._handles: dict[str, Any] = {}
+        self._handles_lock = threading.Lock()
 
     # ------------------------------------------------------------------ connection
 
@@ -387,14 +388,23 @@ class RayComputeBackend:
         return stream()
 
     def _service_handle(self, handle: str):
+        """The service's DeploymentHandle, its router created once. Serve creates a handle's router on its first
+        call without a lock: callers in several threads at once each created one, and the routers left over were
+        never shut down; with autoscaling on, their metrics pushers kept running after Serve and Ray shut down
+        and started a local Ray head in this process, again every 30 s (found by the SLA scale-out test)."""
         deployment = self._handles.get(handle)
-        if deployment is None:
-            serve = self._serve()
-            try:
-                deployment = serve.get_deployment_handle("llm", app_name=handle)
-            except Exception as exc:
-                raise ServiceUnavailable(f"service {handle} is not running: {exc}", retry_after_s=5.0) from exc
-            self._handles[handle] = deployment
+        if deployment is not None:
+            return deployment
+        with self._handles_lock:
+            deployment = self._handles.get(handle)
+            if deployment is None:
+                serve = self._serve()
+                try:
+                    deployment = serve.get_deployment_handle("llm", app_name=handle)
+                except Exception as exc:
+                    raise ServiceUnavailable(f"service {handle} is not running: {exc}", retry_after_s=5.0) from exc
+                deployment.options()  # creates the router now, under the lock (a no-op once it exists)
+                self._handles[handle] = deployment
         return deployment
 
     # ------------------------------------------------------------------ helpers
