@@ -215,6 +215,21 @@ def drive(fetch, until, tick, timeout=120.0):
         time.sleep(0.5)
 
 
+def gateway_traffic(client, model: str, prompt: str, max_tokens: int, stop: threading.Event,
+                    errors: list[str]) -> None:
+    """Completions through the gateway, one after the other, until `stop`; every non-200 answer is noted."""
+    from django.db import connection
+
+    try:
+        while not stop.is_set():
+            r = client.post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens},
+                            format="json")
+            if r.status_code != 200:
+                errors.append(f"{r.status_code}: {r.content[:200]!r}")
+    finally:
+        connection.close()
+
+
 def sse_texts(response) -> tuple[str, list[str]]:
     raw = b"".join(response.streaming_content).decode()
     chunks = [line[len("data: "):] for line in raw.split("\n\n") if line.startswith("data: ")]
@@ -268,20 +283,7 @@ def test_a_trained_checkpoint_is_deployed_called_updated_and_deleted_through_the
 
     errors: list[str] = []
     stop = threading.Event()
-
-    def traffic() -> None:
-        from django.db import connection
-
-        try:
-            while not stop.is_set():
-                r = client.post("/v1/completions", {"model": "tales", "prompt": "The robot", "max_tokens": 4},
-                                format="json")
-                if r.status_code != 200:
-                    errors.append(f"{r.status_code}: {r.content[:200]!r}")
-        finally:
-            connection.close()
-
-    caller = threading.Thread(target=traffic)
+    caller = threading.Thread(target=gateway_traffic, args=(client, "tales", "The robot", 4, stop, errors))
     caller.start()
     try:
         patched = client.patch(f"/api/v1/deployments/{pk}/", {"replicas_min": 2, "replicas_max": 2}, format="json")
@@ -331,20 +333,8 @@ def test_an_sla_breach_degrades_the_deployment_and_serve_scales_it_out(api, plat
 
     errors: list[str] = []
     stop = threading.Event()
-
-    def traffic() -> None:
-        from django.db import connection
-
-        try:
-            while not stop.is_set():
-                r = client.post("/v1/completions", {"model": "strict", "prompt": "Once upon a time", "max_tokens": 8},
-                                format="json")
-                if r.status_code != 200:
-                    errors.append(f"{r.status_code}: {r.content[:200]!r}")
-        finally:
-            connection.close()
-
-    callers = [threading.Thread(target=traffic) for _ in range(4)]
+    callers = [threading.Thread(target=gateway_traffic, args=(client, "strict", "Once upon a time", 8, stop, errors))
+               for _ in range(4)]
     for caller in callers:
         caller.start()
     try:
