@@ -55,7 +55,7 @@ RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 HANDLE = "fy-serve-faults"
 MODEL_NAME = "tales"
 SHAPE = {"context": 256, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64}
-# 2 slots + 2 waiting per replica: build_spec gives max_ongoing_requests 4 and max_queued_requests 4
+# 2 slots + 2 waiting per replica, 2 replicas: build_spec gives max_ongoing_requests 4 and max_queued_requests 8
 ENGINE = {"slots": 2, "block_size": 8, "max_waiting": 2}
 REQUEST_TIMEOUT_S = 30.0  # a request without an answer for this long counts as hung
 GUNICORN_WORKERS = 2

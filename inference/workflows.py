@@ -183,9 +183,12 @@ def build_spec(deployment: Deployment, decision: AutoscalingDecision) -> Service
         devices_per_replica=0.0 if accelerator_type == "cpu" else float(deployment.devices_per_replica),
         replicas_min=deployment.replicas_min, replicas_max=deployment.replicas_max,
         target_ongoing_requests=float(decision.target_ongoing_requests),
-        # a replica takes its slots plus its own waiting line; the router queues a few more per replica
+        # A replica takes its slots plus its own waiting line. Each caller process has one router (created once,
+        # compute/ray_backend.py), which may queue as many as the replicas can take: Ray Serve's router refuses a
+        # burst of simultaneous arrivals before it has assigned the first ones, so a smaller line answered 429
+        # with idle slots (found by the R4 fault test when a killed gateway worker's callers moved to another).
         max_ongoing_requests=engine.slots + engine.max_waiting,
-        max_queued_requests=max(1, engine.max_waiting) * max(1, deployment.replicas_max),
+        max_queued_requests=max(1, engine.slots + engine.max_waiting) * max(1, deployment.replicas_max),
         pool=deployment.pool or None, cpus_per_replica=CPUS_PER_REPLICA, engine=engine.to_dict(),
         router=deployment.router,
     )
@@ -331,7 +334,8 @@ def deployment_sync(*, deployment_id: int, backend, now=None) -> Deployment | No
             deployment.applied_revision = status.revision
         deployment.observed = {**dataclasses.asdict(window), "at": now.isoformat(), "service_state": status.state,
                                "replicas_target": status.replicas_target, "revision": status.revision,
-                               "message": status.message, "breach": decision.breach}
+                               "message": status.message, "breach": decision.breach,
+                               "node_names": list(status.node_names)}  # where replicas run: mixed load reads it
         steer = deployment.state in (S.SERVING, S.DEGRADED) and deployment.applied_revision == deployment.revision
         if not steer:  # mid-rollout (or a revision not in force): keep the settings, note the breach only
             decision = dataclasses.replace(current, breach=decision.breach, changed=False)

@@ -11,6 +11,12 @@ ensure_venv() {
     echo "[fleetyard] creating the virtual environment in .venv"
     "$python" -m venv "$VENV"
   fi
+  # The interpreter's bundled pip is old (23.2 on these machines, with published advisories): every install
+  # starts from a current one (scripts/audit checks it with the rest).
+  if ! "$PY" -m pip --version 2>/dev/null | grep -qE '^pip (2[5-9]|[3-9][0-9])\.'; then
+    "$PY" -m pip install --disable-pip-version-check -q --upgrade "pip>=25.3" > /dev/null 2>&1 \
+      || echo "[fleetyard] could not upgrade pip; the dependency audit will say so" >&2
+  fi
   local stamp="$VENV/.fleetyard-installed" want
   want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

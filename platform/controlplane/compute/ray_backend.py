@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -404,6 +405,7 @@ class RayComputeBackend:
                 except Exception as exc:
                     raise ServiceUnavailable(f"service {handle} is not running: {exc}", retry_after_s=5.0) from exc
                 deployment.options()  # creates the router now, under the lock (a no-op once it exists)
+                _wait_for_replicas_known(deployment)
                 self._handles[handle] = deployment
         return deployment
 
@@ -495,6 +497,24 @@ def _reload_ray_auth_config() -> None:
         return
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _wait_for_replicas_known(deployment, timeout_s: float = 10.0) -> None:
+    """Wait (bounded) until a new handle's router has heard which replicas run. A router that knows the deployment's
+    queue limit but no replica yet queues every request, and the first burst of callers was refused with 429
+    although the replicas were idle (found by the R4 fault test once the router was created eagerly)."""
+    router = getattr(deployment, "_router", None)
+    populated = getattr(router, "running_replicas_populated", None)
+    if populated is None:  # another Ray version: the first calls may queue a moment
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if populated():
+                return
+        except Exception:  # a router shutting down: the call itself will say what is wrong
+            return
+        time.sleep(0.02)
 
 
 def _service_error(exc: Exception, handle: str) -> ServiceError:
