@@ -22,6 +22,12 @@ from controlplane.scheduling.efficiency import (
     chip_facts_from_accelerator_facts,
     rank_accelerator_types,
 )
+from controlplane.scheduling.mixed_load import (
+    ServingDemand,
+    loans,
+    plan_mixed_load,
+    training_usage_after,
+)
 from controlplane.scheduling.model import (
     ClusterQueueSpec,
     CycleResult,
@@ -115,11 +121,48 @@ def _facts() -> list[dict]:
             for a in AcceleratorType.objects.all()]
 
 
+def load_serving() -> list[ServingDemand]:
+    """Live deployments on accelerators, as mixed load sees them: what they reserve (replicas_max), what their
+    autoscaler wants now, and where their replicas run (CPU replicas are not counted: they take host CPUs)."""
+    from inference.models import Deployment
+    from inference.workflows import LIVE_STATES
+
+    demands = []
+    for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES)).exclude(accelerator_type="") \
+            .exclude(accelerator_type="cpu").filter(devices_per_replica__gt=0).order_by("id"):
+        observed = deployment.observed or {}
+        nodes = tuple(str(n) for n in observed.get("node_names") or ())[:deployment.replicas_ready]
+        wanted = max(deployment.replicas_min, deployment.replicas_target, deployment.replicas_ready)
+        demands.append(ServingDemand(id=str(deployment.pk), accelerator_type=deployment.accelerator_type,
+                                     devices_per_replica=float(deployment.devices_per_replica),
+                                     replicas_max=deployment.replicas_max, replicas_wanted=wanted,
+                                     replica_nodes=nodes, pool=deployment.pool or None,
+                                     replicas_running=deployment.replicas_ready))
+    return demands
+
+
+def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
+    """Mixed load first (replicas hold their devices; wanted replicas take free ones or what training gives back),
+    then the training cycle on what is left; the give-back decisions are applied like the cycle's own."""
+    serving = load_serving()
+    plan = plan_mixed_load(snapshot, serving)
+    result = schedule(plan.snapshot)
+    result.preempted[:0] = plan.preempted
+    result.shrunk[:0] = plan.shrunk
+    lent = {t: d for t, d in loans(snapshot, serving, training_usage_after(plan.snapshot, result)).items() if d > 0}
+    for index, admit in enumerate(result.admitted):
+        if lent.get(admit.accelerator_type):
+            result.admitted[index] = replace(admit, reason=(
+                f"{admit.reason}; on loan: training now uses {lent[admit.accelerator_type]:g} "
+                f"{admit.accelerator_type} of the capacity deployments reserved, given back when they scale out"))
+    return result
+
+
 @transaction.atomic
 def run_cycle() -> CycleResult:
     list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
     snapshot, jobs = load_snapshot()
-    result = schedule(snapshot)
+    result = _schedule_with_serving(snapshot)
     from jobs.tasks import launch_training_job, stop_training_run
 
     # Devices a preempted run still holds while it checkpoints and stops (it keeps its placement until then):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from controlplane.cluster.services import node_pool_create, nodes_sync
@@ -40,3 +42,13 @@ def backend():
     for handle in set(backend.list_service_handles()) - before:
         backend.delete_service(handle)
         backend.overloaded_services.discard(handle)
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    """A model folder as a deployment's model_uri names it (contents are not read by the in-memory backend)."""
+    path = tmp_path / "models" / "lm"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"vocab_size": 256}))
+    (path / "model.pt").write_bytes(b"weights")
+    return path

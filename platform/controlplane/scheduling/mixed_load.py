@@ -1,0 +1,243 @@
+"""Mixed load: serving deployments in the training scheduling cycle (issue 3). Pure: no Django, no Ray.
+
+A serving deployment reserves `replicas_max` replicas of `devices_per_replica` on its accelerator type (and pool,
+when pinned) but uses only the replicas its autoscaler wants now. Training may use the reserved-but-idle devices
+(a loan); when the deployment wants more replicas than fit on free devices, training gives them back: victims are
+the lowest priority, then the least work since their last checkpoint; an elastic victim is shrunk before it is
+stopped; each checkpoints first. Nothing is given back unless the replica then fits.
+
+`plan_mixed_load(snapshot, serving)` runs before `scheduler.schedule`: it holds the devices of running replicas
+(on the nodes they run on) and of wanted replicas (on free devices, or on devices training gives back) as
+non-preemptible running workloads of the pseudo queue `SERVING_QUEUE`, so the cycle neither admits training onto
+them nor takes them as victims. It returns the snapshot to schedule and the give-back decisions. `loans(...)`
+then says how much of each type's reserved-idle capacity training uses after the cycle.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, replace
+
+from controlplane.scheduling.model import Preempt, Running, Shrink, Snapshot, Workload
+from controlplane.scheduling.placement import EPS, WorkerPlacement
+
+SERVING_QUEUE = "(serving)"  # not a ClusterQueue: deployments are held outside training quotas
+SERVING_PREFIX = "serving:"
+
+
+@dataclass(frozen=True)
+class ServingDemand:
+    """One live deployment as the cycle sees it."""
+
+    id: str
+    accelerator_type: str
+    devices_per_replica: float
+    replicas_max: int
+    replicas_wanted: int  # what its autoscaler wants now (at least replicas_min)
+    replica_nodes: tuple[str, ...] = ()  # one entry per running replica: the node it runs on
+    pool: str | None = None  # pinned to one pool, or any pool of the type
+    replicas_running: int | None = None  # when more run than `replica_nodes` names (None: as many as it names)
+
+    @property
+    def reserved(self) -> float:
+        return self.replicas_max * self.devices_per_replica
+
+
+@dataclass
+class MixedLoadPlan:
+    snapshot: Snapshot  # serving replicas held; victims removed, shrunk victims narrowed
+    preempted: list[Preempt] = field(default_factory=list)
+    shrunk: list[Shrink] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)  # deployment id -> why wanted replicas still wait
+
+
+class _Free:
+    """Free share per (node, device index) after what runs, with the node facts the plan needs."""
+
+    def __init__(self, snapshot: Snapshot):
+        self.nodes = {n.name: n for n in snapshot.nodes}
+        self.free = {n.name: [1.0] * max(0, n.devices) for n in snapshot.nodes}
+        for running in snapshot.running:
+            self.hold(running.workers, -1.0)
+
+    def hold(self, workers, sign: float) -> None:
+        for worker in workers:
+            shares = self.free.get(worker.node)
+            if shares is None:
+                continue
+            for index, share in worker.taken:
+                if index < len(shares):
+                    shares[index] = min(1.0, max(0.0, shares[index] + sign * share))
+
+    def take(self, node: str, devices: float, *, force: bool = False) -> tuple[tuple[int, float], ...] | None:
+        """Devices for one replica on `node` (whole free devices, or the fullest device with room for a fraction);
+        None when they do not fit. `force`: a replica that already runs there takes what is left, if not enough."""
+        shares = self.free.get(node, [])
+        taken: list[tuple[int, float]] = []
+        if devices >= 1.0 - EPS:
+            whole = [i for i in range(len(shares) - 1, -1, -1) if shares[i] >= 1.0 - EPS]
+            need = round(devices)
+            if len(whole) < need and not force:
+                return None
+            for index in whole[:need]:
+                taken.append((index, 1.0))
+        elif devices > EPS:
+            fitting = sorted((s, -i) for i, s in enumerate(shares) if s >= devices - EPS)
+            if not fitting and not force:
+                return None
+            if fitting:
+                taken.append((-fitting[0][1], devices))
+        for index, share in taken:
+            shares[index] = max(0.0, shares[index] - share)
+        return tuple(taken)
+
+    def candidates(self, demand: ServingDemand) -> list[str]:
+        """Nodes a new replica may go to, fullest first (best fit), then by name."""
+        names = [n.name for n in self.nodes.values()
+                 if n.accelerator_type == demand.accelerator_type and n.schedulable
+                 and (demand.pool is None or n.pool == demand.pool)]
+        return sorted(names, key=lambda name: (sum(self.free[name]), name))
+
+
+def _pseudo(demand: ServingDemand, workers: tuple[WorkerPlacement, ...]) -> Running:
+    workload = Workload(id=SERVING_PREFIX + demand.id, cluster_queue=SERVING_QUEUE,
+                        accepted_types=(demand.accelerator_type,), devices_per_worker=demand.devices_per_replica,
+                        workers_min=len(workers), workers_max=len(workers), priority=2**31, preemptible=False,
+                        workload_class="serving")
+    return Running(workload, demand.accelerator_type, workers)
+
+
+def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | list[ServingDemand]) -> MixedLoadPlan:
+    if not serving:
+        return MixedLoadPlan(snapshot)
+    free = _Free(snapshot)
+    running = {r.workload.id: r for r in snapshot.running}
+    plan = MixedLoadPlan(snapshot)
+    touched: set[str] = set()  # training workloads already shrunk or preempted (each at most once)
+    held: list[Running] = []
+    for demand in sorted(serving, key=lambda d: d.id):
+        if demand.devices_per_replica <= EPS:
+            continue
+        workers: list[WorkerPlacement] = []
+        for node, count in sorted(Counter(demand.replica_nodes).items()):
+            for _ in range(count):
+                taken = free.take(node, demand.devices_per_replica, force=True)
+                if taken:
+                    workers.append(WorkerPlacement(node, taken))
+        named = len(demand.replica_nodes)
+        runs = max(named, demand.replicas_running if demand.replicas_running is not None else named)
+        for _ in range(runs - named):  # running where the backend did not say: hold free devices of the type
+            placed = _place_replica(free, demand)
+            if placed is not None:
+                workers.append(placed)
+        missing = max(0, min(demand.replicas_wanted, demand.replicas_max) - runs)
+        for number in range(missing):  # wanted, not running yet: free devices, or what training gives back
+            placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan)
+            if placed is None:
+                plan.waiting[demand.id] = (f"{missing - number} wanted replica(s) of {demand.devices_per_replica:g} "
+                                           f"{demand.accelerator_type} fit nowhere, and no preemptible training "
+                                           "holds enough to give back")
+                break
+            workers.append(placed)
+        if workers:
+            held.append(_pseudo(demand, tuple(workers)))
+    shrunk = {s.workload_id for s in plan.shrunk}
+    kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
+                 for r in snapshot.running if r.workload.id in running)
+    plan.snapshot = replace(snapshot, running=kept + tuple(held))
+    return plan
+
+
+def _settled(running: Running) -> Running:
+    """A victim shrunk here is left alone by the rest of the cycle: not preempted or grown again."""
+    width = len(running.workers)
+    return replace(running, workload=replace(running.workload, preemptible=False, workers_max=width))
+
+
+def _place_replica(free: _Free, demand: ServingDemand) -> WorkerPlacement | None:
+    for node in free.candidates(demand):
+        taken = free.take(node, demand.devices_per_replica)
+        if taken is not None:
+            return WorkerPlacement(node, taken)
+    return None
+
+
+def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], touched: set[str],
+               plan: MixedLoadPlan) -> WorkerPlacement | None:
+    """Free devices for one wanted replica from training on the deployment's type (and pool), or None (and nothing
+    changed) when even every candidate would not make room."""
+    eligible = set(free.candidates(demand))
+    victims = sorted((r for r in running.values()
+                      if r.accelerator_type == demand.accelerator_type and r.workload.preemptible
+                      and r.workload.id not in touched and any(w.node in eligible for w in r.workers)),
+                     key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
+    undo: list[tuple[str, Running, tuple[WorkerPlacement, ...]]] = []
+    decisions: list[Preempt | Shrink] = []
+    for victim in victims:
+        workload = victim.workload
+        if len(victim.workers) > workload.workers_min:  # shrink an elastic victim before stopping it
+            released = victim.workers[workload.workers_min:]
+            free.hold(released, 1.0)
+            undo.append((workload.id, victim, released))
+            running[workload.id] = replace(victim, workers=victim.workers[:workload.workers_min])
+            decisions.append(Shrink(workload.id, workload.workers_min, tuple(released), SERVING_PREFIX + demand.id,
+                                    f"shrunk to {workload.workers_min} workers: gives back capacity deployment "
+                                    f"{demand.id} reserved and now needs"))
+            placed = _place_replica(free, demand)
+            if placed is not None:
+                return _commit(placed, decisions, touched, plan)
+            victim = running[workload.id]
+        free.hold(victim.workers, 1.0)
+        undo.append((workload.id, running.pop(workload.id), victim.workers))
+        decisions = [d for d in decisions if d.workload_id != workload.id]
+        decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
+                                 f"preempted: gives back capacity deployment {demand.id} reserved and now needs "
+                                 f"({victim.work_since_checkpoint_s:g} s since its last checkpoint)"))
+        placed = _place_replica(free, demand)
+        if placed is not None:
+            return _commit(placed, decisions, touched, plan)
+    for workload_id, before, released in reversed(undo):  # nothing made room: put everything back
+        free.hold(released, -1.0)
+        running[workload_id] = before
+    return None
+
+
+def _commit(placed: WorkerPlacement, decisions, touched: set[str], plan: MixedLoadPlan) -> WorkerPlacement:
+    for decision in decisions:
+        touched.add(decision.workload_id)
+        (plan.shrunk if isinstance(decision, Shrink) else plan.preempted).append(decision)
+    return placed
+
+
+def training_usage_after(snapshot: Snapshot, result) -> dict[str, float]:
+    """Devices training holds per type once the cycle's decisions apply (`snapshot` is the plan's)."""
+    usage: dict[str, float] = defaultdict(float)
+    preempted = {p.workload_id for p in result.preempted}
+    for running in snapshot.running:
+        if running.workload.cluster_queue != SERVING_QUEUE and running.workload.id not in preempted:
+            usage[running.accelerator_type] += running.usage
+    widths = {r.workload.id: r for r in snapshot.running}
+    for shrink in result.shrunk:
+        usage[widths[shrink.workload_id].accelerator_type] -= len(shrink.released) * \
+            widths[shrink.workload_id].workload.devices_per_worker
+    for grow in result.grown:
+        usage[widths[grow.workload_id].accelerator_type] += len(grow.added) * \
+            widths[grow.workload_id].workload.devices_per_worker
+    held = [w.held for w in result.waiting if w.held is not None]
+    for admit in [*result.admitted, *held]:
+        usage[admit.accelerator_type] += sum(share for w in admit.workers for _, share in w.taken)
+    return dict(usage)
+
+
+def loans(snapshot: Snapshot, serving, training_usage: dict[str, float]) -> dict[str, float]:
+    """Per accelerator type, the devices of capacity deployments reserved that training uses (0 when none):
+    training usage beyond the schedulable capacity minus every deployment's reservation."""
+    capacity: dict[str, float] = defaultdict(float)
+    for node in snapshot.nodes:
+        if node.schedulable:
+            capacity[node.accelerator_type] += node.devices
+    reserved: dict[str, float] = defaultdict(float)
+    for demand in serving:
+        reserved[demand.accelerator_type] += demand.reserved
+    return {t: max(0.0, used - max(0.0, capacity[t] - reserved[t])) for t, used in training_usage.items()
+            if reserved.get(t)}

@@ -1,0 +1,129 @@
+"""Mixed load in the platform (issue 3): the scheduling cycle counts serving replicas, lets training borrow
+capacity deployments reserved but do not use, and takes it back (checkpoint, then stop) when a deployment's
+autoscaler wants more replicas. In-memory compute backend; the core is tested in tests/unit/test_mixed_load.py."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import TestCase
+
+from controlplane.compute.memory import InMemoryComputeBackend
+from controlplane.compute.topology import load_topology
+from inference import tasks as inference_tasks
+from inference import workflows
+from inference.models import Deployment
+from jobs.admission import load_serving, run_cycle
+from jobs.models import TrainingJob
+from tests.conftest import DEPLOYMENT_BODY, JOB_BODY
+
+
+@pytest.fixture
+def backend(monkeypatch, settings, tmp_path, demo_cluster):
+    from jobs.tasks import launch_training_job, stop_training_run
+
+    settings.DATA_DIR = tmp_path
+    fake = InMemoryComputeBackend.from_topology(load_topology())
+    monkeypatch.setattr(inference_tasks, "get_compute_backend", lambda: fake)
+    monkeypatch.setattr(launch_training_job, "apply_async", lambda *args, **kwargs: None)
+    stops = []
+    monkeypatch.setattr(stop_training_run, "apply_async", lambda args=(), kwargs=None, **_: stops.append(args))
+    fake.stops = stops
+    return fake
+
+
+def post(client, url, body):
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post(url, body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def deploy_h100(client, model_dir) -> Deployment:
+    """One replica of 8 H100 running, up to 2: it reserves the whole 16-chip H100 pool."""
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 2})
+    deployment = Deployment.objects.get(pk=deployment_id)
+    assert deployment.state == "SERVING" and deployment.accelerator_type == "nvidia-h100"
+    return deployment
+
+
+def job(client, name: str) -> int:
+    return post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": name, "workers_min": 1, "workers_max": 1,
+                                                   "accelerator_types": ["nvidia-h100"]})
+
+
+def body(client, job_id):
+    return client.get(f"/api/v1/training-jobs/{job_id}/").json()
+
+
+def scale_out(backend, deployment: Deployment, target: int) -> Deployment:
+    """Serve's autoscaler wants `target` replicas; the sync records it."""
+    backend.set_service_status(deployment.compute_handle, replicas_target=target)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        workflows.deployment_sync(deployment_id=deployment.pk, backend=backend)
+    return Deployment.objects.get(pk=deployment.pk)
+
+
+def test_training_borrows_reserved_idle_capacity_and_gives_it_back_when_the_deployment_scales_out(
+        api, backend, model_dir):
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)
+    [demand] = load_serving()
+    assert (demand.replicas_running, demand.replicas_wanted, demand.reserved) == (1, 1, 16.0)
+
+    borrower = job(client, "borrower")
+    admitted = body(client, borrower)
+    assert admitted["status"]["state"] == "ADMITTED"
+    admission = client.get(f"/api/v1/training-jobs/{borrower}/events/").json()["results"][-1]
+    assert admission["to_state"] == "ADMITTED"
+    assert "on loan: training now uses 8 nvidia-h100 of the capacity deployments reserved" in admission["reason"]
+    # the running replica holds the other node: a second job waits for capacity
+    second = job(client, "second")
+    assert "not enough free nvidia-h100" in body(client, second)["status"]["reason"]
+
+    deployment = scale_out(backend, deployment, 2)
+    assert deployment.replicas_target == 2 and deployment.replicas_ready == 1
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        result = run_cycle()
+    assert [p.workload_id for p in result.preempted] == [str(borrower)]
+    events = client.get(f"/api/v1/training-jobs/{borrower}/events/").json()["results"]
+    assert events[-1]["to_state"] == "QUEUED"  # admitted, not started yet: it gives its admission back at once
+    assert f"gives back capacity deployment {deployment.pk} reserved and now needs" in events[-1]["reason"]
+    # nothing else takes the devices the new replica needs
+    assert {body(client, i)["status"]["state"] for i in (borrower, second)} == {"QUEUED"}
+
+    backend.set_service_status(deployment.compute_handle, replicas_running=2)  # Serve placed it
+    scale_out(backend, deployment, 2)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    assert {body(client, i)["status"]["state"] for i in (borrower, second)} == {"QUEUED"}
+
+    backend.set_service_status(deployment.compute_handle, replicas_running=1, replicas_target=1)  # scaled in
+    scale_out(backend, deployment, 1)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    assert sorted(body(client, i)["status"]["state"] for i in (borrower, second)) == ["ADMITTED", "QUEUED"]
+
+
+def test_a_running_borrower_is_asked_to_checkpoint_and_stop(api, backend, model_dir):
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)
+    borrower = job(client, "borrower")
+    TrainingJob.objects.filter(pk=borrower).update(state="RUNNING", compute_handle="fy-train-x")
+    scale_out(backend, deployment, 2)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    assert TrainingJob.objects.get(pk=borrower).state == "PREEMPTED"
+    assert backend.stops and backend.stops[-1][0] == borrower
+
+
+def test_deployments_on_cpu_or_not_placed_hold_nothing(api, backend, model_dir):
+    client = api("alpha", "member")
+    post(client, "/api/v1/deployments/", {**DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}",
+                                          "accelerator_types": ["cpu"], "devices_per_replica": 1})
+    waiting = post(client, "/api/v1/deployments/", {**DEPLOYMENT_BODY, "name": "later",
+                                                    "model_uri": f"file://{model_dir}"})
+    Deployment.objects.filter(pk=waiting).update(state="PENDING", accelerator_type="")
+    assert Deployment.objects.filter(state="SERVING", accelerator_type="cpu").exists()
+    assert load_serving() == []

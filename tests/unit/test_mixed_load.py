@@ -1,0 +1,161 @@
+"""Mixed load (issue 3): training uses capacity deployments reserved but do not use, and gives it back
+(checkpoint, then shrink or stop) when they need it. Pure core: controlplane.scheduling.mixed_load."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane.scheduling.mixed_load import (
+    SERVING_QUEUE,
+    ServingDemand,
+    loans,
+    plan_mixed_load,
+    training_usage_after,
+)
+from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
+from controlplane.scheduling.placement import WorkerPlacement
+from controlplane.scheduling.scheduler import schedule
+
+QUEUES = (ClusterQueueSpec("team", {"h100": Quota(64)}),)
+
+
+def nodes(count: int = 2, devices: int = 8, pool: str = "p") -> tuple[NodeSpec, ...]:
+    return tuple(NodeSpec(f"n{i}", pool, "h100", "g0", devices) for i in range(count))
+
+
+def running(workload_id: str, node_devices: list[tuple[str, list[int]]], *, priority: int = 0, workers_min=None,
+            since_checkpoint: float = 0.0, preemptible: bool = True) -> Running:
+    devices = len(node_devices[0][1])
+    workers = tuple(WorkerPlacement(node, tuple((i, 1.0) for i in idx)) for node, idx in node_devices)
+    workload = Workload(workload_id, "team", ("h100",), devices_per_worker=devices,
+                        workers_min=len(workers) if workers_min is None else workers_min, workers_max=len(workers),
+                        priority=priority, preemptible=preemptible)
+    return Running(workload, "h100", workers, since_checkpoint)
+
+
+def serving(wanted: int, on: tuple[str, ...] = (), *, per_replica: float = 2, maximum: int = 4, pool=None):
+    return ServingDemand("d1", "h100", per_replica, maximum, wanted, on, pool)
+
+
+def test_running_replicas_hold_their_devices_so_training_is_not_admitted_onto_them():
+    snap = Snapshot(nodes(1), QUEUES, pending=(Workload("big", "team", ("h100",), devices_per_worker=8),))
+    plan = plan_mixed_load(snap, [serving(1, ("n0",))])
+    result = schedule(plan.snapshot)
+    assert not result.admitted and "6 devices free" in result.waiting[0].reason
+    assert schedule(snap).admitted, "without the deployment the job fits"
+
+
+def test_training_may_use_reserved_idle_capacity_and_it_is_reported_as_a_loan():
+    snap = Snapshot(nodes(2), QUEUES, pending=(Workload("job", "team", ("h100",), devices_per_worker=8,
+                                                        workers_min=1),))
+    demand = serving(1, ("n0",), maximum=4)  # reserves 8 devices, uses 2
+    plan = plan_mixed_load(snap, [demand])
+    result = schedule(plan.snapshot)
+    assert [a.workload_id for a in result.admitted] == ["job"]
+    usage = training_usage_after(plan.snapshot, result)
+    assert usage == {"h100": 8.0}
+    assert loans(snap, [demand], usage) == {"h100": 0.0}  # 16 - 8 reserved = 8 unreserved: no loan yet
+    second = Snapshot(nodes(2), QUEUES, running=(running("job", [("n1", list(range(8)))]),),
+                      pending=(Workload("more", "team", ("h100",), devices_per_worker=4),))
+    plan = plan_mixed_load(second, [demand])
+    result = schedule(plan.snapshot)
+    assert [a.workload_id for a in result.admitted] == ["more"]
+    assert loans(second, [demand], training_usage_after(plan.snapshot, result)) == {"h100": 4.0}
+
+
+def test_a_deployment_scaling_out_takes_back_its_reserved_capacity_from_the_lowest_priority_training():
+    snap = Snapshot(nodes(1), QUEUES, running=(
+        running("high", [("n0", [0, 1])], priority=5),
+        running("low", [("n0", [2, 3, 4, 5])], priority=1),
+    ))
+    # the replica on n0 holds devices 6 and 7; the deployment now wants a second replica of 2
+    plan = plan_mixed_load(snap, [serving(2, ("n0",))])
+    assert [p.workload_id for p in plan.preempted] == ["low"]
+    assert plan.preempted[0].for_workload == "serving:d1" and "gives back capacity" in plan.preempted[0].reason
+    assert plan.preempted[0].checkpoint_first
+    held = next(r for r in plan.snapshot.running if r.workload.cluster_queue == SERVING_QUEUE)
+    assert len(held.workers) == 2
+    assert {r.workload.id for r in plan.snapshot.running} == {"high", "serving:d1"}
+
+
+def test_an_elastic_victim_is_shrunk_before_it_is_stopped_and_not_touched_again_in_the_cycle():
+    elastic = running("elastic", [("n0", [0, 1]), ("n0", [2, 3]), ("n0", [4, 5])], workers_min=1)
+    snap = Snapshot(nodes(1), QUEUES, running=(elastic,))
+    plan = plan_mixed_load(snap, [serving(2, ("n0",))])
+    assert plan.preempted == []
+    assert [(s.workload_id, s.to_workers) for s in plan.shrunk] == [("elastic", 1)]
+    result = schedule(plan.snapshot)
+    assert not result.preempted and not result.grown and not result.shrunk
+
+
+def test_the_least_work_since_a_checkpoint_goes_first_among_equal_priorities():
+    snap = Snapshot(nodes(1), QUEUES, running=(
+        running("a", [("n0", [0, 1, 2])], since_checkpoint=300.0),
+        running("b", [("n0", [3, 4, 5])], since_checkpoint=10.0),
+    ))
+    plan = plan_mixed_load(snap, [serving(2, ("n0",))])
+    assert [p.workload_id for p in plan.preempted] == ["b"]
+
+
+def test_nothing_is_given_back_when_the_replica_would_still_not_fit():
+    snap = Snapshot(nodes(1), QUEUES, running=(
+        running("keep", [("n0", [0, 1, 2, 3, 4, 5])], preemptible=False),
+    ))
+    plan = plan_mixed_load(snap, [serving(2, ("n0",))])
+    assert plan.preempted == [] and plan.shrunk == []
+    assert "fit nowhere" in plan.waiting["d1"]
+
+
+def test_free_devices_are_used_before_anyone_gives_anything_back_and_a_pinned_pool_is_respected():
+    two_pools = nodes(1, pool="a") + (NodeSpec("m0", "b", "h100", "g1", 8),)
+    snap = Snapshot(two_pools, QUEUES, running=(running("t", [("n0", list(range(8)))]),))
+    free_elsewhere = plan_mixed_load(snap, [serving(1)])
+    assert free_elsewhere.preempted == []
+    assert plan_mixed_load(snap, [serving(1, pool="a")]).preempted[0].workload_id == "t"
+
+
+def test_no_deployments_leaves_the_snapshot_as_it_was():
+    snap = Snapshot(nodes(1), QUEUES, running=(running("t", [("n0", [0])]),))
+    assert plan_mixed_load(snap, []).snapshot is snap
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(0, 3), st.booleans()), max_size=6),
+       st.integers(0, 4), st.integers(0, 4), st.sampled_from([0.5, 1.0, 2.0]))
+def test_after_the_plan_no_device_is_over_committed_and_give_back_only_happens_when_the_replica_then_fits(
+        jobs, replicas_running, wanted, per_replica):
+    free = {f"n{i}": list(range(8)) for i in range(2)}
+    runs = []
+    for index, (node_index, width, priority, elastic) in enumerate(jobs):
+        node = f"n{node_index % 2}"
+        if len(free[node]) < width * 2:
+            continue
+        workers = []
+        for _ in range(2):
+            workers.append((node, free[node][:width]))
+            free[node] = free[node][width:]
+        runs.append(running(f"j{index}", workers, priority=priority, workers_min=1 if elastic else None))
+    on = []
+    for r in range(replicas_running):  # replicas run where devices are free (Ray would not place them otherwise)
+        node = f"n{r % 2}"
+        need = max(1, int(per_replica))
+        if len(free[node]) >= need:
+            on.append(node)
+            free[node] = free[node][need:]
+    snap = Snapshot(nodes(2), QUEUES, running=tuple(runs))
+    demand = ServingDemand("d", "h100", per_replica, 4, wanted, tuple(on))
+    plan = plan_mixed_load(snap, [demand])
+    load: dict[tuple[str, int], float] = {}
+    for r in plan.snapshot.running:
+        for worker in r.workers:
+            for index, share in worker.taken:
+                load[(worker.node, index)] = load.get((worker.node, index), 0.0) + share
+    assert max(load.values(), default=0.0) <= 1.0 + 1e-9
+    held = [r for r in plan.snapshot.running if r.workload.cluster_queue == SERVING_QUEUE]
+    placed = len(held[0].workers) if held else 0
+    if plan.preempted or plan.shrunk:
+        assert placed > len(on), "something was given back, so a wanted replica was placed"
+    victims = [p.workload_id for p in plan.preempted] + [s.workload_id for s in plan.shrunk]
+    assert len(victims) == len(set(victims)), "each victim at most once"
+    assert placed <= max(len(on), min(wanted, 4))
