@@ -39,6 +39,7 @@ from controlplane.scheduling.model import (
 )
 from controlplane.scheduling.placement import WorkerPlacement
 from controlplane.scheduling.scheduler import place_additional_workers, schedule
+from jobs.efficiency import job_workload_class
 from jobs.models import TrainingJob, TrainingJobEvent
 from jobs.states import HOLDING_STATES, JobState
 
@@ -56,7 +57,7 @@ def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload
         id=str(job.pk), cluster_queue=job.local_queue.cluster_queue.name, accepted_types=types,
         devices_per_worker=job.units_per_worker(accelerator_type or types[0]), workers_min=job.workers_min,
         workers_max=job.workers_max, priority=job.priority_class.value if job.priority_class else 0,
-        arrival=job.created_at.timestamp(), workload_class=job.trainer,
+        arrival=job.created_at.timestamp(), workload_class=job_workload_class(job),
         preemptible=preemptible and (job.state == JobState.QUEUED or job.state in PREEMPTIBLE_STATES),
     )
 
@@ -105,8 +106,14 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
 
 
 def efficiency_matrix() -> EfficiencyMatrix:
-    """The matrix the scheduling cycle ranks accepted types with (chip facts and prices from the database)."""
-    return EfficiencyMatrix(chips=chip_facts_from_accelerator_facts(_facts()))
+    """The matrix the scheduling cycle ranks accepted types with: chip facts and prices from the database, refined
+    by the throughputs jobs measured on real (not simulated) nodes (jobs/efficiency.py)."""
+    from jobs.efficiency import cached_measured_throughputs
+
+    matrix = EfficiencyMatrix(chips=chip_facts_from_accelerator_facts(_facts()))
+    for observation in cached_measured_throughputs():
+        matrix.observe(observation.workload_class, observation.accelerator_type, observation.units_per_second)
+    return matrix
 
 
 def type_preference(*, workload_class: str, accepted: list[str]) -> list:

@@ -51,7 +51,7 @@ def _accelerator_type(job: TrainingJob) -> str | None:
     return next(iter(by_type)) if len(by_type) == 1 else None
 
 
-def _simulated(job: TrainingJob, slug: str, simulated_nodes: dict[str, bool], simulated_types: set[str]) -> bool:
+def ran_on_simulated(job: TrainingJob, slug: str, simulated_nodes: dict[str, bool], simulated_types: set[str]) -> bool:
     """Whether the run may have been on simulated chips: any of its nodes is, or (nodes unknown) any pool of
     its type is."""
     names = set(job.observed_nodes or []) | {w.get("node") for w in job.placement or [] if isinstance(w, dict)}
@@ -61,7 +61,7 @@ def _simulated(job: TrainingJob, slug: str, simulated_nodes: dict[str, bool], si
     return slug in simulated_types
 
 
-def _median_step_s(job: TrainingJob) -> tuple[float | None, int]:
+def median_step_time(job: TrainingJob) -> tuple[float | None, int]:
     times = [t for t in TrainingMetric.objects.filter(job=job, step__gte=WARMUP_STEPS, step_time_s__gt=0)
              .order_by("-id").values_list("step_time_s", flat=True)[:2000]]
     return (statistics.median(times) if times else None), len(times)
@@ -103,10 +103,10 @@ def measured_fractions() -> dict[str, MeasuredFraction]:
         if "layout" not in plan or "pool" not in plan:
             entry.skipped.append({"job": job.pk, "why": "planned before plans kept their layout"})
             continue
-        if _simulated(job, slug, simulated_nodes, simulated_types):
+        if ran_on_simulated(job, slug, simulated_nodes, simulated_types):
             entry.skipped.append({"job": job.pk, "why": "ran on simulated chips (host CPU step times)"})
             continue
-        median, rows = _median_step_s(job)
+        median, rows = median_step_time(job)
         if median is None or rows < MIN_STEPS:
             entry.skipped.append({"job": job.pk, "why": f"{rows} step time(s) after warm-up; {MIN_STEPS} needed"})
             continue

@@ -130,7 +130,17 @@ class SpecApplyView(TeamScopedMixin, APIView):
             members = values["replicas_min"]
         return selectors.spec_plan(kind=spec.kind, name=values["name"], local_queue=local_queue,
                                    priority_class=priority_class, accelerator_types=types, units_by_type=units,
-                                   members=members, workload_class=values.get("trainer") or "builtin_lm")
+                                   members=members, workload_class=_workload_class(spec, values))
+
+
+def _workload_class(spec: Spec, values: dict) -> str:
+    """The class the scheduling cycle will rank the job's types by (jobs/efficiency.py)."""
+    if spec.kind != JOB:
+        return "serving"
+    from jobs.efficiency import workload_class_of
+
+    return workload_class_of(trainer=values.get("trainer") or "builtin", hyperparameters=values.get("hyperparameters"),
+                             entrypoint=values.get("entrypoint") or "")
 
 
 def _issues_from(spec: Spec, errors, prefix: str = "") -> list[SpecIssue]:
