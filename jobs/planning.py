@@ -1,19 +1,24 @@
 """`parallelism: auto` for training jobs: ask the parallel-strategy planner for each accepted
 accelerator type at the job's size, keep the types that can run the model, and store the plans.
 
-The plan sizes the gang: a layout with tensor or pipeline parallelism needs every one of its
-devices, so such a job is not elastic (workers_min is raised to workers_max). The built-in trainer
+The plan sizes the gang: when the best layout of every accepted type uses fewer devices than the job
+asked for (a small global batch cannot be split over more data-parallel ranks), the gang shrinks to the
+workers those layouts need, so the scheduler does not hold idle devices for it (`sized_by_plan`); a layout
+with tensor or pipeline parallelism needs every one of its devices, so such a job is not elastic
+(workers_min is raised to workers_max). The built-in trainer
 runs the data-parallel part (one rank per worker) on CPU and logs the rest of the plan; tensor and
 pipeline parallelism need real accelerators and a model-parallel trainer.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from controlplane.cluster.models import NodePool
 from controlplane.cluster.plans import plan_estimate
 from controlplane.common.errors import ValidationFailed
+from controlplane.planning import Layout
 
 PLAN_KEYS = {"mode", "model", "global_batch_size", "options"}
 
@@ -22,7 +27,8 @@ def _summary(best: dict, accelerator_type: str, count: int, pool: dict) -> dict:
     """What the job keeps of a plan: the figures shown, and the whole layout with the pool shape and achievable
     fraction it was planned with, so step times measured later can refine the fraction (jobs/calibration.py)."""
     layout = best["layout"]
-    return {"accelerator_type": accelerator_type, "devices": count, "description": best["description"],
+    return {"accelerator_type": accelerator_type, "devices": count,
+            "layout_devices": Layout.from_dict(layout).devices, "description": best["description"],
             "dp": layout["dp"], "tp": layout["tp"], "pp": layout["pp"], "ep": layout["ep"],
             "micro_batch_size": layout["micro_batch_size"], "recompute": layout["recompute"], "zero": layout["zero"],
             "step_time_s": best["step_time_s"], "tokens_per_s": best["tokens_per_s"], "mfu": best["mfu"],
@@ -86,3 +92,18 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
     model_parallel = any(plan["tp"] * plan["pp"] > 1 for plan in by_type.values())
     return {"mode": "auto", "model": model_facts, "global_batch_size": batch, "devices": count,
             "by_type": by_type, "cannot_run": cannot, "model_parallel": model_parallel}
+
+
+def gang_size_from_plan(plan: dict, *, workers_min: int, workers_max: int, devices_per_worker: int) -> tuple[int, int]:
+    """(workers_min, workers_max) for the stored plan: no more workers than the largest best layout of the accepted
+    types uses (noted in the plan as `sized_by_plan`), and all of them for a model-parallel layout."""
+    used = max((p.get("layout_devices") or p["devices"]) for p in plan["by_type"].values())
+    needed = max(1, math.ceil(used / max(1, devices_per_worker)))
+    if needed < workers_max:
+        plan["sized_by_plan"] = (f"the best layouts use at most {used} of the {workers_max * devices_per_worker} "
+                                 f"devices asked for: the gang is {needed} x {devices_per_worker} devices")
+        workers_max = needed
+        workers_min = min(workers_min, needed)
+    if plan["model_parallel"]:
+        workers_min = workers_max
+    return workers_min, workers_max

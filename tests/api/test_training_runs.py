@@ -350,6 +350,22 @@ def test_parallelism_auto_stores_the_plan_sizes_the_gang_and_drops_types_that_ca
     assert "Parallel plan" in browser.get(f"/jobs/{job.pk}/").content.decode()
 
 
+def test_parallelism_auto_sizes_the_gang_to_the_devices_the_best_layout_uses(api, backend):
+    client = api("alpha", "member")
+    # a global batch of 4 splits over at most 4 data-parallel ranks: the best layout uses 16 of the 24 devices
+    job = submit(client, accelerator_types=["nvidia-h100"], workers_min=3, workers_max=3,
+                 parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 4})
+    plan = job.parallel_plan
+    h100 = plan["by_type"]["nvidia-h100"]
+    assert h100["layout_devices"] == h100["dp"] * h100["tp"] * h100["pp"] == 16 and plan["devices"] == 24
+    assert (job.workers_min, job.workers_max) == (2, 2)
+    assert plan["sized_by_plan"] == ("the best layouts use at most 16 of the 24 devices asked for: the gang is "
+                                     "2 x 8 devices")
+    whole = submit(client, name="whole", accelerator_types=["nvidia-h100"], workers_min=1, workers_max=2,
+                   parallelism={"mode": "auto", "model": "llama2-13b", "global_batch_size": 64})
+    assert "sized_by_plan" not in whole.parallel_plan and whole.workers_max == 2
+
+
 def test_parallelism_auto_refuses_what_no_accepted_type_can_run(api, backend):
     client = api("alpha", "member")
     too_big = client.post("/api/v1/training-jobs/", {
