@@ -23,6 +23,7 @@ from controlplane.scheduling.efficiency import (
     rank_accelerator_types,
 )
 from controlplane.scheduling.mixed_load import (
+    SERVING_PREFIX,
     ServingDemand,
     loans,
     plan_mixed_load,
@@ -156,6 +157,7 @@ def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
     result = schedule(plan.snapshot)
     result.preempted[:0] = plan.preempted
     result.shrunk[:0] = plan.shrunk
+    _note_on_deployments(plan)
     lent = {t: d for t, d in loans(snapshot, serving, training_usage_after(plan.snapshot, result)).items() if d > 0}
     for index, admit in enumerate(result.admitted):
         if lent.get(admit.accelerator_type):
@@ -163,6 +165,29 @@ def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
                 f"{admit.reason}; on loan: training now uses {lent[admit.accelerator_type]:g} "
                 f"{admit.accelerator_type} of the capacity deployments reserved, given back when they scale out"))
     return result
+
+
+def _note_on_deployments(plan) -> None:
+    """A deployment's timeline says which jobs give capacity back for it, and why wanted replicas still wait
+    (the same reason is not recorded again until something else happened to the deployment)."""
+    from inference.models import Deployment, DeploymentEvent
+
+    notes: dict[str, list[str]] = {}
+    for decision in [*plan.preempted, *plan.shrunk]:
+        how = "shrinks" if hasattr(decision, "released") else "stops"
+        notes.setdefault(decision.for_workload.removeprefix(SERVING_PREFIX), []).append(
+            f"job {decision.workload_id} checkpoints and {how} to give back capacity this deployment reserved")
+    for deployment_id, why in plan.waiting.items():
+        notes.setdefault(deployment_id, []).append(why)
+    for deployment_id, reasons in notes.items():
+        deployment = Deployment.objects.filter(pk=int(deployment_id)).first()
+        if deployment is None:
+            continue
+        last = DeploymentEvent.objects.filter(subject=deployment).order_by("-id").values_list("reason", flat=True)
+        for reason in reasons:
+            if reason != last.first():
+                record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
+                             to_state=deployment.state, reason=reason, system="scheduler")
 
 
 @transaction.atomic

@@ -9,6 +9,7 @@ from django.test import TestCase
 
 from controlplane.compute.memory import InMemoryComputeBackend
 from controlplane.compute.topology import load_topology
+from controlplane.quotas.models import PriorityClass
 from inference import tasks as inference_tasks
 from inference import workflows
 from inference.models import Deployment
@@ -90,6 +91,8 @@ def test_training_borrows_reserved_idle_capacity_and_gives_it_back_when_the_depl
     events = client.get(f"/api/v1/training-jobs/{borrower}/events/").json()["results"]
     assert events[-1]["to_state"] == "QUEUED"  # admitted, not started yet: it gives its admission back at once
     assert f"gives back capacity deployment {deployment.pk} reserved and now needs" in events[-1]["reason"]
+    timeline = [e.reason for e in deployment.events.order_by("id")]
+    assert timeline[-1] == f"job {borrower} checkpoints and stops to give back capacity this deployment reserved"
     # nothing else takes the devices the new replica needs
     assert {body(client, i)["status"]["state"] for i in (borrower, second)} == {"QUEUED"}
 
@@ -116,6 +119,23 @@ def test_a_running_borrower_is_asked_to_checkpoint_and_stop(api, backend, model_
         run_cycle()
     assert TrainingJob.objects.get(pk=borrower).state == "PREEMPTED"
     assert backend.stops and backend.stops[-1][0] == borrower
+
+
+def test_a_deployment_whose_wanted_replicas_fit_nowhere_says_why_once(api, backend, model_dir):
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)
+    high = job(client, "keeps-its-devices")
+    TrainingJob.objects.filter(pk=high).update(state="RUNNING", compute_handle="fy-train-y")
+    never = PriorityClass.objects.create(name="never-preempted", value=1000, preemptible=False)
+    TrainingJob.objects.filter(pk=high).update(priority_class=never)
+    scale_out(backend, deployment, 2)
+    for _ in range(3):
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            run_cycle()
+    assert TrainingJob.objects.get(pk=high).state == "RUNNING"
+    waits = [e.reason for e in deployment.events.all() if "fit nowhere" in e.reason]
+    assert waits == ["1 wanted replica(s) of 8 nvidia-h100 fit nowhere, and no preemptible training holds enough "
+                     "to give back"]
 
 
 def test_deployments_on_cpu_or_not_placed_hold_nothing(api, backend, model_dir):
