@@ -129,8 +129,13 @@ def deployment_metrics(*, deployment: Deployment, window_s: int, now=None) -> di
 
 
 def _per_minute(rows, now, window_s: int) -> list[dict]:
-    minutes = min(SERIES_MAX_MINUTES, max(1, math.ceil(window_s / 60)))
-    start = now.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
+    """One point per clock minute the window touches (the oldest and the current minute are partial), the last
+    `SERIES_MAX_MINUTES` at most. Before, the series had ceil(window / 60) points ending at the current minute, so
+    requests in the window's oldest partial minute were in the totals but in no point."""
+    current = now.replace(second=0, microsecond=0)
+    first = (now - timedelta(seconds=window_s)).replace(second=0, microsecond=0)
+    minutes = min(SERIES_MAX_MINUTES, max(1, int((current - first).total_seconds() // 60) + 1))
+    start = current - timedelta(minutes=minutes - 1)
     buckets: dict[int, list] = defaultdict(list)
     for row in rows:
         index = int((row[0] - start).total_seconds() // 60)

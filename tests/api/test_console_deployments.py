@@ -215,7 +215,7 @@ def test_detail_chart_data_comes_from_the_request_log(world):
     data = json.loads(html.split('<script id="deployment-metrics" type="application/json">')[1].split("</script>")[0])
     assert data["sla"]["ttft_p95_ms"] == 450 and data["sla"]["tpot_p95_ms"] == 40
     assert data["metrics_url"] == f"/api/v1/deployments/{deployment.pk}/metrics/" and data["window_s"] == 900
-    assert len(data["series"]) == 15
+    assert len(data["series"]) == 16  # every clock minute the 900 s window touches
     last = data["series"][-1]
     assert last["requests"] == 3 and last["errors"] == 1 and last["output_tokens"] == 10
     assert "1× 503" in html and "2 of 3 requests served" in html

@@ -4,7 +4,7 @@ metrics endpoint, and the 4xx paths. The real Ray Serve runtime is exercised by 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from django.test import TestCase
@@ -263,12 +263,31 @@ def test_metrics_endpoint(api, backend, model_dir):
     assert body["cache_hit_rate"] == 0.5 and body["output_tokens"] == 400
     assert body["output_tokens_per_s"] == pytest.approx(400 / 60, abs=1e-3)
     assert body["replicas"]["ready"] == 1 and body["sla"]["ttft_p95_ms"] == 500
-    # per-minute points: the requests (logged a second ago) fall in one minute, or two across a minute boundary
-    assert 1 <= len(body["series"]) <= 2 and sum(point["requests"] for point in body["series"]) == 22
+    # one point per clock minute the 60 s window touches: the requests (logged a second ago) are in one of them,
+    # the previous minute's when the test runs in a minute's first second (the series used to drop them)
+    assert len(body["series"]) == 2 and sum(point["requests"] for point in body["series"]) == 22
     wide = client.get(f"/api/v1/deployments/{deployment.pk}/metrics/?window=900").json()
-    assert wide["requests"] == 25 and len(wide["series"]) == 15
+    assert wide["requests"] == 25 and len(wide["series"]) == 16
+    assert sum(point["requests"] for point in wide["series"]) == 25
     bad = client.get(f"/api/v1/deployments/{deployment.pk}/metrics/?window=0")
     assert bad.status_code == 400 and "window" in bad.json()
+
+
+def test_the_series_counts_requests_in_the_windows_oldest_partial_minute(api, backend, model_dir):
+    """A request 0.7 s before a minute's first half second is in a 60 s window; it must be in a point too (the
+    series used to start at the current minute and drop it: found by CI at 13:29:00)."""
+    from datetime import datetime
+
+    from inference.selectors import deployment_metrics
+
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    now = datetime(2026, 11, 25, 13, 29, 0, 500000, tzinfo=UTC)
+    InferenceRequest.objects.create(deployment=deployment, created_at=now - timedelta(seconds=0.7),
+                                    endpoint="completions", status_code=200, prompt_tokens=10, output_tokens=2,
+                                    ttft_ms=50.0, tpot_ms=5.0)
+    metrics = deployment_metrics(deployment=deployment, window_s=60, now=now)
+    assert metrics["requests"] == 1
+    assert [(p["minute"].minute, p["requests"]) for p in metrics["series"]] == [(28, 1), (29, 0)]
 
 
 @pytest.mark.parametrize("overrides,field", [

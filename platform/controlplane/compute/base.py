@@ -167,7 +167,7 @@ class ServiceStatus:
     replicas_target: int = 0
     revision: int = 0
     message: str = ""
-    node_names: tuple[str, ...] = ()  # where the running replicas are
+    node_names: tuple[str, ...] = ()  # one entry per running replica: the node it runs on
 
 
 class ServiceError(Exception):

@@ -306,8 +306,8 @@ class RayComputeBackend:
         state = _SERVE_STATES.get(app.get("status", ""), "unhealthy")
         message = app.get("message") or deployment.get("message") or ""
         names = self._node_names_by_id()
-        nodes = tuple(sorted({names.get(r.get("node_id"), r.get("node_id") or "") for r in replicas
-                              if r.get("state") == "RUNNING"}))
+        nodes = tuple(sorted(names.get(r.get("node_id"), r.get("node_id") or "") for r in replicas
+                             if r.get("state") == "RUNNING"))  # one per replica: mixed load counts their devices
         return ServiceStatus(handle=handle, state=state, replicas_running=running, replicas_target=int(target or 0),
                              revision=int(user_config.get("revision", 0)) if state == "running" else 0,
                              message=str(message)[:500], node_names=nodes)
