@@ -1,0 +1,108 @@
+"""Mixed load on the real local Ray cluster (issue 3): a training job borrows the H100 node a deployment reserved
+but does not use; when the deployment needs a second replica, the scheduling cycle asks the job to checkpoint and
+stop, its placement group goes, and Ray Serve places the replica on the node it gave back.
+
+The control plane's tasks run in this process (Celery eager); Serve's autoscaler wanting a second replica is
+what `deploy_service` with `replicas_min=2` (same revision, so no rollout) tells Serve here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from jobs.runtime.lm import write_random_model_dir
+
+pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
+
+SHAPE = {"context": 256, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64}
+
+
+@pytest.fixture
+def platform(ray_backend, pools_from_ray, monkeypatch):
+    from inference import tasks as inference_tasks
+    from jobs import tasks as job_tasks
+
+    for module in (job_tasks, inference_tasks):
+        monkeypatch.setattr(module, "get_compute_backend", lambda: ray_backend)
+    yield ray_backend
+    ray_backend.shutdown_serving()  # nothing may outlive a test
+    for handle in ray_backend.list_training_handles():
+        ray_backend.stop_training(handle, checkpoint=False)
+        ray_backend.release_training(handle)
+
+
+def tick(backend):
+    """One beat of the control plane: observe nodes and deployments, schedule, sync training runs."""
+    from controlplane.cluster.services import nodes_sync
+    from inference.tasks import sync_deployments
+    from jobs.tasks import run_scheduling_cycle, sync_training_jobs
+
+    nodes_sync(observed=backend.list_nodes())
+    sync_deployments()
+    run_scheduling_cycle()
+    sync_training_jobs()
+
+
+def wait_for(backend, fetch, until, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        tick(backend)
+        obj = fetch()
+        if until(obj):
+            return obj
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {obj.state} {obj.state_reason}"
+        time.sleep(0.5)
+
+
+def test_a_borrowing_job_checkpoints_and_gives_its_node_back_to_a_scaling_deployment(api, platform, tmp_path):
+    from inference.models import Deployment
+    from inference.workflows import autoscaling_for, build_spec
+    from jobs.models import TrainingJob
+
+    client = api("alpha", "member")
+    model = write_random_model_dir(tmp_path / "model", SHAPE, seed=3)
+    response = client.post("/api/v1/deployments/", {
+        "name": "chat", "queue": "default", "model_uri": str(model), "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 2, "sla": {"ttft_p95_ms": 5000,
+                                                                                "tpot_p95_ms": 1000},
+        "engine": {"slots": 2, "block_size": 8}}, format="json")
+    assert response.status_code == 201, response.json()
+    pk = response.json()["id"]
+    deployment = wait_for(platform, lambda: Deployment.objects.get(pk=pk),
+                          lambda d: d.state == "SERVING" and d.observed.get("node_names"), 120, "the deployment")
+    [serving_node] = deployment.observed["node_names"]
+
+    response = client.post("/api/v1/training-jobs/", {
+        "name": "borrower", "queue": "default", "accelerator_types": ["nvidia-h100"], "workers_min": 1,
+        "workers_max": 1, "devices_per_worker": 8, "checkpoint": {"interval_steps": 1000, "keep_last": 2},
+        "hyperparameters": {"steps": 100000, "step_sleep_s": 0.05}}, format="json")
+    assert response.status_code == 201, response.json()
+    job_id = response.json()["id"]
+    job = wait_for(platform, lambda: TrainingJob.objects.get(pk=job_id),
+                   lambda j: j.state == "RUNNING" and j.current_step >= 5, 120, "the job to train")
+    assert job.observed_nodes and job.observed_nodes[0] != serving_node  # on the node the deployment reserved
+    admitted = job.events.filter(to_state="ADMITTED").last()
+    assert "on loan: training now uses 8 nvidia-h100" in admitted.reason
+
+    asked = time.monotonic()
+    spec = build_spec(deployment, autoscaling_for(deployment))
+    platform.deploy_service(dataclasses.replace(spec, replicas_min=2))  # the deployment now wants 2 replicas
+    deployment = wait_for(platform, lambda: Deployment.objects.get(pk=pk), lambda d: d.replicas_ready == 2, 180,
+                          "the second replica")
+    placed = time.monotonic() - asked
+    job = TrainingJob.objects.get(pk=job_id)
+    assert job.state in ("PREEMPTED", "QUEUED"), job.state
+    assert sorted(deployment.observed["node_names"]) == ["h100-pool-0", "h100-pool-1"]
+    preempted = job.events.filter(to_state="PREEMPTED").last()
+    assert preempted and f"gives back capacity deployment {pk} reserved and now needs" in preempted.reason
+    assert job.last_checkpoint_step is not None and job.last_checkpoint_step >= 5  # it checkpointed before stopping
+    job = wait_for(platform, lambda: TrainingJob.objects.get(pk=job_id), lambda j: j.state == "QUEUED", 60,
+                   "the requeue")
+    assert "not enough free nvidia-h100" in job.state_reason
+    print(f"\nmixed load on Ray: the second replica ran {placed:.1f} s after the deployment asked for it; the job "
+          f"checkpointed at step {job.last_checkpoint_step} and waits in the queue")
+    assert client.post(f"/api/v1/training-jobs/{job_id}/cancel/").status_code in (200, 202)
+    assert client.delete(f"/api/v1/deployments/{pk}/").status_code == 204
