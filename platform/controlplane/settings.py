@@ -395,6 +395,8 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 FLEETYARD_NODE_SYNC_SECONDS = env_int("FLEETYARD_NODE_SYNC_SECONDS", 10)
 FLEETYARD_SCHEDULING_SECONDS = env_int("FLEETYARD_SCHEDULING_SECONDS", 5)
+# Task outbox: a message no worker took for this long (since it was last sent) is sent again with the same id.
+FLEETYARD_OUTBOX_RESEND_SECONDS = env_int("FLEETYARD_OUTBOX_RESEND_SECONDS", 300)
 FLEETYARD_TRAINING_SYNC_SECONDS = env_float("FLEETYARD_TRAINING_SYNC_SECONDS", 2.0)
 # Serving: how often services are observed and autoscaled, and the request window the SLA is measured over.
 FLEETYARD_SERVING_SYNC_SECONDS = env_float("FLEETYARD_SERVING_SYNC_SECONDS", 5.0)
@@ -425,4 +427,5 @@ CELERY_BEAT_SCHEDULE = {
     "scheduling-cycle": {"task": "jobs.run_scheduling_cycle", "schedule": float(FLEETYARD_SCHEDULING_SECONDS)},
     "sync-training-jobs": {"task": "jobs.sync_training_jobs", "schedule": FLEETYARD_TRAINING_SYNC_SECONDS},
     "sync-deployments": {"task": "inference.sync_deployments", "schedule": FLEETYARD_SERVING_SYNC_SECONDS},
+    "resend-undelivered": {"task": "common.resend_undelivered", "schedule": 30.0},
 }

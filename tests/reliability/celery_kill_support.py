@@ -161,13 +161,14 @@ class KillableWorker:
 
 def run_kill_scenario(*, kind: str, tmp_path: Path, tasks: int, kills: int, workers: int = 2, hold_s: float = 0.02,
                       kill_after_ready_s: tuple[float, float] = (0.2, 2.0), drain_timeout_s: float = 90.0,
-                      seed: int = 8) -> dict:
+                      seed: int = 8, resend_after_s: float = 15.0) -> dict:
     """Publish `tasks` effect tasks and one poison message, SIGKILL a worker `kills` times at random moments
     once it consumes (starting it again each time, workers in turn), wait until every effect is written and
     the poison message is dead-lettered, and return the figures. The caller has created the effect tables."""
     import random
 
     from controlplane.common.models import DeliveryState, TaskDelivery
+    from controlplane.common.tasks import dispatch, resend_undelivered
     from tests.integration.celery_workers import publishing_to
 
     rng = random.Random(seed)
@@ -187,10 +188,10 @@ def run_kill_scenario(*, kind: str, tmp_path: Path, tasks: int, kills: int, work
                 ensure_broker_folders(options)
             for worker in pool:
                 worker.start()
-            for index in range(tasks):
-                write_effect.apply_async(args=[f"effect-{index:05d}", hold_s])
+            for index in range(tasks):  # through the outbox, as the platform's services send their tasks
+                dispatch(write_effect, f"effect-{index:05d}", hold_s)
                 if index == tasks // 4:
-                    poison.apply_async(args=["poison-1"])
+                    dispatch(poison, "poison-1")
             published_s = time.monotonic() - started
             for kill in range(kills):
                 victim = pool[kill % len(pool)]
@@ -203,7 +204,11 @@ def run_kill_scenario(*, kind: str, tmp_path: Path, tasks: int, kills: int, work
                 victim.start()
             kills_done_s = time.monotonic() - started
             deadline = time.monotonic() + drain_timeout_s
+            resent, next_sweep = 0, 0.0
             while True:
+                if time.monotonic() >= next_sweep:  # the beat's outbox sweep (no beat runs here)
+                    resent += resend_undelivered(older_than_s=resend_after_s)
+                    next_sweep = time.monotonic() + 1.0
                 figures = effect_figures()
                 poison_row = TaskDelivery.objects.filter(task_name="c1.poison").first()
                 dead = poison_row is not None and poison_row.state == DeliveryState.DEAD_LETTERED
@@ -229,6 +234,7 @@ def run_kill_scenario(*, kind: str, tmp_path: Path, tasks: int, kills: int, work
         "broker": kind, "database": connection.vendor, "tasks": tasks, "workers": workers, "kills": len(kill_log),
         **settled,
         "missing": tasks - settled["effects"],
+        "resent_from_outbox": resent,  # messages no worker took within resend_after_s, sent again
         "redelivered_messages": ledger.filter(deliveries__gt=1).count(),
         "redeliveries": sum(row.deliveries - 1 for row in ledger),
         "effect_tasks_dead_lettered": ledger.filter(state=DeliveryState.DEAD_LETTERED).count(),

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.common.models import DeliveryState, TaskDelivery
+from controlplane.common.models import DeliveryState, TaskDelivery, TaskOutbox
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ def delivery_begin(*, task_id: str, attempt: int, task_name: str, args, kwargs, 
     """Record that a worker took this message; say whether to run it. Commits before returning."""
     now = timezone.now()
     with transaction.atomic():
+        TaskOutbox.objects.filter(task_id=task_id).delete()  # a worker has it: the outbox need not send it again
         row, created = TaskDelivery.objects.select_for_update().get_or_create(
             task_id=task_id, attempt=attempt,
             defaults={"task_name": task_name, "args": _plain(list(args)), "kwargs": _plain(dict(kwargs)),

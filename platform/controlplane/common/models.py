@@ -43,3 +43,28 @@ class TaskDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.task_id}#{self.attempt}] {self.state} x{self.deliveries}"
+
+
+class TaskOutbox(models.Model):
+    """A task message a service sent and no worker has taken yet (transactional outbox, issue 8 C1/C2).
+
+    Written in the sender's transaction; the delivery ledger deletes it when a worker takes the message; the beat's
+    `common.resend_undelivered` sends again, with the same task id, what no worker took within
+    FLEETYARD_OUTBOX_RESEND_SECONDS: a message the broker lost (Redis hands a message to BRPOP before the worker
+    records it as unacknowledged, so a worker killed in between loses it) or one sent while the broker was down.
+    """
+
+    task_id = models.CharField(max_length=255, unique=True)
+    task_name = models.CharField(max_length=200)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    sent_at = models.DateTimeField(null=True, blank=True, help_text="The latest send to the broker.")
+    sends = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        verbose_name_plural = "task outbox"
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.task_id}] sent x{self.sends}"

@@ -4,11 +4,16 @@ work to Celery once their transaction commits."""
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
+from datetime import timedelta
 
-from celery import Task
+from celery import Task, shared_task
 from celery.exceptions import Ignore, Retry
 from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 log = logging.getLogger(__name__)
@@ -55,18 +60,79 @@ LIFECYCLE_TASK = {"base": LifecycleTask, "acks_late": True, "reject_on_worker_lo
 PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.3, "interval_max": 0.5}
 
 
-def dispatch(task, *args, **kwargs) -> bool:
-    """Send a task now. A broker that cannot be reached is logged, not raised: the write that asked for the
-    task is already committed, and the beat's reconcilers pick up what was not dispatched (a PENDING job is
-    enqueued, an ADMITTED one launched, a PENDING deployment deployed, an orphan run stopped)."""
+def _send(task, args, kwargs, task_id: str | None = None) -> bool:
     try:
-        task.apply_async(args=args, kwargs=kwargs, retry=True, retry_policy=PUBLISH_RETRY)
+        task.apply_async(args=args, kwargs=kwargs, task_id=task_id, retry=True, retry_policy=PUBLISH_RETRY)
     except (OperationalError, ConnectionError, OSError) as exc:
-        log.warning("could not send %s%s to the broker (%s); the reconciler will pick it up", task.name, args, exc)
+        log.warning("could not send %s%s to the broker (%s); it is sent again later", task.name, args, exc)
         return False
     return True
+
+
+def dispatch(task, *args, **kwargs) -> bool:
+    """Send a task now, through the outbox: a broker that cannot be reached is logged, not raised (the write
+    that asked for the task is already committed), and a message no worker takes is sent again by the beat's
+    `common.resend_undelivered`; the reconcilers still repair state a lost message would have changed (a PENDING
+    job is enqueued, an ADMITTED one launched, a PENDING deployment deployed, an orphan run stopped)."""
+    if task.app.conf.task_always_eager or not (args or kwargs):
+        # eager: it runs here and now, nothing to deliver or lose. Without arguments it is a reconciler pass,
+        # which the beat sends again anyway: kept out of the outbox, so a backlog of passes is not sent twice.
+        return _send(task, args, kwargs)
+    from controlplane.common.models import TaskOutbox
+
+    task_id = str(uuid.uuid4())
+    TaskOutbox.objects.create(task_id=task_id, task_name=task.name, args=_plain(list(args)), kwargs=_plain(kwargs))
+    sent = _send(task, args, kwargs, task_id)
+    if sent:
+        TaskOutbox.objects.filter(task_id=task_id, sent_at__isnull=True).update(sent_at=timezone.now(),
+                                                                               sends=F("sends") + 1)
+    return sent
+
+
+MAX_SENDS = 5  # then the message stays in the outbox for an operator (admin: Task outbox), logged
 
 
 def dispatch_on_commit(task, *args, **kwargs) -> None:
     """Send a task once the current transaction commits; nothing is sent if it rolls back."""
     transaction.on_commit(lambda: dispatch(task, *args, **kwargs))
+
+
+def _plain(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def resend_undelivered(*, older_than_s: float, limit: int = 500) -> int:
+    """Send again (same task id) the outbox messages no worker has taken for `older_than_s` seconds since they
+    were last sent (or never sent: the broker was down). A message sent twice that both arrive runs through the
+    delivery ledger like any redelivery, and each task's effect has its own guard. Returns how many were sent."""
+    from celery import current_app
+
+    from controlplane.common.models import TaskOutbox
+
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=older_than_s)
+    due = list(TaskOutbox.objects.filter(created_at__lte=cutoff, sends__lt=MAX_SENDS)
+               .filter(Q(sent_at__isnull=True) | Q(sent_at__lte=cutoff)).order_by("created_at")[:limit])
+    sent = 0
+    for row in due:
+        if row.sent_at is not None and row.sent_at > now - timedelta(seconds=older_than_s * 2 ** (row.sends - 1)):
+            continue  # each send waits twice as long as the one before: a long queue is not flooded with copies
+        task = current_app.tasks.get(row.task_name)
+        if task is None:
+            log.error("outbox message %s[%s] names no registered task; left for an operator", row.task_name,
+                      row.task_id)
+            continue
+        if _send(task, tuple(row.args), dict(row.kwargs), row.task_id):
+            TaskOutbox.objects.filter(pk=row.pk).update(sent_at=timezone.now(), sends=F("sends") + 1)
+            log.warning("sent %s[%s] again: no worker took it within %g s", row.task_name, row.task_id,
+                        older_than_s)
+            sent += 1
+    return sent
+
+
+@shared_task(name="common.resend_undelivered", **LIFECYCLE_TASK)
+def resend_undelivered_task() -> int:
+    """Beat: send again what no worker took within FLEETYARD_OUTBOX_RESEND_SECONDS."""
+    from django.conf import settings
+
+    return resend_undelivered(older_than_s=float(settings.FLEETYARD_OUTBOX_RESEND_SECONDS))
