@@ -125,3 +125,21 @@ def test_a_message_redis_lost_is_sent_again_and_the_job_is_queued(world, tmp_pat
                 time.sleep(0.3)
     assert TrainingJob.objects.get(pk=job.pk).state != JobState.PENDING
     assert not TaskOutbox.objects.exists()  # the worker took it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_record_commits_and_rolls_back_with_the_change_that_asked_for_the_task(sent):
+    from django.db import transaction
+
+    from controlplane.common.tasks import dispatch_on_commit
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        dispatch_on_commit(tasks.launch_training_job, 1)
+        assert TaskOutbox.objects.count() == 1  # written in the transaction, before anything is sent
+        raise RuntimeError("the request failed after the write")
+    assert not TaskOutbox.objects.exists() and sent == []
+    with transaction.atomic():
+        dispatch_on_commit(tasks.launch_training_job, 2)
+        assert sent == []
+    row = TaskOutbox.objects.get()
+    assert [call["task_id"] for call in sent] == [row.task_id] and row.sends == 1

@@ -74,27 +74,40 @@ def dispatch(task, *args, **kwargs) -> bool:
     that asked for the task is already committed), and a message no worker takes is sent again by the beat's
     `common.resend_undelivered`; the reconcilers still repair state a lost message would have changed (a PENDING
     job is enqueued, an ADMITTED one launched, a PENDING deployment deployed, an orphan run stopped)."""
-    if task.app.conf.task_always_eager or not (args or kwargs):
-        # eager: it runs here and now, nothing to deliver or lose. Without arguments it is a reconciler pass,
-        # which the beat sends again anyway: kept out of the outbox, so a backlog of passes is not sent twice.
-        return _send(task, args, kwargs)
-    from controlplane.common.models import TaskOutbox
-
-    task_id = str(uuid.uuid4())
-    TaskOutbox.objects.create(task_id=task_id, task_name=task.name, args=_plain(list(args)), kwargs=_plain(kwargs))
-    sent = _send(task, args, kwargs, task_id)
-    if sent:
-        TaskOutbox.objects.filter(task_id=task_id, sent_at__isnull=True).update(sent_at=timezone.now(),
-                                                                               sends=F("sends") + 1)
-    return sent
+    return _send_recorded(task, args, kwargs, _record(task, args, kwargs))
 
 
 MAX_SENDS = 5  # then the message stays in the outbox for an operator (admin: Task outbox), logged
 
 
 def dispatch_on_commit(task, *args, **kwargs) -> None:
-    """Send a task once the current transaction commits; nothing is sent if it rolls back."""
-    transaction.on_commit(lambda: dispatch(task, *args, **kwargs))
+    """Send a task once the current transaction commits; nothing is sent if it rolls back. Its outbox record is
+    written in the transaction, so it commits (and rolls back) with the change that asked for the task."""
+    task_id = _record(task, args, kwargs)
+    transaction.on_commit(lambda: _send_recorded(task, args, kwargs, task_id))
+
+
+def _record(task, args, kwargs) -> str | None:
+    """The outbox record's task id, or None for what stays out of the outbox: eager runs (they run here and now,
+    nothing to deliver or lose) and reconciler passes without arguments (the beat sends them again anyway, and a
+    backlog of passes is not sent twice)."""
+    if task.app.conf.task_always_eager or not (args or kwargs):
+        return None
+    from controlplane.common.models import TaskOutbox
+
+    task_id = str(uuid.uuid4())
+    TaskOutbox.objects.create(task_id=task_id, task_name=task.name, args=_plain(list(args)), kwargs=_plain(kwargs))
+    return task_id
+
+
+def _send_recorded(task, args, kwargs, task_id: str | None) -> bool:
+    sent = _send(task, args, kwargs, task_id)
+    if sent and task_id is not None:
+        from controlplane.common.models import TaskOutbox
+
+        TaskOutbox.objects.filter(task_id=task_id, sent_at__isnull=True).update(sent_at=timezone.now(),
+                                                                               sends=F("sends") + 1)
+    return sent
 
 
 def _plain(value):
