@@ -155,10 +155,11 @@ def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
     serving = load_serving()
     plan = plan_mixed_load(snapshot, serving)
     result = schedule(plan.snapshot)
+    # before the give-back decisions join the result: the plan's snapshot has already applied them
+    lent = {t: d for t, d in loans(snapshot, serving, training_usage_after(plan.snapshot, result)).items() if d > 0}
     result.preempted[:0] = plan.preempted
     result.shrunk[:0] = plan.shrunk
     _note_on_deployments(plan)
-    lent = {t: d for t, d in loans(snapshot, serving, training_usage_after(plan.snapshot, result)).items() if d > 0}
     for index, admit in enumerate(result.admitted):
         if lent.get(admit.accelerator_type):
             result.admitted[index] = replace(admit, reason=(

@@ -94,9 +94,12 @@ def judge(name: str, installed: str, *, project: dict | None, version_record: di
         latest = latest_release(project)
         if latest is None or Version(public) != Version(latest):
             hold = holds.get(canonicalize_name(name), "")
-            return Verdict(name, installed, latest, "held" if hold else "unaudited",
+            # advisories against the latest release most likely hit an older one too: they fail a hold
+            against_latest = [i for i in _ids(project.get("vulnerabilities") or []) if i not in ignore]
+            status = "vulnerable" if against_latest else ("held" if hold else "unaudited")
+            return Verdict(name, installed, latest, status,
                            f"behind the latest release {latest}: advisories fixed since {public} are not listed",
-                           advisories=_ids(project.get("vulnerabilities") or []), reason=hold)
+                           advisories=against_latest, reason=hold)
         found, source = _ids(project.get("vulnerabilities") or []), "PyPI project record (installed = latest)"
     applies = [i for i in found if i not in ignore]
     return Verdict(name, installed, latest, "vulnerable" if applies else "clean", source,

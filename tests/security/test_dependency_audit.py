@@ -76,6 +76,12 @@ def test_an_older_release_is_unaudited_unless_held_with_a_reason():
     assert audit.failed([unaudited, held]) == [unaudited]
 
 
+def test_a_hold_does_not_excuse_advisories_against_the_latest_release():
+    verdict = audit.judge("lib", "1.0", project=project("2.0", "1.0", vulns=("GHSA-x",)), version_record=None,
+                          ignore=set(), holds={"lib": "pinned by a framework"})
+    assert (verdict.status, verdict.advisories) == ("vulnerable", ["GHSA-x"])
+
+
 def test_a_package_pypi_does_not_know_is_unaudited():
     verdict = audit.judge("private", "1.0", project=None, version_record=None, ignore=set(), holds={})
     assert verdict.status == "unaudited"

@@ -81,12 +81,43 @@ def test_a_deployment_scaling_out_takes_back_its_reserved_capacity_from_the_lowe
 
 def test_an_elastic_victim_is_shrunk_before_it_is_stopped_and_not_touched_again_in_the_cycle():
     elastic = running("elastic", [("n0", [0, 1]), ("n0", [2, 3]), ("n0", [4, 5])], workers_min=1)
-    snap = Snapshot(nodes(1), QUEUES, running=(elastic,))
-    plan = plan_mixed_load(snap, [serving(2, ("n0",))])
+    snap = Snapshot(nodes(2), QUEUES, running=(elastic, running("other", [("n1", list(range(8)))])),
+                    pending=(Workload("urgent", "team", ("h100",), devices_per_worker=2, priority=9),))
+    plan = plan_mixed_load(snap, [serving(2, ("n0",), pool="p")])
     assert plan.preempted == []
     assert [(s.workload_id, s.to_workers) for s in plan.shrunk] == [("elastic", 1)]
-    result = schedule(plan.snapshot)
+    narrowed = next(r for r in plan.snapshot.running if r.workload.id == "elastic")
+    assert not narrowed.workload.preemptible and narrowed.workload.workers_max == 1
+    result = schedule(plan.snapshot)  # the 2 devices the shrink freed beyond the replica's go to "urgent"
+    assert [a.workload_id for a in result.admitted] == ["urgent"]
     assert not result.preempted and not result.grown and not result.shrunk
+    usage = training_usage_after(plan.snapshot, result)
+    assert usage == {"h100": 2.0 + 8.0 + 2.0}  # narrowed elastic, other, urgent: each counted once
+
+
+def test_every_deployments_running_replicas_hold_their_devices_before_any_wanted_replica_is_placed():
+    d1 = ServingDemand("d1", "h100", 8, 2, 2, ("n0",))  # wants a second replica
+    d2 = ServingDemand("d2", "h100", 8, 1, 1, ("n1",))  # runs on n1
+    plan = plan_mixed_load(Snapshot(nodes(2), QUEUES), [d1, d2])
+    held = {r.workload.id: [w.node for w in r.workers] for r in plan.snapshot.running}
+    assert held == {"serving:d1": ["n0"], "serving:d2": ["n1"]}
+    assert "d1" in plan.waiting  # no room for d1's second replica: n1 is d2's
+
+
+def test_only_the_victims_on_the_node_the_replica_lands_on_give_anything_back():
+    snap = Snapshot(nodes(2), QUEUES, running=(
+        running("low-on-n0", [("n0", [0, 1, 2, 3])], priority=0),
+        running("keep-on-n0", [("n0", [4, 5, 6, 7])], preemptible=False),
+        running("on-n1", [("n1", list(range(8)))], priority=1),
+    ))
+    plan = plan_mixed_load(snap, [ServingDemand("d", "h100", 8, 1, 1)])
+    assert [p.workload_id for p in plan.preempted] == ["on-n1"]  # freeing n0 is impossible: nothing of it is given
+
+
+def test_a_replica_on_a_node_the_snapshot_does_not_know_still_holds_devices_of_its_type():
+    snap = Snapshot(nodes(1), QUEUES, pending=(Workload("job", "team", ("h100",), devices_per_worker=8),))
+    plan = plan_mixed_load(snap, [ServingDemand("d", "h100", 8, 1, 1, ("gone-node",))])
+    assert not schedule(plan.snapshot).admitted
 
 
 def test_the_least_work_since_a_checkpoint_goes_first_among_equal_priorities():
@@ -145,17 +176,23 @@ def test_after_the_plan_no_device_is_over_committed_and_give_back_only_happens_w
             free[node] = free[node][need:]
     snap = Snapshot(nodes(2), QUEUES, running=tuple(runs))
     demand = ServingDemand("d", "h100", per_replica, 4, wanted, tuple(on))
-    plan = plan_mixed_load(snap, [demand])
+    other = ServingDemand("e", "h100", 1.0, 2, 2)  # a second deployment wanting 2 single-device replicas
+    plan = plan_mixed_load(snap, [demand, other])
     load: dict[tuple[str, int], float] = {}
     for r in plan.snapshot.running:
         for worker in r.workers:
             for index, share in worker.taken:
                 load[(worker.node, index)] = load.get((worker.node, index), 0.0) + share
     assert max(load.values(), default=0.0) <= 1.0 + 1e-9
-    held = [r for r in plan.snapshot.running if r.workload.cluster_queue == SERVING_QUEUE]
-    placed = len(held[0].workers) if held else 0
+    held = {r.workload.id: r for r in plan.snapshot.running if r.workload.cluster_queue == SERVING_QUEUE}
+    placed = len(held["serving:d"].workers) if "serving:d" in held else 0
+    placed_other = len(held["serving:e"].workers) if "serving:e" in held else 0
     if plan.preempted or plan.shrunk:
-        assert placed > len(on), "something was given back, so a wanted replica was placed"
+        assert placed > len(on) or placed_other > 0, "something was given back, so a wanted replica was placed"
+    for decision in [*plan.preempted, *plan.shrunk]:  # each victim had a worker where a new replica now runs
+        victim = next(r for r in snap.running if r.workload.id == decision.workload_id)
+        new_nodes = {w.node for r in held.values() for w in r.workers}
+        assert {w.node for w in victim.workers} & new_nodes
     victims = [p.workload_id for p in plan.preempted] + [s.workload_id for s in plan.shrunk]
     assert len(victims) == len(set(victims)), "each victim at most once"
     assert placed <= max(len(on), min(wanted, 4))

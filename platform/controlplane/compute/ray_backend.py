@@ -75,7 +75,8 @@ class RayComputeBackend:
         self.namespace = namespace
         self.env = dict(env or {})
         self._handles: dict[str, Any] = {}
-        self._handles_lock = threading.Lock()
+        self._handles_lock = threading.Lock()  # guards _handle_locks
+        self._handle_locks: dict[str, threading.Lock] = {}  # one per service: a slow one does not hold the rest
 
     # ------------------------------------------------------------------ connection
 
@@ -397,6 +398,8 @@ class RayComputeBackend:
         if deployment is not None:
             return deployment
         with self._handles_lock:
+            lock = self._handle_locks.setdefault(handle, threading.Lock())
+        with lock:
             deployment = self._handles.get(handle)
             if deployment is None:
                 serve = self._serve()

@@ -15,7 +15,7 @@ then says how much of each type's reserved-idle capacity training uses after the
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from controlplane.scheduling.model import Preempt, Running, Shrink, Snapshot, Workload
@@ -114,37 +114,39 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
     running = {r.workload.id: r for r in snapshot.running}
     plan = MixedLoadPlan(snapshot)
     touched: set[str] = set()  # training workloads already shrunk or preempted (each at most once)
-    held: list[Running] = []
-    for demand in sorted(serving, key=lambda d: d.id):
-        if demand.devices_per_replica <= EPS:
-            continue
-        workers: list[WorkerPlacement] = []
-        for node, count in sorted(Counter(demand.replica_nodes).items()):
-            for _ in range(count):
-                taken = free.take(node, demand.devices_per_replica, force=True)
-                if taken:
-                    workers.append(WorkerPlacement(node, taken))
-        named = len(demand.replica_nodes)
-        runs = max(named, demand.replicas_running if demand.replicas_running is not None else named)
-        for _ in range(runs - named):  # running where the backend did not say: hold free devices of the type
+    demands = [d for d in sorted(serving, key=lambda d: d.id) if d.devices_per_replica > EPS]
+    held: dict[str, list[WorkerPlacement]] = {d.id: [] for d in demands}
+    runs = {d.id: max(len(d.replica_nodes), d.replicas_running or 0) for d in demands}
+    # 1. Every deployment's running replicas first, on the nodes they run on, before any wanted replica is placed
+    #    (or one deployment's new replica could be put on devices another's replica already uses).
+    for demand in demands:
+        for node in sorted(n for n in demand.replica_nodes if n in free.nodes):
+            taken = free.take(node, demand.devices_per_replica, force=True)
+            if taken:
+                held[demand.id].append(WorkerPlacement(node, taken))
+    # 2. Running replicas the backend did not place on a known node (or whose node had no room left in this
+    #    bookkeeping): they hold free devices of the type.
+    for demand in demands:
+        for _ in range(runs[demand.id] - len(held[demand.id])):
             placed = _place_replica(free, demand)
             if placed is not None:
-                workers.append(placed)
-        missing = max(0, min(demand.replicas_wanted, demand.replicas_max) - runs)
-        for number in range(missing):  # wanted, not running yet: free devices, or what training gives back
+                held[demand.id].append(placed)
+    # 3. Wanted replicas not running yet: free devices, or what training gives back.
+    for demand in demands:
+        missing = max(0, min(demand.replicas_wanted, demand.replicas_max) - runs[demand.id])
+        for number in range(missing):
             placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan)
             if placed is None:
                 plan.waiting[demand.id] = (f"{missing - number} wanted replica(s) of {demand.devices_per_replica:g} "
                                            f"{demand.accelerator_type} fit nowhere, and no preemptible training "
                                            "holds enough to give back")
                 break
-            workers.append(placed)
-        if workers:
-            held.append(_pseudo(demand, tuple(workers)))
+            held[demand.id].append(placed)
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
                  for r in snapshot.running if r.workload.id in running)
-    plan.snapshot = replace(snapshot, running=kept + tuple(held))
+    pseudo = tuple(_pseudo(d, tuple(held[d.id])) for d in demands if held[d.id])
+    plan.snapshot = replace(snapshot, running=kept + pseudo)
     return plan
 
 
@@ -164,41 +166,49 @@ def _place_replica(free: _Free, demand: ServingDemand) -> WorkerPlacement | None
 
 def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], touched: set[str],
                plan: MixedLoadPlan) -> WorkerPlacement | None:
-    """Free devices for one wanted replica from training on the deployment's type (and pool), or None (and nothing
-    changed) when even every candidate would not make room."""
-    eligible = set(free.candidates(demand))
-    victims = sorted((r for r in running.values()
-                      if r.accelerator_type == demand.accelerator_type and r.workload.preemptible
-                      and r.workload.id not in touched and any(w.node in eligible for w in r.workers)),
-                     key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
-    undo: list[tuple[str, Running, tuple[WorkerPlacement, ...]]] = []
-    decisions: list[Preempt | Shrink] = []
-    for victim in victims:
-        workload = victim.workload
-        if len(victim.workers) > workload.workers_min:  # shrink an elastic victim before stopping it
-            released = victim.workers[workload.workers_min:]
-            free.hold(released, 1.0)
-            undo.append((workload.id, victim, released))
-            running[workload.id] = replace(victim, workers=victim.workers[:workload.workers_min])
-            decisions.append(Shrink(workload.id, workload.workers_min, tuple(released), SERVING_PREFIX + demand.id,
-                                    f"shrunk to {workload.workers_min} workers: gives back capacity deployment "
-                                    f"{demand.id} reserved and now needs"))
-            placed = _place_replica(free, demand)
+    """Free one node's devices for one wanted replica from the training on it, or None (and nothing changed) when
+    no node can be freed. Nodes are tried with the most free devices first; on a node, victims go lowest priority
+    first, then least work since their last checkpoint; an elastic victim gives up its workers on that node
+    (down to its minimum) before it is stopped; only the victims of the node the replica lands on are kept."""
+    nodes = sorted(free.candidates(demand), key=lambda name: (-sum(free.free[name]), name))
+    for node in nodes:
+        victims = sorted((r for r in running.values()
+                          if r.accelerator_type == demand.accelerator_type and r.workload.preemptible
+                          and r.workload.id not in touched and any(w.node == node for w in r.workers)),
+                         key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
+        undo: list[tuple[str, Running, tuple[WorkerPlacement, ...]]] = []
+        decisions: list[Preempt | Shrink] = []
+        for victim in victims:
+            workload = victim.workload
+            spare = len(victim.workers) - workload.workers_min
+            on_node = [w for w in victim.workers if w.node == node]
+            if spare > 0:
+                released = tuple(on_node[-spare:])
+                free.hold(released, 1.0)
+                undo.append((workload.id, victim, released))
+                narrowed = replace(victim, workers=tuple(w for w in victim.workers if w not in released))
+                running[workload.id] = narrowed
+                decisions.append(Shrink(workload.id, len(narrowed.workers), released, SERVING_PREFIX + demand.id,
+                                        f"shrunk to {len(narrowed.workers)} workers: gives back capacity deployment "
+                                        f"{demand.id} reserved and now needs"))
+                placed = free.take(node, demand.devices_per_replica)
+                if placed is not None:
+                    return _commit(WorkerPlacement(node, placed), decisions, touched, plan)
+                if len(released) == len(on_node):
+                    continue  # nothing of it is left on this node: stopping it would not help here
+                victim = narrowed
+            free.hold(victim.workers, 1.0)
+            undo.append((workload.id, running.pop(workload.id), victim.workers))
+            decisions = [d for d in decisions if d.workload_id != workload.id]
+            decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
+                                     f"preempted: gives back capacity deployment {demand.id} reserved and now needs "
+                                     f"({victim.work_since_checkpoint_s:g} s since its last checkpoint)"))
+            placed = free.take(node, demand.devices_per_replica)
             if placed is not None:
-                return _commit(placed, decisions, touched, plan)
-            victim = running[workload.id]
-        free.hold(victim.workers, 1.0)
-        undo.append((workload.id, running.pop(workload.id), victim.workers))
-        decisions = [d for d in decisions if d.workload_id != workload.id]
-        decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
-                                 f"preempted: gives back capacity deployment {demand.id} reserved and now needs "
-                                 f"({victim.work_since_checkpoint_s:g} s since its last checkpoint)"))
-        placed = _place_replica(free, demand)
-        if placed is not None:
-            return _commit(placed, decisions, touched, plan)
-    for workload_id, before, released in reversed(undo):  # nothing made room: put everything back
-        free.hold(released, -1.0)
-        running[workload_id] = before
+                return _commit(WorkerPlacement(node, placed), decisions, touched, plan)
+        for workload_id, before, released in reversed(undo):  # this node cannot be freed: put everything back
+            free.hold(released, -1.0)
+            running[workload_id] = before
     return None
 
 
