@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 
 from django.db import transaction
+from django.utils import timezone
 
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
 from controlplane.common.lifecycle import record_event, transition
@@ -91,9 +92,10 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
     jobs = {str(job.pk): job for job in TrainingJob.objects.select_related(
         "local_queue__cluster_queue", "priority_class").filter(state__in=[JobState.QUEUED, *HOLDING_STATES])
         .select_for_update(of=("self",)).order_by("id")}
+    now = timezone.now()
     running = tuple(
         Running(_workload(job, job.admitted_accelerator_type), job.admitted_accelerator_type,
-                _placement_from_json(job.placement))
+                _placement_from_json(job.placement), work_since_checkpoint_s=work_since_checkpoint_s(job, now))
         for job in jobs.values() if job.state in HOLDING_STATES and job.admitted_accelerator_type
     )
     pending = tuple(_workload(job) for job in jobs.values() if job.state == JobState.QUEUED)
@@ -104,6 +106,17 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
         for workload in pending
     }
     return Snapshot(tuple(nodes), tuple(queues), running, pending, preference), jobs
+
+
+def work_since_checkpoint_s(job: TrainingJob, now) -> float:
+    """What preempting the job now would throw away, in seconds: the steps since its last checkpoint times its
+    average time per step since it first started (restarts included, so an estimate; no extra query). A job that
+    has not trained yet loses nothing."""
+    if job.started_at is None or job.current_step < 0:
+        return 0.0
+    steps_done = job.current_step + 1
+    per_step = max(0.0, (now - job.started_at).total_seconds()) / steps_done
+    return round(max(0, job.current_step - job.last_checkpoint_step) * per_step, 1)
 
 
 def efficiency_matrix() -> EfficiencyMatrix:

@@ -118,6 +118,34 @@ def test_preemption_in_the_platform_requeues_an_admitted_victim(api, cluster, wo
     assert status(client, urgent)["state"] == "ADMITTED"
 
 
+def test_among_equal_priorities_the_victim_is_the_job_that_loses_the_least_work(api, cluster, world, monkeypatch):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from controlplane.quotas.services import priority_class_create
+    from jobs.tasks import stop_training_run
+
+    monkeypatch.setattr(stop_training_run, "apply_async", lambda *args, **kwargs: None)
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    older = submit(client, name="checkpointed-long-ago", workers_min=1, workers_max=1,
+                   accelerator_types=["nvidia-h100"])
+    recent = submit(client, name="checkpointed-recently", workers_min=1, workers_max=1,
+                    accelerator_types=["nvidia-h100"])
+    started = timezone.now() - dt.timedelta(seconds=100)  # 100 steps in 100 s: about 1 s a step
+    TrainingJob.objects.filter(pk=older).update(state="RUNNING", compute_handle="fy-a", started_at=started,
+                                                current_step=99, last_checkpoint_step=49)  # 50 s to redo
+    TrainingJob.objects.filter(pk=recent).update(state="RUNNING", compute_handle="fy-b", started_at=started,
+                                                 current_step=99, last_checkpoint_step=95)  # 4 s to redo
+    submit(client, name="urgent", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"],
+           priority="urgent")
+    assert TrainingJob.objects.get(pk=recent).state == "PREEMPTED"
+    assert TrainingJob.objects.get(pk=older).state == "RUNNING"
+    reason = TrainingJob.objects.get(pk=recent).events.filter(to_state="PREEMPTED").get().reason
+    assert "4 s since its last checkpoint" in reason
+
+
 def test_a_starting_job_is_never_chosen_as_a_victim(api, cluster, world):
     from controlplane.quotas.services import priority_class_create
 
