@@ -123,3 +123,14 @@ def demo_cluster(world, accel):
                          devices_per_node=pool.devices_per_node, simulated=pool.simulated)
     nodes_sync(observed=InMemoryComputeBackend.from_topology(topology).list_nodes())
     return topology
+
+
+def write_model_folder(tmp_path):
+    """A model folder as a deployment's model_uri names it (the in-memory backend does not read its contents)."""
+    import json
+
+    path = tmp_path / "models" / "lm"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"vocab_size": 256}))
+    (path / "model.pt").write_bytes(b"weights")
+    return path

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from controlplane.cluster.services import node_pool_create, nodes_sync
 from controlplane.compute.base import ObservedNode
 from controlplane.compute.registry import get_compute_backend
+from tests.conftest import write_model_folder
 
 
 def small_cluster(world, accel, *, h100_free_on_first: int) -> None:
@@ -46,9 +45,4 @@ def backend():
 
 @pytest.fixture
 def model_dir(tmp_path):
-    """A model folder as a deployment's model_uri names it (contents are not read by the in-memory backend)."""
-    path = tmp_path / "models" / "lm"
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"vocab_size": 256}))
-    (path / "model.pt").write_bytes(b"weights")
-    return path
+    return write_model_folder(tmp_path)

@@ -3,7 +3,6 @@ reach SERVING by itself, ask it something in the playground, scale it, update it
 
 from __future__ import annotations
 
-import json
 import re
 
 from inference.models import Deployment, InferenceRequest
@@ -12,14 +11,7 @@ from jobs.models import TrainingJob
 from jobs.runtime.checkpoints import save_checkpoint
 from jobs.services import training_job_create
 from jobs.workflows import checkpoint_dir
-
-
-def model_directory(tmp_path):
-    path = tmp_path / "models" / "lm"
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"vocab_size": 256}))
-    (path / "model.pt").write_bytes(b"weights")
-    return path
+from tests.conftest import write_model_folder
 
 
 def top(console):
@@ -28,7 +20,7 @@ def top(console):
 
 def test_create_serve_play_scale_update_delete(console, tmp_path):
     page = console.page
-    model_dir = model_directory(tmp_path)
+    model_dir = write_model_folder(tmp_path)
     console.login("alpha-member")
 
     console.open("/deployments/")
