@@ -36,6 +36,7 @@ from controlplane.scheduling.model import (
     NodeSpec,
     Quota,
     Running,
+    Shrink,
     Snapshot,
     Workload,
 )
@@ -188,7 +189,7 @@ def _note_on_deployments(plan) -> None:
 
     notes: dict[str, list[str]] = {}
     for decision in [*plan.preempted, *plan.shrunk]:
-        how = "shrinks" if hasattr(decision, "released") else "stops"
+        how = "shrinks" if isinstance(decision, Shrink) else "stops"
         notes.setdefault(decision.for_workload.removeprefix(SERVING_PREFIX), []).append(
             f"job {decision.workload_id} checkpoints and {how} to give back capacity this deployment reserved")
     for deployment_id, why in plan.waiting.items():

@@ -61,6 +61,13 @@ def ran_on_simulated(job: TrainingJob, slug: str, simulated_nodes: dict[str, boo
     return slug in simulated_types
 
 
+def simulation_flags() -> tuple[dict[str, bool], set[str]]:
+    """{node name: simulated} and the accelerator types that have a simulated pool, as ran_on_simulated reads them."""
+    nodes = dict(Node.objects.values_list("name", "simulated"))
+    types = set(NodePool.objects.filter(simulated=True).values_list("accelerator_type__slug", flat=True))
+    return nodes, types
+
+
 def median_step_time(job: TrainingJob) -> tuple[float | None, int]:
     times = [t for t in TrainingMetric.objects.filter(job=job, step__gte=WARMUP_STEPS, step_time_s__gt=0)
              .order_by("-id").values_list("step_time_s", flat=True)[:2000]]
@@ -83,8 +90,7 @@ def measured_fractions() -> dict[str, MeasuredFraction]:
     """Per accelerator type with at least one usable real run: the refined fraction and the runs behind it;
     types whose runs were all skipped appear with the prior and the reasons."""
     accelerators = {a.slug: a for a in AcceleratorType.objects.all()}
-    simulated_nodes = dict(Node.objects.values_list("name", "simulated"))
-    simulated_types = set(NodePool.objects.filter(simulated=True).values_list("accelerator_type__slug", flat=True))
+    simulated_nodes, simulated_types = simulation_flags()
     found: dict[str, MeasuredFraction] = {}
     jobs = (TrainingJob.objects.filter(trainer=Trainer.ENTRYPOINT).exclude(parallel_plan={})
             .order_by("-id")[:MAX_JOBS_READ])

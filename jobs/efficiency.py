@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from django.db.models import Count, Max
 
-from controlplane.cluster.models import Node, NodePool
-from jobs.calibration import MIN_STEPS, median_step_time, ran_on_simulated
+from jobs.calibration import MIN_STEPS, median_step_time, ran_on_simulated, simulation_flags
 from jobs.models import Trainer, TrainingJob
 from jobs.states import JobState
 
@@ -77,8 +76,7 @@ def cached_measured_throughputs() -> list[Observation]:
 
 def measured_throughputs() -> list[Observation]:
     """The observations the matrix folds in, oldest first (the latest `MAX_OBSERVATIONS_PER_ENTRY` per entry)."""
-    simulated_nodes = dict(Node.objects.values_list("name", "simulated"))
-    simulated_types = set(NodePool.objects.filter(simulated=True).values_list("accelerator_type__slug", flat=True))
+    simulated_nodes, simulated_types = simulation_flags()
     kept: dict[tuple[str, str], list[Observation]] = {}
     jobs = (TrainingJob.objects.filter(state__in=MEASURED_STATES).exclude(admitted_accelerator_type="")
             .order_by("-id")[:MAX_JOBS_READ])

@@ -41,7 +41,7 @@ def max_worker_losses() -> int:
     return int(getattr(settings, "FLEETYARD_TASK_MAX_WORKER_LOSSES", 3))
 
 
-def _plain(value):
+def json_values(value):
     """Arguments as JSON (ids, strings, flags); anything else as its text."""
     return json.loads(json.dumps(value, default=str))
 
@@ -53,7 +53,7 @@ def delivery_begin(*, task_id: str, attempt: int, task_name: str, args, kwargs, 
         TaskOutbox.objects.filter(task_id=task_id).delete()  # a worker has it: the outbox need not send it again
         row, created = TaskDelivery.objects.select_for_update().get_or_create(
             task_id=task_id, attempt=attempt,
-            defaults={"task_name": task_name, "args": _plain(list(args)), "kwargs": _plain(dict(kwargs)),
+            defaults={"task_name": task_name, "args": json_values(list(args)), "kwargs": json_values(dict(kwargs)),
                       "deliveries": 1, "worker": worker[:255], "first_delivered_at": now,
                       "last_delivered_at": now},
         )

@@ -4,7 +4,6 @@ work to Celery once their transaction commits."""
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from datetime import timedelta
@@ -58,6 +57,7 @@ LIFECYCLE_TASK = {"base": LifecycleTask, "acks_late": True, "reject_on_worker_lo
                   "max_retries": 5, "retry_backoff": True, "retry_backoff_max": 60}
 # Publishing waits at most about a second for a broker that is down; the request does not hang on it.
 PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.3, "interval_max": 0.5}
+MAX_SENDS = 5  # an outbox message sent this often stays there for an operator (admin: Task outbox), logged
 
 
 def _send(task, args, kwargs, task_id: str | None = None) -> bool:
@@ -77,9 +77,6 @@ def dispatch(task, *args, **kwargs) -> bool:
     return _send_recorded(task, args, kwargs, _record(task, args, kwargs))
 
 
-MAX_SENDS = 5  # then the message stays in the outbox for an operator (admin: Task outbox), logged
-
-
 def dispatch_on_commit(task, *args, **kwargs) -> None:
     """Send a task once the current transaction commits; nothing is sent if it rolls back. Its outbox record is
     written in the transaction, so it commits (and rolls back) with the change that asked for the task."""
@@ -93,10 +90,12 @@ def _record(task, args, kwargs) -> str | None:
     backlog of passes is not sent twice)."""
     if task.app.conf.task_always_eager or not (args or kwargs):
         return None
+    from controlplane.common.deliveries import json_values
     from controlplane.common.models import TaskOutbox
 
     task_id = str(uuid.uuid4())
-    TaskOutbox.objects.create(task_id=task_id, task_name=task.name, args=_plain(list(args)), kwargs=_plain(kwargs))
+    TaskOutbox.objects.create(task_id=task_id, task_name=task.name, args=json_values(list(args)),
+                              kwargs=json_values(dict(kwargs)))
     return task_id
 
 
@@ -108,10 +107,6 @@ def _send_recorded(task, args, kwargs, task_id: str | None) -> bool:
         TaskOutbox.objects.filter(task_id=task_id, sent_at__isnull=True).update(sent_at=timezone.now(),
                                                                                sends=F("sends") + 1)
     return sent
-
-
-def _plain(value):
-    return json.loads(json.dumps(value, default=str))
 
 
 def resend_undelivered(*, older_than_s: float, limit: int = 500) -> int:
