@@ -33,6 +33,8 @@ from controlplane.scheduling.model import (
 from controlplane.scheduling.placement import EPS, NodeState, WorkerPlacement, place_gang
 from controlplane.scheduling.quota import QuotaLedger
 from controlplane.scheduling.scheduler import schedule
+from tests.unit.test_scheduler_core import running_from
+from tests.unit.test_scheduler_core import snapshots as core_snapshots
 
 # ------------------------------------------------------------------------ the straightforward reference
 
@@ -375,3 +377,73 @@ def test_with_no_new_events_the_cycles_stop_preempting(seed):
     borrowing preemptor and the requeued victim that reclaimed its queue's quota took turns.)"""
     moves = replay_until_quiet(random_snapshot(random.Random(seed)))
     assert sum(moves[6:]) == 0, moves
+
+
+# ------------------------------------------- the benchmark's generator and the core's strategies, varied
+
+
+def _benchmark_variant(accelerators: int, pending: int, seed: int, kind: str) -> Snapshot:
+    """A small benchmark cluster (benchmarks/scale.py), pushed towards one code path:
+    `plain` as generated; `preempt`: every pending workload outranks the running ones (long preemption chains,
+    and trials that release every candidate and still fail: enough devices in total, not on whole nodes);
+    `elastic`: running gangs and pending workloads elastic (shrunk victims, growth); `borrow`: the small queues
+    run most of the work and the big ones ask for their nominal quota back (victims of reclaimed quota)."""
+    from benchmarks.scale import build_snapshot
+
+    snap = build_snapshot(accelerators, pending, seed)
+    if kind == "plain":
+        return snap
+    rng = random.Random(f"{kind}-{seed}")
+    running, waiting = list(snap.running), list(snap.pending)
+    if kind == "preempt":
+        waiting = [Workload(w.id, w.cluster_queue, w.accepted_types, w.devices_per_worker, w.workers_min,
+                            w.workers_max, rng.choice((2, 3, 3, 4)), w.arrival) for w in waiting]
+    elif kind == "elastic":
+        running = [Running(Workload(r.workload.id, r.workload.cluster_queue, r.workload.accepted_types,
+                                    r.workload.devices_per_worker, 1,
+                                    max(len(r.workers), r.workload.workers_max) + rng.choice((0, 1, 2)),
+                                    r.workload.priority, r.workload.arrival, preemptible=r.workload.preemptible),
+                           r.accelerator_type, r.workers, r.work_since_checkpoint_s)
+                   if len(r.workers) > 1 else r for r in running]
+        waiting = [Workload(w.id, w.cluster_queue, w.accepted_types, w.devices_per_worker, w.workers_min,
+                            w.workers_min + rng.choice((0, 1, 2, 4)), w.priority + rng.choice((0, 1)), w.arrival)
+                   for w in waiting]
+    elif kind == "borrow":
+        running = [Running(Workload(r.workload.id, f"team-{rng.choice((3, 4, 5, 6, 7))}", r.workload.accepted_types,
+                                    r.workload.devices_per_worker, r.workload.workers_min, r.workload.workers_max,
+                                    r.workload.priority, r.workload.arrival, preemptible=r.workload.preemptible),
+                           r.accelerator_type, r.workers, r.work_since_checkpoint_s) for r in running]
+        waiting = [Workload(w.id, f"team-{rng.choice((0, 1, 2))}", w.accepted_types, w.devices_per_worker,
+                            w.workers_min, w.workers_max, rng.choice((0, 0, 1)), w.arrival) for w in waiting]
+    preference = {w.id: tuple(reversed(w.accepted_types)) for w in waiting if rng.random() < 0.1}
+    return Snapshot(snap.nodes, snap.cluster_queues, tuple(running), tuple(waiting), preference)
+
+
+@pytest.mark.parametrize("kind,accelerators,pending,seed", [
+    ("plain", 1000, 300, 0), ("plain", 1000, 300, 1), ("plain", 2000, 200, 2),
+    ("preempt", 1000, 250, 0), ("preempt", 1000, 250, 5), ("preempt", 500, 300, 7),
+    ("elastic", 1000, 250, 0), ("elastic", 600, 250, 4), ("elastic", 1000, 40, 1),
+    ("borrow", 1000, 250, 0), ("borrow", 600, 250, 6),
+])
+def test_same_decisions_as_the_reference_on_benchmark_variants(kind, accelerators, pending, seed):
+    snap = _benchmark_variant(accelerators, pending, seed, kind)
+    result = schedule(snap)
+    assert result == reference_schedule(snap)
+    if kind in ("preempt", "borrow"):
+        assert result.preempted or result.shrunk  # the variant does exercise preemption
+    if kind == "elastic" and pending < 100:
+        assert result.grown  # and growth
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(core_snapshots(), st.randoms(use_true_random=False))
+def test_same_decisions_as_the_reference_on_the_core_tests_snapshots_over_two_cycles(snap, rng):
+    """The hypothesis strategy of test_scheduler_core.py, and its second cycle (what the first admitted runs,
+    newcomers of higher priority preempt it)."""
+    first = schedule(snap)
+    assert first == reference_schedule(snap)
+    newcomers = tuple(Workload(f"v{w.id}", w.cluster_queue, w.accepted_types, w.devices_per_worker, w.workers_min,
+                               w.workers_max, w.priority + rng.randint(0, 4), 100.0 + i)
+                      for i, w in enumerate(snap.pending))
+    second = Snapshot(snap.nodes, snap.cluster_queues, running=running_from(snap, first), pending=newcomers)
+    assert schedule(second) == reference_schedule(second)
