@@ -5,9 +5,10 @@ The plan sizes the gang: when the best layout of every accepted type uses fewer 
 asked for (a small global batch cannot be split over more data-parallel ranks), the gang shrinks to the
 workers those layouts need, so the scheduler does not hold idle devices for it (`sized_by_plan`); a layout
 with tensor or pipeline parallelism needs every one of its devices, so such a job is not elastic
-(workers_min is raised to workers_max). The built-in trainer
-runs the data-parallel part (one rank per worker) on CPU and logs the rest of the plan; tensor and
-pipeline parallelism need real accelerators and a model-parallel trainer.
+(workers_min is raised to workers_max). The built-in trainer (one rank per worker) takes the plan's
+tensor and pipeline degrees at worker granularity where its small model can (jobs.runtime.lm_config.
+trainer_layout: a tensor group inside one worker's devices stays inside that worker) and runs them with
+jobs.runtime.model_parallel; otherwise it trains data parallel and logs why.
 """
 
 from __future__ import annotations

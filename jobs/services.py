@@ -14,8 +14,23 @@ from controlplane.quotas.selectors import check_workload_request
 from controlplane.tenancy.models import Team
 from controlplane.tenancy.services import audit_record
 from jobs.models import Trainer, TrainingJob, TrainingJobEvent
-from jobs.runtime.lm_config import TrainHyperparameters
+from jobs.runtime.lm_config import TrainHyperparameters, trainer_layout
 from jobs.states import JobState
+
+
+def builtin_layout_check(*, hyperparameters: dict, workers_min: int, workers_max: int) -> None:
+    """A built-in job that asks for tensor or pipeline parallelism needs a fixed gang that its degrees divide: every
+    rank holds a different part of the model, so the gang cannot grow or shrink one worker at a time."""
+    hp = TrainHyperparameters.from_dict(hyperparameters)
+    if (hp.tensor_parallel or 1) * (hp.pipeline_parallel or 1) == 1:
+        return
+    if workers_min != workers_max:
+        raise ValidationFailed(f"a tensor- or pipeline-parallel job is not elastic: set workers_min = workers_max "
+                               f"(got {workers_min}..{workers_max})", field="workers_min")
+    try:
+        trainer_layout(hp, world_size=workers_max)
+    except ValueError as exc:  # the message starts with the hyperparameter's name
+        raise ValidationFailed(str(exc), field="hyperparameters") from None
 
 
 @transaction.atomic
@@ -64,6 +79,8 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
         accelerator_types = [slug for slug in accelerator_types if slug in parallel_plan["by_type"]]
         workers_min, workers_max = gang_size_from_plan(parallel_plan, workers_min=workers_min,
                                                        workers_max=workers_max, devices_per_worker=devices_per_worker)
+    if trainer == Trainer.BUILTIN_LM:
+        builtin_layout_check(hyperparameters=hyperparameters or {}, workers_min=workers_min, workers_max=workers_max)
     for field, variables in (("envs", envs), ("secrets", secret_envs)):
         for key, value in (variables or {}).items():
             if not isinstance(key, str) or not isinstance(value, str):

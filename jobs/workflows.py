@@ -80,6 +80,7 @@ def build_launch(job: TrainingJob) -> TrainingLaunch:
         "checkpoint_keep_last": job.checkpoint_keep_last, "max_restarts": job.max_restarts,
         "detection": dict(settings.FLEETYARD_FAULT_DETECTION),
         "placement_timeout_s": 30.0,
+        "devices_per_worker": job.devices_per_worker,  # the built-in trainer maps a plan's layout onto workers
     }
     accelerator_type = job.admitted_accelerator_type or job.accelerator_types[0]
     plan = (job.parallel_plan or {}).get("by_type", {}).get(accelerator_type)

@@ -131,6 +131,11 @@ class TrainHyperparameters:
     n_heads: int = 4
     d_ff: int = 256
     step_sleep_s: float = 0.0  # artificial per-step delay (the worker sleeps it): lets tests stretch runs
+    # Model parallelism (jobs.runtime.model_parallel): None takes the job's parallel plan, if it has one, else 1.
+    # `batch_size` is then per data-parallel replica (tensor and pipeline ranks of a replica share its batch).
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    micro_batches: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("steps", self.steps, 1, 1_000_000)
@@ -144,6 +149,15 @@ class TrainHyperparameters:
         _check_int("warmup_steps", self.warmup_steps, 0, 1_000_000)
         _check_int("seed", self.seed, 0, 2**63 - 1)
         _check_shape(self, ["context", "d_model", "n_layers", "n_heads", "d_ff"])
+        if self.tensor_parallel is not None:
+            check_tensor_parallel(self.tensor_parallel, n_heads=self.n_heads, d_ff=self.d_ff)
+        if self.pipeline_parallel is not None:
+            check_pipeline_parallel(self.pipeline_parallel, n_layers=self.n_layers)
+        if self.micro_batches is not None:
+            _check_int("micro_batches", self.micro_batches, 1, self.batch_size)
+            if self.batch_size % self.micro_batches:
+                raise ValueError(f"micro_batches: must divide batch_size ({self.batch_size} % {self.micro_batches} "
+                                 "!= 0)")
         for name, value in floats.items():  # ints are accepted for float fields and stored as floats
             object.__setattr__(self, name, value)
 
@@ -159,3 +173,108 @@ class TrainHyperparameters:
     def model_config(self) -> LMConfig:
         return LMConfig(context=self.context, d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers,
                         d_ff=self.d_ff)
+
+
+# --------------------------------------------------------------------------------------------------- parallel layout
+
+
+def check_tensor_parallel(tp: Any, *, n_heads: int, d_ff: int) -> int:
+    _check_int("tensor_parallel", tp, 1, 256)
+    if n_heads % tp or d_ff % tp:
+        raise ValueError(f"tensor_parallel: {tp} must divide n_heads ({n_heads}) and d_ff ({d_ff}): each rank "
+                         "holds whole attention heads and an equal part of the MLP")
+    return tp
+
+
+def check_pipeline_parallel(pp: Any, *, n_layers: int) -> int:
+    _check_int("pipeline_parallel", pp, 1, 128)
+    if pp > n_layers:
+        raise ValueError(f"pipeline_parallel: {pp} stages need at least {pp} layers, the model has n_layers={n_layers}")
+    return pp
+
+
+def stage_layers(n_layers: int, stages: int) -> list[tuple[int, int]]:
+    """(first layer, layer count) of each pipeline stage: contiguous, as even as possible, earlier stages longer."""
+    base, extra = divmod(n_layers, stages)
+    out, first = [], 0
+    for stage in range(stages):
+        count = base + (1 if stage < extra else 0)
+        out.append((first, count))
+        first += count
+    return out
+
+
+@dataclass(frozen=True)
+class TrainerLayout:
+    """How the built-in trainer splits a gang of `world_size` workers (one rank each): tp x pp x dp."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batches: int
+    source: str  # where the degrees come from, in words
+
+    @property
+    def model_parallel(self) -> bool:
+        return self.tp * self.pp > 1
+
+
+def _default_micro_batches(batch_size: int, pp: int) -> int:
+    """With a pipeline, the largest divisor of the batch up to 4 per stage (GPipe's bubble is (pp-1)/(m+pp-1));
+    without one, a single micro-batch."""
+    if pp == 1:
+        return 1
+    return max(d for d in range(1, min(batch_size, 4 * pp) + 1) if batch_size % d == 0)
+
+
+def _plan_degrees(plan: Mapping[str, Any], world_size: int, devices_per_worker: int) -> tuple[int, int, str]:
+    """The plan's tensor and pipeline degrees at worker granularity, or (1, 1, why not). In Megatron's order (tensor
+    rank fastest, pipeline stage slowest) a worker holds `devices_per_worker` consecutive devices: a tensor group
+    inside one worker stays inside it (its devices compute it together), one spanning several workers spans their
+    ranks; pipeline stages map onto whole workers when a stage's devices fill whole workers."""
+    tp, pp, dp = int(plan.get("tp", 1)), int(plan.get("pp", 1)), int(plan.get("dp", 1))
+    k = max(1, int(devices_per_worker))
+    if tp % k == 0:
+        tp_w = tp // k
+    elif k % tp == 0:
+        tp_w = 1
+    else:
+        return 1, 1, f"the plan's tensor parallel {tp} does not align with {k} device(s) per worker"
+    if (dp * tp) % k:
+        return 1, 1, f"the plan's pipeline stages ({dp * tp} devices each) do not fill whole workers of {k} devices"
+    if world_size % (tp_w * pp):
+        return 1, 1, (f"the plan's tensor x pipeline ranks ({tp_w} x {pp} workers) do not divide the "
+                      f"{world_size} workers")
+    return tp_w, pp, ""
+
+
+def trainer_layout(hp: TrainHyperparameters, *, world_size: int, plan: Mapping[str, Any] | None = None,
+                   devices_per_worker: int = 1) -> TrainerLayout:
+    """The built-in trainer's layout for a gang of `world_size` workers: the hyperparameters' explicit degrees
+    (ValueError naming the field when they cannot run on this gang), else the job's parallel plan where this model
+    and gang can take it (else data parallel, with the reason in `source`), else data parallel."""
+    explicit = hp.tensor_parallel is not None or hp.pipeline_parallel is not None
+    if explicit:
+        tp, pp = hp.tensor_parallel or 1, hp.pipeline_parallel or 1
+        if world_size % (tp * pp):
+            raise ValueError(f"tensor_parallel: tensor_parallel x pipeline_parallel = {tp * pp} must divide the "
+                             f"gang's {world_size} worker(s)")
+        source = "set in the hyperparameters"
+    elif plan:
+        tp, pp, why = _plan_degrees(plan, world_size, devices_per_worker)
+        if not why:
+            try:
+                check_tensor_parallel(tp, n_heads=hp.n_heads, d_ff=hp.d_ff)
+                check_pipeline_parallel(pp, n_layers=hp.n_layers)
+            except ValueError as exc:
+                why = f"the built-in model cannot take the plan's layout: {exc}"
+        if why:
+            tp, pp = 1, 1
+            source = f"data parallel only: {why}"
+        else:
+            source = (f"the parallel plan for {plan.get('accelerator_type', '?')}: tp {plan.get('tp', 1)}, "
+                      f"pp {plan.get('pp', 1)}, dp {plan.get('dp', 1)} over {devices_per_worker} device(s) per worker")
+    else:
+        tp, pp, source = 1, 1, "data parallel (no tensor or pipeline degree asked for)"
+    micro = hp.micro_batches if hp.micro_batches is not None else _default_micro_batches(hp.batch_size, pp)
+    return TrainerLayout(tp=tp, pp=pp, dp=world_size // (tp * pp), micro_batches=micro, source=source)

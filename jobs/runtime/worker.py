@@ -12,8 +12,10 @@ on CPU; NCCL where CUDA devices are present), exactly what Ray Train would set u
 The training loop runs in a background thread; `poll()` returns the progress made since the last
 poll (step, loss, per-step compute time, log lines, checkpoints) and never blocks on training.
 Two trainers:
-- the built-in transformer language model (`jobs.runtime.lm`), trained data-parallel, checkpointed
-  by rank 0 every `checkpoint_interval_steps`, on demand and at the end;
+- the built-in transformer language model (`jobs.runtime.lm`), trained data-parallel, or tensor x
+  pipeline x data parallel (`jobs.runtime.model_parallel`) when its hyperparameters or the job's parallel
+  plan ask for it, checkpointed by rank 0 (in the single-process format) every `checkpoint_interval_steps`,
+  on demand and at the end;
 - a user entrypoint: a shell command run in its working dir with RANK / WORLD_SIZE / MASTER_ADDR /
   MASTER_PORT / FLEETYARD_CHECKPOINT_DIR set; lines it prints like `fleetyard: step=12 loss=3.4`
   report progress, everything it prints is its log.
@@ -148,37 +150,40 @@ class TrainingWorker:
 
         from jobs.runtime import checkpoints, lm
         from jobs.runtime.corpus import corpus_bytes
+        from jobs.runtime.lm_config import trainer_layout
 
         torch.set_num_threads(max(1, int(self.spec.get("torch_threads", 1))))
         hp = lm.TrainHyperparameters.from_dict(self.spec.get("hyperparameters") or {})
+        plan = self.spec.get("parallel_plan")
+        layout = trainer_layout(hp, world_size=self.world_size, plan=plan,
+                                devices_per_worker=int(self.spec.get("devices_per_worker") or 1))
         group = self._init_process_group(master_addr, master_port)
         dataset_path = self.spec.get("dataset_path") or ""
         data = Path(dataset_path).read_bytes() if dataset_path else corpus_bytes(hp.seed, 20000)
         self._emit(self._log(f"rank {self.rank}: {len(data)} bytes of text from "
                              f"{dataset_path or 'the generated corpus (no dataset given)'}"))
         tokens = lm.tokens_from_bytes(data)
-        plan = self.spec.get("parallel_plan")
         if plan and self.rank == 0:
             self._emit(self._log(
                 f"parallel plan on {plan['accelerator_type']}: {plan['description']} (predicted "
-                f"{plan['tokens_per_s']:.0f} tokens/s); this trainer runs the data-parallel part over "
-                f"{self.world_size} worker(s) here; tensor and pipeline parallelism need real accelerators"))
-        model = lm.build_model(hp.model_config(), seed=hp.seed)
-        optimizer = lm.make_optimizer(model, hp)
+                f"{plan['tokens_per_s']:.0f} tokens/s)"))
+        trainer = (_ModelParallelTrainer(self, hp, layout) if layout.model_parallel
+                   else _DataParallelTrainer(self, hp, group))
+        self._emit(self._log(f"rank {self.rank}: {trainer.description}"))
         ckpt_root = Path(self.spec["checkpoint_dir"])
         start_step = 0
         latest = checkpoints.load_latest(ckpt_root)
         if latest is not None:
             info, files = latest
-            start_step = lm.load_model_state(files, model, optimizer)  # steps completed
+            start_step = trainer.resume(files)  # steps completed
             self._emit(self._log(f"rank {self.rank}: resumed from checkpoint step {info.step}"))
         with self._lock:
             self._resumed_from = start_step - 1
             self._step = start_step - 1
         interval = max(1, int(self.spec.get("checkpoint_interval_steps", 100)))
         keep_last = max(1, int(self.spec.get("checkpoint_keep_last", 3)))
-        all_reduce = self._all_reduce if group else None
-        tokens_per_step = hp.batch_size * hp.context
+        # Tokens this worker accounts for: its replica's batch, shared by the replica's tensor and pipeline ranks.
+        tokens_per_step = hp.batch_size * hp.context / (layout.tp * layout.pp)
         writer = AsyncCheckpointWriter(ckpt_root, keep_last=keep_last, emit=self._emit)
         for step in range(start_step, hp.steps):
             if self._stop.is_set():
@@ -187,13 +192,12 @@ class TrainingWorker:
             started = time.perf_counter()
             self._phase = "compute"
             self._apply_injected_faults(started)
-            x, y = lm.batch_for_step(tokens, step=step, rank=self.rank, world_size=self.world_size,
+            x, y = lm.batch_for_step(tokens, step=step, rank=trainer.data_rank, world_size=layout.dp,
                                      batch_size=hp.batch_size, context=hp.context, seed=hp.seed)
             if hp.step_sleep_s:
                 time.sleep(hp.step_sleep_s)
             timer = _StepTimer(self._set_phase)
-            loss = lm.train_step(model, optimizer, x, y, step=step, hp=hp,
-                                 all_reduce=timer.wrap(all_reduce) if all_reduce else None)
+            loss = trainer.step(x, y, step=step, timer=timer)
             if "nan" in self._faults:
                 self._faults.pop("nan")
                 loss = float("nan")
@@ -215,13 +219,17 @@ class TrainingWorker:
             if step % 25 == 0 or finished:
                 self._emit(self._log(f"step {step} loss {loss:.4f} step_time {elapsed * 1000:.0f} ms"))
             wanted = self._checkpoint_requested.is_set()
-            if self.rank == 0 and (finished or wanted or (step + 1) % interval == 0):
+            take = trainer.agree(finished or wanted or (step + 1) % interval == 0)
+            if take:
                 self._checkpoint_requested.clear()
                 blocked = time.perf_counter()
-                files = lm.model_state_bytes(model, optimizer, step=step + 1, hp=hp)  # a copy in memory
-                writer.submit(step=step, files=files, requested=wanted, blocked_s=time.perf_counter() - blocked,
-                              metadata={"job_id": self.spec.get("job_id"), "world_size": self.world_size,
-                                        "loss": loss, "trainer": "builtin-transformer-lm"})
+                files = trainer.state_files(step + 1)  # a copy in memory; None on ranks that write nothing
+                if files is not None:
+                    writer.submit(step=step, files=files, requested=wanted,
+                                  blocked_s=time.perf_counter() - blocked,
+                                  metadata={"job_id": self.spec.get("job_id"), "world_size": self.world_size,
+                                            "loss": loss, "trainer": "builtin-transformer-lm",
+                                            "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}})
         writer.wait()  # the final checkpoint is complete before the run reports done
         with self._lock:
             self._done = True
@@ -305,6 +313,88 @@ class TrainingWorker:
             self._phase = "done"
 
 
+class _DataParallelTrainer:
+    """The built-in LM, whole on every worker; gradients averaged over the gang. Rank 0 writes checkpoints."""
+
+    def __init__(self, worker: TrainingWorker, hp, group) -> None:
+        from jobs.runtime import lm
+
+        self.worker, self.hp = worker, hp
+        self.model = lm.build_model(hp.model_config(), seed=hp.seed)
+        self.optimizer = lm.make_optimizer(self.model, hp)
+        self.all_reduce = worker._all_reduce if group else None
+        self.data_rank = worker.rank
+        self.description = f"data parallel over {worker.world_size} worker(s)"
+
+    def resume(self, files) -> int:
+        from jobs.runtime import lm
+
+        return lm.load_model_state(files, self.model, self.optimizer)
+
+    def step(self, x, y, *, step: int, timer: _StepTimer) -> float:
+        from jobs.runtime import lm
+
+        return lm.train_step(self.model, self.optimizer, x, y, step=step, hp=self.hp,
+                             all_reduce=timer.wrap(self.all_reduce) if self.all_reduce else None)
+
+    def agree(self, take: bool) -> bool:
+        return take and self.worker.rank == 0
+
+    def state_files(self, steps_completed: int) -> dict[str, bytes]:
+        from jobs.runtime import lm
+
+        return lm.model_state_bytes(self.model, self.optimizer, step=steps_completed, hp=self.hp)
+
+
+class _ModelParallelTrainer:
+    """The built-in LM split tensor x pipeline x data parallel (jobs.runtime.model_parallel). Every rank takes part
+    in a checkpoint (the shards are gathered on rank 0, which writes the single-process format)."""
+
+    def __init__(self, worker: TrainingWorker, hp, layout) -> None:
+        from jobs.runtime import lm
+        from jobs.runtime import model_parallel as mp
+
+        self.worker, self.hp, self.layout = worker, hp, layout
+        self.grid = mp.ParallelGrid.create(rank=worker.rank, world_size=worker.world_size, tp=layout.tp, pp=layout.pp)
+        self._shard(lm.build_model(hp.model_config(), seed=hp.seed), None)
+        self.data_rank = self.grid.dp_rank
+        self.description = mp.describe(self.grid, hp.model_config(), layout.micro_batches, layout.source)
+
+    def _shard(self, full, full_optimizer) -> None:
+        from jobs.runtime import model_parallel as mp
+
+        self.stage, self.optimizer = mp.stage_from_full(full, self.grid, full_optimizer, self.hp)
+
+    def resume(self, files) -> int:
+        from jobs.runtime import lm
+
+        full = lm.build_model(self.hp.model_config(), seed=self.hp.seed)
+        full_optimizer = lm.make_optimizer(full, self.hp)
+        steps = lm.load_model_state(files, full, full_optimizer)
+        self._shard(full, full_optimizer)
+        return steps
+
+    def step(self, x, y, *, step: int, timer: _StepTimer) -> float:
+        from jobs.runtime import model_parallel as mp
+
+        return mp.parallel_train_step(self.stage, self.optimizer, x, y, step=step, hp=self.hp,
+                                      micro_batches=self.layout.micro_batches, wait=timer.run)
+
+    def agree(self, take: bool) -> bool:
+        from jobs.runtime import model_parallel as mp
+
+        return mp.broadcast_flag(take, self.grid)  # rank 0 decides: a checkpoint request reaches rank 0 only
+
+    def state_files(self, steps_completed: int) -> dict[str, bytes] | None:
+        from jobs.runtime import lm
+        from jobs.runtime import model_parallel as mp
+
+        gathered = mp.gather_full_state(self.stage, self.optimizer, self.hp)
+        if gathered is None:
+            return None
+        return lm.model_state_bytes(gathered[0], gathered[1], step=steps_completed, hp=self.hp)
+
+
 class AsyncCheckpointWriter:
     """Writes checkpoints in a background thread, so training waits only for the state to be copied
     into memory, not for the files to be written and fsynced.
@@ -386,12 +476,18 @@ class _StepTimer:
 
     def wrap(self, all_reduce):
         def timed(grads):
-            started = time.perf_counter()
-            self._set_phase("allreduce")
-            all_reduce(grads)
+            self.run(lambda: all_reduce(grads))
+        return timed
+
+    def run(self, wait) -> None:
+        """Runs `wait` (a collective or a receive from a peer) as time spent waiting on the gang."""
+        started = time.perf_counter()
+        self._set_phase("allreduce")
+        try:
+            wait()
+        finally:
             self._set_phase("compute")
             self.waited += time.perf_counter() - started
-        return timed
 
 
 def _cuda_available() -> bool:

@@ -289,6 +289,29 @@ def test_bad_hyperparameters_of_the_builtin_trainer_are_a_400_naming_them(api, b
     assert not TrainingJob.objects.exists()
 
 
+@pytest.mark.parametrize(("overrides", "field", "message"), [
+    ({"hyperparameters": {"tensor_parallel": 3}}, "hyperparameters", "tensor_parallel: 3 must divide n_heads"),
+    ({"hyperparameters": {"pipeline_parallel": 3, "n_layers": 2}}, "hyperparameters", "3 stages need at least 3"),
+    ({"hyperparameters": {"tensor_parallel": 2, "pipeline_parallel": 2}, "workers_min": 3, "workers_max": 3},
+     "hyperparameters", "must divide the gang's 3 worker"),
+    ({"hyperparameters": {"tensor_parallel": 2}, "workers_min": 2, "workers_max": 4}, "workers_min", "not elastic"),
+    ({"hyperparameters": {"micro_batches": 5, "batch_size": 16}}, "hyperparameters", "micro_batches: must divide"),
+])
+def test_a_model_parallel_layout_the_gang_cannot_run_is_a_400_naming_the_field(api, backend, overrides, field,
+                                                                                message):
+    response = api("alpha", "member").post("/api/v1/training-jobs/", {**JOB_BODY, **overrides}, format="json")
+    assert response.status_code == 400 and message in str(response.json()[field]), response.json()
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_model_parallel_job_is_accepted_and_its_layout_reaches_the_workers(api, backend):
+    job = submit(api("alpha", "member"), workers_min=4, workers_max=4, devices_per_worker=1,
+                 hyperparameters={"steps": 100, "tensor_parallel": 2, "pipeline_parallel": 2})
+    launch = workflows.build_launch(job)
+    assert launch.runtime["hyperparameters"]["tensor_parallel"] == 2
+    assert launch.runtime["devices_per_worker"] == 1
+
+
 def test_a_job_over_its_max_duration_fails_after_a_final_checkpoint(api, backend):
     from datetime import timedelta
 

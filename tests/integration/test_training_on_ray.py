@@ -184,6 +184,40 @@ def test_a_user_entrypoint_runs_on_the_cpu_pool_and_a_failing_one_gives_up(api, 
     assert "entrypoint exited with code 3" in failing.state_reason
 
 
+def test_a_tensor_and_pipeline_parallel_job_trains_recovers_and_leaves_a_servable_checkpoint(api, platform):
+    """tp 2 x pp 2 over 4 workers (2 per H100 node): a crash restarts the gang from a checkpoint written in the
+    single-process format, which the layout resumes from and serving loads as it is."""
+    from jobs.runtime import checkpoints, lm
+    from jobs.workflows import checkpoint_dir
+
+    job = submit(api, name="mp", accelerator_types=["nvidia-h100"], workers_min=4, workers_max=4,
+                 devices_per_worker=4, cpus_per_worker=0.5,
+                 hyperparameters={"steps": 40, "step_sleep_s": 0.02, "tensor_parallel": 2, "pipeline_parallel": 2,
+                                  "n_layers": 4})
+    injected: dict[str, int] = {}
+
+    def inject(current: TrainingJob) -> None:
+        if current.state == "RUNNING" and "crash" not in injected and current.current_step >= 15:
+            platform.inject_training_fault(current.compute_handle, rank=3, fault="crash")
+            injected["crash"] = current.current_step
+
+    job = drive(job, until=lambda j: j.is_terminal, timeout=240, on_tick=inject)
+    assert job.state == "SUCCEEDED" and job.current_step == 39 and job.restarts == 1, job.state_reason
+    fault = TrainingFault.objects.get(job=job)
+    assert fault.kind == "worker_crash" and fault.worker == 3 and fault.recomputed_steps < 20
+    logs = [line["line"] for line in api("alpha", "member").get(
+        f"/api/v1/training-jobs/{job.pk}/logs/?limit=2000").json()["results"]]
+    assert any("tensor parallel 2 x pipeline parallel 2 x data parallel 1 over 4 worker(s)" in line
+               and "stage 1 (layers 2-3)" in line for line in logs)
+    assert sum("resumed from checkpoint step" in line for line in logs) == 4  # every rank, after the crash
+    info, files = checkpoints.load_latest(checkpoint_dir(job))
+    assert info.step == 39
+    model, tokenizer, config = lm.load_model_for_inference(files)  # the single-process format
+    assert config.n_layers == 4 and lm.generate(model, tokenizer, "Once", max_new_tokens=4)
+    losses = [m.loss for m in TrainingMetric.objects.filter(job=job, worker=0).order_by("step", "-attempt")]
+    assert losses[-1] < 0.8 * losses[0]  # it learns
+
+
 def test_a_killed_node_is_detected_and_the_job_recovers_to_the_same_final_step(api, platform, ray_cluster):
     job = submit(api, name="elastic", accelerator_types=["nvidia-a100"], workers_min=1, workers_max=2,
                  hyperparameters={"steps": 70, "step_sleep_s": 0.05})
