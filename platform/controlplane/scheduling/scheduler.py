@@ -106,10 +106,10 @@ class _Node:
     def take(self, devices: float) -> tuple[tuple[int, float], ...]:  # as NodeState.take (best)
         free = self.device_free
         if devices >= 1.0 - EPS:
-            chosen = [i for i, share in enumerate(free) if share >= 1.0 - EPS][:round(devices)]
+            chosen = [i for i, share in enumerate(free) if share >= _WHOLE][:round(devices)]
             for index in chosen:
                 free[index] = 0.0
-            taken = tuple((index, 1.0) for index in chosen)
+            taken = tuple([(index, 1.0) for index in chosen])
         else:
             index = min((i for i, share in enumerate(free) if share >= devices - EPS), key=lambda i: (free[i], i))
             free[index] = max(0.0, free[index] - devices)
@@ -131,9 +131,16 @@ class _Pool:
         for node in nodes:
             node.pool = self
         self.group_slots: dict[float, dict[str, int]] = {}
-        self.ranked: dict[float, list[tuple[int, str]]] = {}  # per shape: (group slots, group name), sorted
+        # Per shape, the groups sorted by (slots, name), each as one int, slots * span + the group's place in
+        # name order: ints compare much faster than (slots, name) tuples and sort the same.
+        self.names = sorted(self.groups)
+        self.place = {name: i for i, name in enumerate(self.names)}
+        self.span = max(1, len(self.names))
+        self.ranked: dict[float, list[int]] = {}
         self.dirty: dict[float, dict[str, int]] = {}  # per shape: groups whose ranked entry is out of date -> it
-        self.shapes: list[tuple] = []  # per shape: (devices, divisor, per_one, per_zero, group_slots, dirty)
+        # Per shape, split by kind (a node's whole-device slots change only with its whole count):
+        self.whole_shapes: list[tuple] = []  # (devices, divisor, group_slots, dirty)
+        self.part_shapes: list[tuple] = []  # fractions: (devices, per_one, per_zero, group_slots, dirty)
         self.total: dict[float, int] = {}
         self.free_sum = 0.0  # over schedulable nodes, exact while `inexact` is 0 and not `stale`
         self.inexact = 0
@@ -163,9 +170,14 @@ class _Pool:
                 slots[name] = count
                 total += count
             self.total[devices] = total
-            self.ranked[devices] = sorted((count, name) for name, count in slots.items())
+            span, place = self.span, self.place
+            self.ranked[devices] = sorted([count * span + place[name] for name, count in slots.items()])
             self.dirty[devices] = {}
-            self.shapes.append((devices, *info, slots, self.dirty[devices]))
+            divisor, per_one, per_zero = info
+            if divisor:
+                self.whole_shapes.append((devices, divisor, slots, self.dirty[devices]))
+            else:
+                self.part_shapes.append((devices, per_one, per_zero, slots, self.dirty[devices]))
         return slots
 
     def _info(self, devices: float) -> tuple[int, int, int]:
@@ -185,50 +197,68 @@ class _Pool:
 
     def refresh(self, node: _Node) -> None:
         """Recompute a node's cached values after its device_free changed."""
-        old_free, old_whole = node.free, node.whole
+        old_free, old_whole, was_simple = node.free, node.whole, node.simple
         shares = node.device_free
         ones = shares.count(1.0)
-        node.simple = simple = ones + shares.count(0.0) == len(shares)
-        node.free = free = sum(shares)
-        node.whole = whole = ones if simple else len([share for share in shares if share >= _WHOLE])
-        if node.schedulable:
-            was_exact = (old_free * _EXACT).is_integer()
-            now_exact = (free * _EXACT).is_integer()
+        capacity = len(shares)
+        node.simple = simple = ones + shares.count(0.0) == capacity
+        if simple:
+            node.free = free = sum(shares)
+            node.whole = whole = ones
+        else:
+            node.free = free = sum(shares)
+            node.whole = whole = len([share for share in shares if share >= _WHOLE])
+        if not node.schedulable:
+            return
+        # A simple node's free total is a whole number, exact; only the others need the test.
+        was_exact = was_simple or (old_free * _EXACT).is_integer()
+        now_exact = simple or (free * _EXACT).is_integer()
+        if not (was_exact and now_exact):
             self.inexact += (not now_exact) - (not was_exact)
-            if not (was_exact and now_exact):
-                self.stale = True
-            self.free_sum += free - old_free
+            self.stale = True
+        self.free_sum += free - old_free
+        node_slots, group, total = node.slots, node.leaf_group, self.total
+        if whole == old_whole:
+            if simple and was_simple:
+                return  # the same whole count and nothing fractional: every shape's slots are as they were
+        else:
             self.whole_sum += whole - old_whole
-            node_slots = node.slots
-            group = node.leaf_group
-            capacity = len(shares)
-            for devices, divisor, per_one, per_zero, group_slots, dirty in self.shapes:
-                if divisor:
-                    own = whole // divisor
-                elif simple:
-                    own = ones * per_one + (capacity - ones) * per_zero
-                else:
-                    own = sum([int((share + EPS) // devices) for share in shares])
+            for devices, divisor, group_slots, dirty in self.whole_shapes:
+                own = whole // divisor
                 delta = own - node_slots[devices]
-                if delta:
+                if delta:  # (the same 5 lines as below: a call per shape costs more than the rest)
                     node_slots[devices] = own
                     old = group_slots[group]
                     group_slots[group] = old + delta
-                    self.total[devices] += delta
+                    total[devices] += delta
                     if group not in dirty:
                         dirty[group] = old
+        for devices, per_one, per_zero, group_slots, dirty in self.part_shapes:
+            if simple:
+                own = ones * per_one + (capacity - ones) * per_zero
+            else:
+                own = sum([int((share + EPS) // devices) for share in shares])
+            delta = own - node_slots[devices]
+            if delta:
+                node_slots[devices] = own
+                old = group_slots[group]
+                group_slots[group] = old + delta
+                total[devices] += delta
+                if group not in dirty:
+                    dirty[group] = old
 
-    def rank(self, devices: float) -> list[tuple[int, str]]:
-        """The (slots, group) list of a shape (after shape(devices)), sorted and up to date."""
+    def rank(self, devices: float) -> list[int]:
+        """The ranked list of a shape (after shape(devices)), sorted and up to date."""
         ranked = self.ranked[devices]
         dirty = self.dirty[devices]
         if dirty:
-            group_slots = self.group_slots[devices]
+            group_slots, span, place = self.group_slots[devices], self.span, self.place
             for group, old in dirty.items():
                 new = group_slots[group]
                 if new != old:
-                    del ranked[bisect_left(ranked, (old, group))]
-                    insort(ranked, (new, group))
+                    where = place[group]
+                    del ranked[bisect_left(ranked, old * span + where)]
+                    insort(ranked, new * span + where)
             dirty.clear()
         return ranked
 
@@ -376,17 +406,31 @@ class _State:
         self.ledger = _Ledger(snapshot.cluster_queues)
         self.running: dict[str, Running] = {}
         nodes = self.nodes
+        running_by_id = self.running
+        usage: dict[tuple[str, str], float] = {}  # added up in the order ledger.add would, so to the same values
         for running in sorted(snapshot.running, key=lambda r: r.workload.id):
+            workload = running.workload
             for worker in running.workers:
                 node = nodes.get(worker.node)
                 if node is not None:
                     free = node.device_free
+                    size = len(free)
                     for index, share in worker.taken:
-                        if index < len(free):  # a node that shrank since: its lost devices hold nothing
-                            free[index] = max(0.0, free[index] - share)
-            self.ledger.add(running.workload.cluster_queue, running.accelerator_type, running.usage)
-            self.running[running.workload.id] = running
+                        if index < size:  # a node that shrank since: its lost devices hold nothing
+                            # (a share >= 1 leaves 0.0, as max(0.0, free - share) does: free is at most 1.0)
+                            free[index] = 0.0 if share >= 1.0 else max(0.0, free[index] - share)
+            key = (workload.cluster_queue, running.accelerator_type)
+            usage[key] = usage.get(key, 0.0) + len(running.workers) * workload.devices_per_worker
+            running_by_id[workload.id] = running
+        for (queue, accelerator_type), value in usage.items():
+            self.ledger.set(queue, accelerator_type, value)
         self.started_before = frozenset(self.running)
+        # The preemptible ones per type: a type's victims are set up at its first preemption trial, and until then
+        # nothing changes the running workloads of that type that started before the cycle.
+        self.preemptible: dict[str, list[Running]] = {}
+        for running in running_by_id.values():
+            if running.workload.preemptible:
+                self.preemptible.setdefault(running.accelerator_type, []).append(running)
         by_type: dict[str, list[_Node]] = {}
         for node in nodes.values():
             by_type.setdefault(node.accelerator_type, []).append(node)
@@ -400,10 +444,8 @@ class _State:
     def victims(self, accelerator_type: str) -> _Victims:
         victims = self._victims.get(accelerator_type)
         if victims is None:
-            victims = self._victims[accelerator_type] = _Victims(
-                (r for r in self.running.values()
-                 if r.accelerator_type == accelerator_type and r.workload.preemptible
-                 and r.workload.id in self.started_before), known_queues=self.ledger.queues)
+            victims = self._victims[accelerator_type] = _Victims(self.preemptible.get(accelerator_type, ()),
+                                                                 known_queues=self.ledger.queues)
         return victims
 
 
@@ -416,14 +458,34 @@ class _Victims:
         self.eligible_cache: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
         self.start = 0
         self.priorities = [r.workload.priority for r in self.order]
-        self.positions: dict[str, list[int]] = {}  # queue -> its indexes in order
-        for index, r in enumerate(self.order):
-            self.positions.setdefault(r.workload.cluster_queue, []).append(index)
-        self.unknown = frozenset(queue for queue in self.positions if queue not in known_queues)  # no quota
+        # queue -> the indexes in order of its victims not yet taken (a taken one leaves at once, so a trial does
+        # not walk past the victims of earlier trials again)
+        self.positions: dict[str, list[int]] = {}
+        self.index: dict[str, int] = {}
         self.totals: dict[int, dict[str, list[float]]] = {}  # priority -> queue -> [usage, shares, entries, n]
+        self.amounts: dict[str, tuple[float, float, int]] = {}  # id -> what it adds to its totals
+        positions, indexes, totals, amounts = self.positions, self.index, self.totals, self.amounts
+        for index, r in enumerate(self.order):
+            workload = r.workload
+            queue = workload.cluster_queue
+            positions.setdefault(queue, []).append(index)
+            indexes[workload.id] = index
+            workers = r.workers
+            amount = amounts[workload.id] = (len(workers) * workload.devices_per_worker,
+                                             sum([share for worker in workers for _, share in worker.taken]),
+                                             sum([len(worker.taken) for worker in workers]))
+            per_queue = totals.get(workload.priority)
+            if per_queue is None:
+                per_queue = totals[workload.priority] = {}
+            total = per_queue.get(queue)
+            if total is None:
+                total = per_queue[queue] = [0.0, 0.0, 0.0, 0.0]
+            total[3] += 1.0
+            total[0] += amount[0]
+            total[1] += amount[1]
+            total[2] += amount[2]
+        self.unknown = frozenset(queue for queue in self.positions if queue not in known_queues)  # no quota
         self.cache: dict[tuple, tuple[dict[str, float], float, float, float]] = {}
-        for r in self.order:
-            self._count(r, 1.0)
 
     def eligible(self, own: str, borrowing: frozenset[str]) -> frozenset[str]:
         """The queues a preemptor of queue `own` may take victims from: its own, and those above their nominal
@@ -435,17 +497,17 @@ class _Victims:
                 queue for queue in self.positions if queue == own or queue in borrowing or queue in self.unknown)
         return hit
 
-    def _count(self, running: Running, sign: float) -> None:
-        per_queue = self.totals.setdefault(running.workload.priority, {})
-        total = per_queue.setdefault(running.workload.cluster_queue, [0.0, 0.0, 0.0, 0.0])
-        total[3] += sign
-        total[0] += sign * running.usage
-        total[1] += sign * sum(share for worker in running.workers for _, share in worker.taken)
-        total[2] += sign * sum(len(worker.taken) for worker in running.workers)
-
     def gone(self, running: Running) -> None:
-        self._count(running, -1.0)
+        usage, shares, entries = self.amounts[running.workload.id]
+        total = self.totals[running.workload.priority][running.workload.cluster_queue]
+        total[3] -= 1.0
+        total[0] -= usage
+        total[1] -= shares
+        total[2] -= entries
         self.cache.clear()
+        positions = self.positions[running.workload.cluster_queue]
+        at = bisect_left(positions, self.index[running.workload.id])
+        del positions[at]
 
     def releasable(self, priority: int, reclaim: set[str],
                    queues: frozenset[str]) -> tuple[dict[str, float], float, float, float]:
@@ -572,36 +634,56 @@ def _place_gang(pool: _Pool, workers: int, devices: float) -> tuple[WorkerPlacem
     """placement.place_gang(nodes, workers=..., devices=..., score=best_fit, leaf_group_aware=True), indexed."""
     if workers <= 0:
         return ()
-    group_slots = pool.shape(devices)
+    pool.shape(devices)
     if pool.total[devices] < workers:
         return None  # every worker placed takes exactly one slot: the gang cannot fit anywhere
     ranked = pool.rank(devices)
-    at = bisect_left(ranked, (workers, ""))  # the group with the fewest slots >= workers, ties by name
+    at = bisect_left(ranked, workers * pool.span)  # the group with the fewest slots >= workers, ties by name
     if at < len(ranked):
         placed = []
-        members = pool.groups[ranked[at][1]]
+        members = pool.groups[pool.names[ranked[at] % pool.span]]
         for _ in range(workers):
-            fitting = [node for node in members if node.slots[devices] > 0]  # slots > 0: fits(devices)
+            # Best fit, ties by name: members are in name order, so by position. slots > 0: fits(devices).
+            fitting = [(node.free - devices, i) for i, node in enumerate(members) if node.slots[devices] > 0]
             if not fitting:  # cannot happen (slots >= workers); roll back as place_gang does
                 for node_name, taken in placed:
                     _give_back(pool, node_name, taken)
                 placed = None
                 break
-            node = min(fitting, key=lambda n: (n.free - devices, n.name))
+            node = members[min(fitting)[1]]
             placed.append((node.name, node.take(devices)))
         if placed is not None:
             return tuple(WorkerPlacement(node=name, taken=taken) for name, taken in placed)
-    ordered = sorted(pool.groups, key=lambda name: (-group_slots[name], name))
     placed = []
-    for name in ordered:
+    for name in _most_slots_first(pool, ranked, workers):
         for node in pool.groups[name]:
-            while len(placed) < workers and node.fits(devices):
+            while len(placed) < workers and node.slots[devices] > 0:  # slots > 0: fits(devices)
                 placed.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
             if len(placed) == workers:
                 return tuple(placed)
     for worker in placed:  # cannot happen either (the type has enough slots)
         _give_back(pool, worker.node, worker.taken)
     return None
+
+
+def _most_slots_first(pool: _Pool, ranked: list[int], workers: int) -> list[str]:
+    """The groups in the order (most slots first, ties by name) that place_gang fills them when no single group
+    holds the gang, up to the first whose slots, with those of the groups before it, reach `workers` (each
+    group is filled up before the next is touched, so no later one is reached). `ranked` is sorted ascending."""
+    chosen: list[str] = []
+    total = 0
+    end = len(ranked)
+    span, names = pool.span, pool.names
+    while end > 0 and total < workers:
+        count = ranked[end - 1] // span
+        start = bisect_left(ranked, count * span, 0, end)  # the run of groups with `count` slots, by name
+        for value in ranked[start:end]:
+            chosen.append(names[value % span])
+            total += count
+            if total >= workers:
+                break
+        end = start
+    return chosen
 
 
 def _give_back(pool: _Pool, name: str, taken) -> None:
@@ -804,6 +886,10 @@ def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims
             return False
     ledger = state.ledger
     saved = {queue: ledger.usage[(queue, accelerator_type)] for queue in usage}
+    # The cohort sums of the type as they are: the trial's inexact usages would leave them to be added up again
+    # from scratch; putting them back as they were is the same state, without that.
+    sums = [(key, kept, kept.room, kept.home, kept.inexact, kept.stale) for key, kept in ledger.sums.items()
+            if key[1] == accelerator_type]
     try:
         for queue, amount in usage.items():
             ledger.change(queue, accelerator_type, saved[queue] - amount - 1e-6)
@@ -811,6 +897,11 @@ def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims
     finally:
         for queue, value in saved.items():
             ledger.change(queue, accelerator_type, value)
+        for key in [key for key in ledger.sums if key[1] == accelerator_type]:
+            del ledger.sums[key]  # made during the trial: made again when next needed
+        for key, kept, room, home, inexact, stale in sums:
+            ledger.sums[key] = kept
+            kept.room, kept.home, kept.inexact, kept.stale = room, home, inexact, stale
 
 
 def _within_nominal(state: _State, workload: Workload, accelerator_type: str) -> bool:
@@ -819,10 +910,11 @@ def _within_nominal(state: _State, workload: Workload, accelerator_type: str) ->
 
 
 def _fits(state: _State, workload: Workload, accelerator_type: str) -> bool:
-    if not state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()).ok:
+    # Capacity first: it is O(1) and, in a trial, usually what is still missing (both tests are pure).
+    if workload.workers_min > 0 and state.pool(accelerator_type).slots(workload.devices_per_worker) \
+            < workload.workers_min:
         return False
-    return workload.workers_min <= 0 or state.pool(accelerator_type).slots(workload.devices_per_worker) \
-        >= workload.workers_min
+    return state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()).ok
 
 
 def _reserve(state: _State, workload: Workload, types) -> bool:
