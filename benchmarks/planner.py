@@ -6,17 +6,22 @@ Run from the repository root::
     .venv/bin/python benchmarks/planner.py [--json PATH] [--csv PATH] [--no-write] [--repeat N]
 
 1. Published runs (``platform/controlplane/planning/published_runs.json``: Table 1 of Narayanan et al.,
-   SC'21, and Table 5 of Korthikanti et al. 2022, all on A100 80GB DGX nodes). For each run: its layout and
+   SC'21, and Table 5 of Korthikanti et al. 2022 on A100 80GB DGX nodes; Table 4 of the Llama 3 paper,
+   Grattafiori et al. 2024, Llama 3 405B on 8,192 and 16,384 H100 80GB). For each run: its layout and
    published throughput; the planner's prediction for that same layout and the error; the planner's own
    choice for the same model, batch and GPUs (all features, and only the features the run had), with its
    predicted throughput and speed-up by its own model. Throughput is "TFLOPS per GPU" counted the way the
-   paper counts (Table 1: Eq. 3 hardware FLOPs with recomputation; Table 5: model FLOPs), over the step
-   time, so published and predicted compare like with like. Then the calibration: the one A100
-   ``achievable_fraction`` fitted on Table 1, each Table 1 row predicted by a fraction fitted on the other
-   nine (leave-one-out), and Table 5 as rows the constant never saw.
+   paper counts (Table 1: Eq. 3 hardware FLOPs with recomputation; Table 5: model FLOPs; Llama 3: model
+   FLOPs, PaLM's 6N + 12LHQT), over the step time, so published and predicted compare like with like. Layout
+   figures a paper does not give (Llama 3: micro-batch size, interleaving depth V, sequence parallelism) are
+   resolved to the combination the cost model predicts fastest for the published TP/PP/DP, and printed.
+   Then the calibration, per chip: the one ``achievable_fraction`` fitted on the chip's calibration table
+   (A100: Table 1; H100: Llama 3 Table 4), each row predicted by a fraction fitted on the others
+   (leave-one-out), Table 5 as rows the A100 constant never saw, and for H100 how the fit moves if V were
+   fixed instead of chosen.
 2. Mixed chips: the planner's heterogeneous plan on H100 + A100 pools against the best plan on either
-   chip type alone. H100 has no published run in the JSON, so its ``achievable_fraction`` is the default
-   (0.5), a guess; the A100 one is calibrated.
+   chip type alone, each chip at its calibrated ``achievable_fraction`` (A100 0.65 from SC'21 Table 1,
+   H100 0.6 from Llama 3 Table 4).
 3. Search time for 1,024-device requests (homogeneous and mixed), median of ``--repeat`` runs.
 
 Results go to ``benchmarks/results/planner.{json,csv}`` unless ``--json``/``--csv`` say otherwise.
@@ -52,10 +57,15 @@ from controlplane.planning import (  # noqa: E402
 )
 from controlplane.planning.validation import (  # noqa: E402
     calibrate,
+    calibrated_chips,
+    calibration_runs,
     compare,
     counted_flops,
-    device_for,
+    hardware_for,
+    leave_one_out,
     load_published_runs,
+    run_device,
+    table_for,
 )
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -83,11 +93,18 @@ TIMING_CASES = [
 
 
 def layout_text(spec: dict) -> str:
-    text = f"TP{spec['tp']} PP{spec['pp']} DP{spec['dp']} mb{spec['micro_batch_size']}"
-    if spec.get("virtual_stages", 1) > 1:
-        text += f" v{spec['virtual_stages']}"
+    """A layout in one line; a figure the paper does not give shows as "?"."""
+    def known(name, default=None):
+        value = spec.get(name, default)
+        return "?" if value is None else value
+
+    text = f"TP{spec['tp']} PP{spec['pp']} DP{spec['dp']} mb{known('micro_batch_size')}"
+    if spec.get("virtual_stages", 1) is None or spec.get("virtual_stages", 1) > 1:
+        text += f" v{known('virtual_stages')}"
     text += {"full": " full-rc", "selective": " sel-rc", "none": ""}[spec["recompute"]]
-    if spec.get("sequence_parallel"):
+    if spec.get("sequence_parallel") is None:
+        text += " SP?"
+    elif spec.get("sequence_parallel"):
         text += " SP"
     return text
 
@@ -102,11 +119,13 @@ def chosen_text(layout) -> str:
 
 # -- 1. published runs ---------------------------------------------------------------------------------------
 
-def run_features(run: dict) -> PlanOptions:
-    """Only what the run's software had: its recompute mode (or none), ZeRO and sequence parallelism if used."""
+def run_features(data: dict, run: dict) -> PlanOptions:
+    """Only what the run's software had: its recompute mode (or none), ZeRO and sequence parallelism if used
+    (or not known), its attention kernel."""
     spec = run["layout"]
-    return PlanOptions(flash_attention=False, allow_zero=spec.get("zero", False),
-                       allow_sequence_parallel=spec.get("sequence_parallel", False),
+    return PlanOptions(flash_attention=table_for(data, run).get("flash_attention", True),
+                       allow_zero=spec.get("zero", False),
+                       allow_sequence_parallel=spec.get("sequence_parallel", False) is not False,
                        allow_selective_recompute=spec["recompute"] == "selective",
                        allow_recompute=spec["recompute"] != "none")
 
@@ -118,12 +137,17 @@ def published_rows(data: dict) -> list[dict]:
         model = comparison.request.model
         gpus = run["layout"]["gpus"]
         flops = counted_flops(run, model)
-        own = plan(replace(comparison.request, options=PlanOptions(flash_attention=False)))
-        same = plan(replace(comparison.request, options=run_features(run)))
+        flash = table_for(data, run).get("flash_attention", True)
+        own = plan(replace(comparison.request, options=PlanOptions(flash_attention=flash)))
+        same = plan(replace(comparison.request, options=run_features(data, run)))
         row = {
             "id": run["id"], "table": run["table"], "verified": run["verified"],
+            "chip": hardware_for(data, run)["device"],
             "params_b": round(model.parameters() / 1e9, 1), "gpus": gpus,
             "published_layout": layout_text(run["layout"]),
+            "resolved_unknowns": dict(comparison.resolved),
+            "compared_layout": chosen_text(comparison.prediction.layout),
+            "memory_model_fits": comparison.prediction.fits,
             "published_tflops": round(comparison.published_tflops, 1),
             "predicted_tflops": round(comparison.predicted_tflops, 1),
             "error_pct": round(100 * comparison.error, 1),
@@ -145,17 +169,26 @@ def published_rows(data: dict) -> list[dict]:
     return rows
 
 
-def calibration(data: dict) -> dict:
-    table1 = [r for r in data["runs"] if r["table"] == "narayanan2021-table1" and r["verified"]]
-    fitted = calibrate(data, table1)
-    loo = {}
-    for run in table1:
-        others = [r for r in table1 if r is not run]
-        fraction = calibrate(data, others)
-        comparison = compare(data, run, replace(device_for(data), achievable_fraction=fraction))
-        loo[run["id"]] = {"fraction": fraction, "error_pct": round(100 * comparison.error, 1)}
-    return {"chip": data["hardware"]["device"], "fitted_on_table1": fitted,
-            "in_use": CALIBRATED_ACHIEVABLE_FRACTION.get(data["hardware"]["device"]), "leave_one_out": loo}
+def calibration(data: dict) -> list[dict]:
+    """Per calibrated chip: the fit on its table, the constant in use, leave-one-out, and (where a run's layout
+    has unknown figures) the fit with each value of V fixed instead of chosen."""
+    out = []
+    for chip in calibrated_chips(data):
+        runs = calibration_runs(data, chip)
+        loo = {run_id: {"fraction": v["fraction"], "error_pct": round(100 * v["error"], 1)}
+               for run_id, v in leave_one_out(data, runs).items()}
+        fitted = calibrate(data, runs)
+        at_fit = {run["id"]: round(100 * compare(data, run, run_device(data, run, fitted)).error, 1) for run in runs}
+        entry = {"chip": chip, "tables": sorted({r["table"] for r in runs}), "runs": len(runs),
+                 "fitted": fitted, "in_use": CALIBRATED_ACHIEVABLE_FRACTION.get(chip),
+                 "error_pct_at_fit": at_fit, "leave_one_out": loo}
+        choices = sorted({v for run in runs for v in run.get("unknowns", {}).get("virtual_stages", [])})
+        if choices:
+            entry["fitted_with_v_fixed"] = {
+                v: calibrate(data, [{**run, "unknowns": {**run["unknowns"], "virtual_stages": [v]}} for run in runs])
+                for v in choices}
+        out.append(entry)
+    return out
 
 
 # -- 2. mixed chips ------------------------------------------------------------------------------------------
@@ -229,8 +262,10 @@ def _fmt(value, width, digits=1):
 
 def format_report(rows, cal, mixed, timing) -> str:
     out = []
-    out.append("1. Published runs (A100 80GB, DGX A100): TFLOPS per GPU as each paper counts them")
-    header = (f"{'run':<44} {'params':>7} {'GPUs':>5}  {'published layout':<30} {'pub':>6} {'pred':>6} {'err%':>6} "
+    out.append("1. Published runs (A100 80GB on DGX A100; H100 80GB on Meta's Grand Teton): TFLOPS per GPU as each "
+               "paper counts them")
+    header = (f"{'run':<44} {'chip':<5} {'params':>7} {'GPUs':>5}  {'published layout':<30} {'pub':>6} {'pred':>6} "
+              f"{'err%':>6} "
               f"{'mem GB':>6}  {'planner choice (all features)':<38} {'TF/GPU':>6} {'x':>5}  "
               f"{'choice (run features)':<30} {'TF/GPU':>6} {'x':>5}")
     out.append(header)
@@ -238,11 +273,20 @@ def format_report(rows, cal, mixed, timing) -> str:
     for r in rows:
         flag = "" if r["verified"] else " *"
         out.append(
-            f"{r['id'] + flag:<44} {r['params_b']:>6.1f}B {r['gpus']:>5}  {r['published_layout']:<30} "
+            f"{r['id'] + flag:<44} {r['chip'].removeprefix('nvidia-'):<5} {r['params_b']:>6.1f}B {r['gpus']:>5}  "
+            f"{r['published_layout']:<30} "
             f"{r['published_tflops']:>6.1f} {r['predicted_tflops']:>6.1f} {r['error_pct']:>+6.1f} "
             f"{r['predicted_memory_gb']:>6.1f}  {r['chosen_layout']:<38} {_fmt(r['chosen_tflops'], 6)} "
             f"{_fmt(r['chosen_speedup'], 5, 2)}  {r['chosen_run_features_layout']:<30} "
             f"{_fmt(r['chosen_run_features_tflops'], 6)} {_fmt(r['chosen_run_features_speedup'], 5, 2)}")
+    for r in rows:
+        if r["resolved_unknowns"]:
+            out.append(f"  {r['id']}: not published {', '.join(f'{k}={v}' for k, v in r['resolved_unknowns'].items())}"
+                       f" (the cost model's fastest for the published TP/PP/DP) -> compared as {r['compared_layout']}, "
+                       "stages of 7/8x14/7 layers")
+        if not r["memory_model_fits"]:
+            out.append(f"  {r['id']}: the memory model puts the fullest device at {r['predicted_memory_gb']:.1f} GB, "
+                       "over its 72 GB; the run fitted on real GPUs (published_runs.json memory_note says why)")
     verified = [r for r in rows if r["verified"]]
     errors = [abs(r["error_pct"]) for r in verified]
     within = sum(e <= 100 * TOLERANCE for e in errors)
@@ -255,16 +299,22 @@ def format_report(rows, cal, mixed, timing) -> str:
     out.append(f"planner's own choice at least as fast as the published layout (by its model): {len(faster)} of "
                f"{len(rows)}")
     out.append("")
-    out.append(f"Calibration: one achievable_fraction for {cal['chip']}: in use {cal['in_use']}, least-squares fit on "
-               f"Table 1 {cal['fitted_on_table1']}")
-    loo = cal["leave_one_out"]
-    out.append("  leave-one-out on Table 1 (fraction fitted on the other nine -> error on this row): "
-               + ", ".join(f"{k.rsplit('-', 1)[-1]} {v['fraction']:.3f}->{v['error_pct']:+.1f}%"
-                           for k, v in loo.items()))
-    out.append("  Table 5 rows are out of sample: the constant was fitted on Table 1 only.")
+    for c in cal:
+        out.append(f"Calibration, {c['chip']}: one achievable_fraction, in use {c['in_use']}, least-squares fit on "
+                   f"{', '.join(c['tables'])} ({c['runs']} rows) {c['fitted']}; error at the fit "
+                   + ", ".join(f"{k.rsplit('-', 1)[-1]} {v:+.1f}%" for k, v in c["error_pct_at_fit"].items()))
+        out.append("  leave-one-out (fraction fitted on the other rows -> error on this row): "
+                   + ", ".join(f"{k.rsplit('-', 1)[-1]} {v['fraction']:.3f}->{v['error_pct']:+.1f}%"
+                               for k, v in c["leave_one_out"].items()))
+        if "fitted_with_v_fixed" in c:
+            out.append("  fit if the interleaving depth V were fixed instead of chosen (1.0 = the model cannot "
+                       "reach the published throughput even at the full peak): "
+                       + ", ".join(f"V={v} {f:.3f}" for v, f in c["fitted_with_v_fixed"].items()))
+    out.append("  Table 5 rows are out of sample for nvidia-a100: its constant was fitted on Table 1 only.")
     out.append("")
     out.append("2. Mixed chips: the planner's plan on both pools vs the best plan on one chip type "
-               "(H100 achievable_fraction = default 0.5, uncalibrated; A100 calibrated)")
+               f"(achievable_fraction H100 {CALIBRATED_ACHIEVABLE_FRACTION['nvidia-h100']} from Llama 3 Table 4, "
+               f"A100 {CALIBRATED_ACHIEVABLE_FRACTION['nvidia-a100']} from SC'21 Table 1)")
     for m in mixed:
         out.append(f"  {m['model']}, batch {m['global_batch']}, {m['pools']}:")
         out.append(f"    plan:        {m.get('plan_tokens_s', 0):>10,} tokens/s  {m.get('plan_layout', '-')}")
@@ -305,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tolerance": TOLERANCE,
         "sources": data["sources"],
         "hardware": data["hardware"],
+        "tables": data["tables"],
         "published_runs": rows,
         "calibration": cal,
         "mixed_chips": mixed,

@@ -13,13 +13,19 @@ from django.utils import timezone
 from controlplane.cluster.models import Node, NodePool
 from controlplane.planning import DevicePool, Layout, PlanRequest
 from controlplane.planning.calibration import predicted_step_s
-from controlplane.planning.model import DEFAULT_ACHIEVABLE_FRACTION, device_type_from_facts
+from controlplane.planning.model import (
+    CALIBRATED_ACHIEVABLE_FRACTION,
+    DEFAULT_ACHIEVABLE_FRACTION,
+    device_type_from_facts,
+)
 from controlplane.planning.presets import model_spec
 from jobs.calibration import measured_fractions
 from jobs.models import TrainingJob, TrainingMetric
 from tests.conftest import JOB_BODY
 
 PLAN = {"mode": "auto", "model": "llama2-7b", "global_batch_size": 64}
+PRIOR = CALIBRATED_ACHIEVABLE_FRACTION["nvidia-h100"]  # fitted on Llama 3 Table 4 (published_runs.json)
+PUBLISHED = "calibrated on published nvidia-h100 training runs"
 
 
 def submit(client, **overrides) -> TrainingJob:
@@ -72,27 +78,27 @@ def h100_plan(client) -> dict:
 def test_a_real_run_refines_the_fraction_the_planner_uses_and_says_so(api, accel, real_h100):
     client = api("alpha", "member")
     before = h100_plan(client)
-    assert before["pools"][0]["achievable_fraction"] == DEFAULT_ACHIEVABLE_FRACTION
-    assert "assumed" in before["pools"][0]["achievable_fraction_source"]
+    assert before["pools"][0]["achievable_fraction"] == PRIOR
+    assert before["pools"][0]["achievable_fraction_source"] == PUBLISHED
 
     job = submit(client)
     plan = job.parallel_plan["by_type"]["nvidia-h100"]
-    assert plan["achievable_fraction"] == DEFAULT_ACHIEVABLE_FRACTION and plan["layout"]["stages"]
+    assert plan["achievable_fraction"] == PRIOR and plan["layout"]["stages"]
     ran(job, nodes=["h100-pool-0"], step_s=step_time_at(job, accel["nvidia-h100"], 0.3))
 
     found = measured_fractions()["nvidia-h100"]
     assert [run["job"] for run in found.runs] == [job.pk] and found.runs[0]["step_rows"] == 9  # warm-up left out
     assert found.runs[0]["fitted"] == pytest.approx(0.3, abs=2e-3)
-    expected = (DEFAULT_ACHIEVABLE_FRACTION * 2 + 0.3) / 3  # the prior counts as two runs
+    expected = (PRIOR * 2 + 0.3) / 3  # the published calibration counts as two runs
     assert found.fraction == pytest.approx(expected, abs=2e-3)
 
     after = h100_plan(client)
     pool = after["pools"][0]
     assert pool["achievable_fraction"] == pytest.approx(expected, abs=2e-3)
     source = pool["achievable_fraction_source"]
-    assert f"jobs {job.pk}" in source and "real nvidia-h100" in source
+    assert f"jobs {job.pk}" in source and "real nvidia-h100" in source and f"prior {PRIOR:g}" in source
     assert any("refined from the step times" in note for note in after["assumptions"])
-    assert after["best"]["step_time_s"] > before["best"]["step_time_s"]  # a slower chip than assumed
+    assert after["best"]["step_time_s"] > before["best"]["step_time_s"]  # slower than the published calibration
     # A job planned now is planned with the refined figure.
     assert submit(client, name="next").parallel_plan["by_type"]["nvidia-h100"]["achievable_fraction"] == \
         pytest.approx(expected, abs=2e-3)
@@ -114,15 +120,15 @@ def test_simulated_chips_the_built_in_trainer_and_short_runs_do_not_count(api, a
     ran(old_plan, nodes=["h100-pool-0"], step_s=1.0)
 
     found = measured_fractions()["nvidia-h100"]
-    assert found.runs == [] and found.fraction == DEFAULT_ACHIEVABLE_FRACTION
+    assert found.runs == [] and found.fraction == PRIOR
     why = {entry["job"]: entry["why"] for entry in found.skipped}
     assert "simulated" in why[simulated.pk]
     assert "3 step time(s) after warm-up" in why[short.pk]
     assert "kept their layout" in why[old_plan.pk]
     assert builtin.pk not in why  # the built-in trainer is not read at all
     pool = h100_plan(client)["pools"][0]
-    assert pool["achievable_fraction"] == DEFAULT_ACHIEVABLE_FRACTION
-    assert "assumed" in pool["achievable_fraction_source"]
+    assert pool["achievable_fraction"] == PRIOR
+    assert pool["achievable_fraction_source"] == PUBLISHED
 
 
 def test_a_run_the_model_cannot_explain_is_reported_not_fitted(api, accel, real_h100):
@@ -131,3 +137,16 @@ def test_a_run_the_model_cannot_explain_is_reported_not_fitted(api, accel, real_
     ran(job, nodes=["h100-pool-0"], step_s=1e-6)  # faster than the chip's full peak allows
     found = measured_fractions()["nvidia-h100"]
     assert found.runs == [] and "full dense peak" in found.skipped[0]["why"]
+
+
+def test_h100_says_it_is_calibrated_and_a_chip_without_published_runs_says_assumed(api, accel, real_h100):
+    client = api("alpha", "member")
+    response = client.post("/api/v1/plans/", {"model": "llama2-7b", "global_batch_size": 64, "devices": [
+        {"accelerator_type": "nvidia-h100", "count": 8}, {"accelerator_type": "nvidia-h200", "count": 8}]},
+        format="json")
+    assert response.status_code == 200, response.json()
+    pools = {pool["accelerator_type"]: pool for pool in response.json()["pools"]}
+    assert pools["nvidia-h100"]["achievable_fraction"] == PRIOR
+    assert pools["nvidia-h100"]["achievable_fraction_source"] == PUBLISHED
+    assert pools["nvidia-h200"]["achievable_fraction"] == DEFAULT_ACHIEVABLE_FRACTION
+    assert "assumed" in pools["nvidia-h200"]["achievable_fraction_source"]

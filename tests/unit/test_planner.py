@@ -107,7 +107,10 @@ def test_device_type_from_facts():
     assert a100.peak("bf16") == 312.0 and a100.peak("fp8") is None
     assert a100.achievable_fraction == CALIBRATED_ACHIEVABLE_FRACTION["nvidia-a100"]
     h100 = device_type_from_facts(facts["nvidia-h100"])
-    assert h100.peak("fp8") == 1979.0 and h100.achievable_fraction == DEFAULT_ACHIEVABLE_FRACTION
+    assert h100.peak("fp8") == 1979.0 and h100.achievable_fraction == CALIBRATED_ACHIEVABLE_FRACTION["nvidia-h100"]
+    h200 = device_type_from_facts(facts["nvidia-h200"])  # no published runs: the default
+    assert "nvidia-h200" not in CALIBRATED_ACHIEVABLE_FRACTION
+    assert h200.achievable_fraction == DEFAULT_ACHIEVABLE_FRACTION
     with pytest.raises(ValueError, match="bf16_dense_tflops"):
         device_type_from_facts(facts["kunlun-p800"])
 

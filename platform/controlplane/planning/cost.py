@@ -32,6 +32,9 @@ Communication (ring collectives at ``LINK_EFFICIENCY`` of the link bandwidth):
     the bytes per device across nodes); it overlaps the backward pass of the last micro-batch only.
   EP: 2 all-to-alls of the routed tokens per MoE layer forward, 2 backward.
 Pipeline: 1F1B step time m t_max + (sum_i t_i - t_max) / v, i.e. a bubble of (p - 1)/(v m) for equal stages.
+  The interleaved schedule (v > 1) needs each stage's layers to split into v chunks; as in Llama 3's
+  schedule (Grattafiori et al. 2024), the embedding and the output layer may each take a layer's place in
+  the first and last stage's chunks (126 layers on 16 stages: 7, 8 x 14, 7 with v = 2, 4 or 8).
 """
 
 from __future__ import annotations
@@ -137,9 +140,7 @@ class CostModel:
         self.mlp_flops_token = 2 * matrices * h * m.ffn * m.active_experts + (2 * h * m.experts if m.is_moe else 0)
         self.attn_core_flops_token = 4 * s * h
         self.logits_flops_token = 2 * h * m.vocab
-        self.model_flops_per_token = (
-            3 * m.layers * (self.attn_linear_flops_token + self.mlp_flops_token + self.attn_core_flops_token)
-            + 3 * self.logits_flops_token)
+        self.model_flops_per_token = model_flops_per_token(m)
 
     # -- validity ------------------------------------------------------------------------------------------
 
@@ -161,7 +162,8 @@ class CostModel:
                 return f"needs {count} devices of pool {name}, it has {pool.devices}"
             if pool.device.peak(m.precision) is None:
                 return f"{pool.device.slug} has no {m.precision} peak (cannot run {m.precision})"
-        for stage in layout.stages:
+        last = len(layout.stages) - 1
+        for index, stage in enumerate(layout.stages):
             pool = self.pools[stage.pool]
             if stage.tp > pool.devices_per_node or pool.devices_per_node % stage.tp:
                 return f"TP{stage.tp} does not fit inside one {pool.devices_per_node}-device node of {pool.name}"
@@ -170,7 +172,12 @@ class CostModel:
             if m.ffn % stage.tp:
                 return f"TP{stage.tp} does not divide the FFN width {m.ffn}"
             if layout.virtual_stages > 1 and stage.layers % layout.virtual_stages:
-                return f"{stage.layers} layers per stage cannot be split into {layout.virtual_stages} virtual stages"
+                # Llama 3's schedule (Grattafiori et al. 2024, section 3.3.2): the first and last stages hold one
+                # layer fewer, the embedding and the output layer taking the place of a layer in their chunks.
+                slots = stage.layers + (index == 0) + (index == last)
+                if slots % layout.virtual_stages:
+                    return (f"{stage.layers} layers per stage cannot be split into {layout.virtual_stages} "
+                            f"virtual stages")
         if layout.ep > 1:
             if not m.is_moe:
                 return "expert parallelism needs a mixture-of-experts model"
@@ -478,6 +485,20 @@ def predict(request: PlanRequest, layout: Layout) -> Prediction:
     if problem:
         raise ValueError(problem)
     return model.evaluate(layout)
+
+
+def model_flops_per_token(model: ModelSpec) -> float:
+    """Model FLOPs per token of one training step (forward + backward, no recomputation): 6 x the matrix
+    parameters a token passes through (the output projection included, the input embedding lookup not) plus
+    12 l s h for attention scores and values. This is PaLM's MFU count 6N + 12 L H Q T (Chowdhery et al. 2022,
+    Appendix B) without the input embedding's share of N."""
+    m = model
+    h, s = m.hidden, m.seq_len
+    kv_width = m.kv * m.head_dim
+    matrices = 3 if m.gated_mlp else 2
+    attn_linear = 2 * (h * (h + 2 * kv_width) + h * h)
+    mlp = 2 * matrices * h * m.ffn * m.active_experts + (2 * h * m.experts if m.is_moe else 0)
+    return 3 * m.layers * (attn_linear + mlp + 4 * s * h) + 3 * 2 * h * m.vocab
 
 
 def step_flops_megatron(model: ModelSpec, global_batch: int) -> float:

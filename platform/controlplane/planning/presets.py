@@ -46,6 +46,15 @@ MODEL_PRESETS: dict[str, dict] = {
                  "ffn_hidden": 28672, "seq_len": 8192, "vocab": 128256, **_LLAMA},
         "source": "meta-llama/Meta-Llama-3-70B config.json (context 8192)",
     },
+    "llama3-405b": {
+        "spec": {"name": "Llama-3 405B", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
+                 "ffn_hidden": 53248, "seq_len": 8192, "vocab": 128256, **_LLAMA},
+        "source": "Llama Team, AI @ Meta, 'The Llama 3 Herd of Models', arXiv:2407.21783, Table 3 (126 layers, "
+                  "model dimension 16,384, FFN 53,248, 128 heads, 8 KV heads, SwiGLU, RoPE) and section 3.2 "
+                  "(pre-training at 8K context, later extended to 128K); vocabulary 128,256 from "
+                  "meta-llama/Llama-3.1-405B config.json (Table 3's 128,000 tokens + 256 special tokens), as for "
+                  "llama3-8b/70b. The model of published_runs.json's Llama 3 Table 4 rows",
+    },
     "mixtral-8x7b": {
         "spec": {"name": "Mixtral 8x7B", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
                  "ffn_hidden": 14336, "experts": 8, "top_k": 2, "seq_len": 32768, "vocab": 32000, **_LLAMA},
