@@ -38,7 +38,7 @@ import gc
 import heapq
 from bisect import bisect_left, insort
 from collections import defaultdict
-from itertools import islice
+from itertools import chain, islice
 
 from controlplane.scheduling.model import (
     Admit,
@@ -142,6 +142,7 @@ class _Pool:
         self.whole_shapes: list[tuple] = []  # (devices, divisor, group_slots, dirty)
         self.part_shapes: list[tuple] = []  # fractions: (devices, per_one, per_zero, group_slots, dirty)
         self.total: dict[float, int] = {}
+        self.version = 0  # bumped by every refresh: any change to the devices of the type
         self.free_sum = 0.0  # over schedulable nodes, exact while `inexact` is 0 and not `stale`
         self.inexact = 0
         self.stale = False
@@ -197,6 +198,7 @@ class _Pool:
 
     def refresh(self, node: _Node) -> None:
         """Recompute a node's cached values after its device_free changed."""
+        self.version += 1
         old_free, old_whole, was_simple = node.free, node.whole, node.simple
         shares = node.device_free
         ones = shares.count(1.0)
@@ -325,6 +327,8 @@ class _Ledger(QuotaLedger):
         self.sums: dict[tuple[str, str], _CohortSums] = {}
         self.type_version: dict[str, int] = defaultdict(int)  # bumped by add and set, per accelerator type
         self.borrowing_cache: dict[str, tuple[int, frozenset[str]]] = {}
+        self.what_if = QuotaLedger(())  # for _could_fit: the same queues, its own usage
+        self.what_if.queues, self.what_if.cohorts = self.queues, self.cohorts
 
     def _scope(self, queue: str, accelerator_type: str) -> tuple:
         spec = self.queues.get(queue)
@@ -440,6 +444,12 @@ class _State:
 
     def pool(self, accelerator_type: str) -> _Pool:
         return self.pools.get(accelerator_type, self._empty)
+
+    def versions(self, types) -> tuple:
+        """What changes whenever anything a workload's admission or preemption depends on changes, for its types:
+        the quota usage of the type (any queue) and its devices."""
+        type_version, pools, empty = self.ledger.type_version, self.pools, self._empty
+        return tuple([(type_version[t], pools.get(t, empty).version) for t in types])
 
     def victims(self, accelerator_type: str) -> _Victims:
         victims = self._victims.get(accelerator_type)
@@ -713,6 +723,10 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
     reservation_made = False
     positions: dict[str, int] = defaultdict(int)
     waiting_types: set[str] = set()
+    # Workloads that could neither start nor preempt, by what that depends on (queue, types in order, shape,
+    # priority) -> (state.versions(types) then, the reasons). Failing changes nothing (trials are undone), so
+    # while the versions are the same the next such workload fails for the same reasons: no need to try again.
+    failed: dict[tuple, tuple[tuple, list[str]]] = {}
 
     for workload in order:
         if workload.cluster_queue not in state.ledger.queues:
@@ -721,11 +735,18 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
                                        f"cluster queue {workload.cluster_queue} does not exist"))
             continue
         types = tuple(snapshot.type_preference.get(workload.id, workload.accepted_types))
-        admitted, reasons = _try_admit(state, workload, types)
-        if admitted is not None:
-            result.admitted.append(admitted)
-            continue
-        plan = _plan_preemption(state, workload, types, preempted)
+        kind = (workload.cluster_queue, types, workload.devices_per_worker, workload.workers_min, workload.priority)
+        seen = failed.get(kind)
+        if seen is not None and seen[0] == state.versions(types):
+            plan, reasons = None, seen[1]
+        else:
+            admitted, reasons = _try_admit(state, workload, types)
+            if admitted is not None:
+                result.admitted.append(admitted)
+                continue
+            plan = _plan_preemption(state, workload, types, preempted)
+            if plan is None:
+                failed[kind] = (state.versions(types), reasons)
         positions[workload.cluster_queue] += 1
         position = positions[workload.cluster_queue]
         if plan is not None:
@@ -815,7 +836,7 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         undo = _Undo(state)
         victims, shrinks, gone = [], [], []
         fitted = False
-        for running in _chain(first, candidates):
+        for running in chain((first,), candidates):
             victim = running.workload
             if victim.cluster_queue != workload.cluster_queue and not _borrowing(ledger, victim.cluster_queue,
                                                                                  accelerator_type):
@@ -864,11 +885,6 @@ def _borrowing(ledger: QuotaLedger, queue: str, accelerator_type: str) -> bool:
     return queue not in ledger.queues or ledger.borrowed(queue, accelerator_type) > EPS
 
 
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
 def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
                reclaim: set[str], queues: frozenset[str]) -> bool:
     """False only when even releasing every candidate victim could not make `workload` fit (quota and
@@ -884,24 +900,27 @@ def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims
                 return False
         elif (pool.free_total() + shares + 1e-3) / devices < workers:
             return False
+    # The straightforward check on the usage as it would be after releasing them all (a plain QuotaLedger over
+    # the same queues, whose usage reads the changed values over the ledger's): the ledger itself is not touched.
     ledger = state.ledger
-    saved = {queue: ledger.usage[(queue, accelerator_type)] for queue in usage}
-    # The cohort sums of the type as they are: the trial's inexact usages would leave them to be added up again
-    # from scratch; putting them back as they were is the same state, without that.
-    sums = [(key, kept, kept.room, kept.home, kept.inexact, kept.stale) for key, kept in ledger.sums.items()
-            if key[1] == accelerator_type]
-    try:
-        for queue, amount in usage.items():
-            ledger.change(queue, accelerator_type, saved[queue] - amount - 1e-6)
-        return QuotaLedger.check(ledger, workload.cluster_queue, accelerator_type, workload.demand()).ok
-    finally:
-        for queue, value in saved.items():
-            ledger.change(queue, accelerator_type, value)
-        for key in [key for key in ledger.sums if key[1] == accelerator_type]:
-            del ledger.sums[key]  # made during the trial: made again when next needed
-        for key, kept, room, home, inexact, stale in sums:
-            ledger.sums[key] = kept
-            kept.room, kept.home, kept.inexact, kept.stale = room, home, inexact, stale
+    base = ledger.usage
+    after = ledger.what_if
+    after.usage = _UsageAfter(base, {(queue, accelerator_type): base[(queue, accelerator_type)] - amount - 1e-6
+                                     for queue, amount in usage.items()})
+    return QuotaLedger.check(after, workload.cluster_queue, accelerator_type, workload.demand()).ok
+
+
+class _UsageAfter(dict):
+    """Quota usages: its own (changed) values, the base's for the rest."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: dict, changed: dict):
+        super().__init__(changed)
+        self.base = base
+
+    def __missing__(self, key):
+        return self.base[key]
 
 
 def _within_nominal(state: _State, workload: Workload, accelerator_type: str) -> bool:
