@@ -67,6 +67,43 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
     return dict(fits)
 
 
+def serving_quota_usage(*, exclude_id: int | None = None) -> dict[tuple[str, str], float]:
+    """Devices live deployments on accelerators hold per (cluster queue, type): their running replicas, and at least
+    replicas_min each (what the training cycle's mixed load holds for them, as it counts them against quotas)."""
+    from inference.workflows import LIVE_STATES
+
+    usage: dict[tuple[str, str], float] = defaultdict(float)
+    rows = Deployment.objects.filter(state__in=list(LIVE_STATES), devices_per_replica__gt=0).exclude(
+        accelerator_type__in=["", "cpu"]).select_related("local_queue__cluster_queue")
+    for deployment in rows:
+        if deployment.pk == exclude_id:
+            continue
+        replicas = max(deployment.replicas_ready, deployment.replicas_min)
+        usage[(deployment.local_queue.cluster_queue.name, deployment.accelerator_type)] += \
+            replicas * float(deployment.devices_per_replica)
+    return dict(usage)
+
+
+def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, replicas: int) -> str:
+    """Why `replicas` replicas of the deployment on `accelerator_type` exceed its ClusterQueue's quota (training jobs
+    and other deployments counted, cohort borrowing as the scheduler allows it), or "" when they fit."""
+    from controlplane.scheduling.quota import QuotaLedger
+    from jobs.admission import cluster_queue_specs
+    from jobs.selectors import quota_usage
+
+    ledger = QuotaLedger(cluster_queue_specs())
+    for usage in (quota_usage(), serving_quota_usage(exclude_id=deployment.pk)):
+        for (queue, slug), amount in usage.items():
+            if queue in ledger.queues:
+                ledger.add(queue, slug, amount)
+    queue = deployment.local_queue.cluster_queue.name
+    amount = replicas * float(deployment.devices_per_replica)
+    if ledger.usage[(queue, accelerator_type)] + amount <= ledger.quota(queue, accelerator_type).nominal + 1e-9:
+        return ""  # a queue's nominal quota is its own (training that borrowed it gives the devices back)
+    check = ledger.check(queue, accelerator_type, amount)
+    return "" if check.ok else check.reason
+
+
 # ------------------------------------------------------------------------------------------ measurements
 
 def _window_rows(deployment: Deployment, window_s: float, now):

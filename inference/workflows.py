@@ -82,7 +82,8 @@ class Placement:
 
 
 def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
-    """The first accepted type (in preference order) with room for replicas_min replicas, or the reason why not.
+    """The first accepted type (in preference order) with room for replicas_min replicas within the deployment's
+    ClusterQueue quota (accelerator replicas count against it like training), or the reason why not.
 
     A single pool that holds them all is pinned; otherwise the replicas may spread over the type's pools."""
     needed = max(1, deployment.replicas_min)
@@ -91,6 +92,11 @@ def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
     per_replica = f"{CPUS_PER_REPLICA:g} CPU" if first == "cpu" else f"{deployment.devices_per_replica:g} device(s)"
     for slug in deployment.accelerator_types:
         devices = 0.0 if slug == "cpu" else float(deployment.devices_per_replica)
+        if devices > 0:
+            refusal = selectors.serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=needed)
+            if refusal:
+                missing.append(f"{slug}: quota: {refusal}")
+                continue
         fits = selectors.replica_capacity(accelerator_type=slug, devices_per_replica=devices,
                                           cpus_per_replica=CPUS_PER_REPLICA)
         pool = next((name for name, count in sorted(fits.items()) if count >= needed), None)
@@ -100,7 +106,8 @@ def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
             return Placement(slug, None), ""
         where = f"room for {sum(fits.values())} replica(s)" if fits else "no live, uncordoned nodes"
         missing.append(f"{slug}: {where}")
-    return None, (f"waiting for capacity: {needed} replica(s) of {per_replica} each fit on no accepted "
+    waits_for = "quota" if all(": quota: " in line for line in missing) else "capacity"
+    return None, (f"waiting for {waits_for}: {needed} replica(s) of {per_replica} each fit on no accepted "
                   f"accelerator type ({'; '.join(missing)})")
 
 

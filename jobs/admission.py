@@ -73,6 +73,16 @@ def _placement_from_json(data) -> tuple[WorkerPlacement, ...]:
     return tuple(WorkerPlacement(item["node"], tuple((int(i), float(s)) for i, s in item["taken"])) for item in data)
 
 
+def cluster_queue_specs() -> list[ClusterQueueSpec]:
+    """Every ClusterQueue with its quotas and cohort, as the scheduling core reads them."""
+    queues = []
+    for queue in ClusterQueue.objects.prefetch_related("quotas__accelerator_type").order_by("name"):
+        quotas = {q.accelerator_type.slug: Quota(q.nominal_quota, q.borrowing_limit, q.lending_limit)
+                  for q in queue.quotas.all()}
+        queues.append(ClusterQueueSpec(queue.name, quotas, queue.cohort or None))
+    return queues
+
+
 def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
     """The scheduler's view of the database (call inside the cycle's transaction)."""
     nodes = []
@@ -82,11 +92,7 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
         nodes.append(NodeSpec(name=node.name, pool=node.pool.name, accelerator_type=slug,
                               leaf_group=node.leaf_group or node.pool.name, devices=int(capacity),
                               schedulable=node.health == NodeHealth.HEALTHY and not node.cordoned))
-    queues = []
-    for queue in ClusterQueue.objects.prefetch_related("quotas__accelerator_type").order_by("name"):
-        quotas = {q.accelerator_type.slug: Quota(q.nominal_quota, q.borrowing_limit, q.lending_limit)
-                  for q in queue.quotas.all()}
-        queues.append(ClusterQueueSpec(queue.name, quotas, queue.cohort or None))
+    queues = cluster_queue_specs()
     # The jobs are locked too (in id order; only their own rows: PostgreSQL cannot lock the nullable side of
     # an outer join). Without this a job cancelled, launched or finished while the cycle computed was acted on
     # from a stale state and the whole cycle failed (found by the quota soak, tests/reliability).
@@ -145,13 +151,15 @@ def _facts() -> list[dict]:
 
 def load_serving() -> list[ServingDemand]:
     """Live deployments on accelerators, as mixed load sees them: what they reserve (replicas_max), what their
-    autoscaler wants now, and where their replicas run (CPU replicas are not counted: they take host CPUs)."""
+    autoscaler wants now, where their replicas run, and the ClusterQueue whose quota they count against (CPU
+    replicas are not counted: they take host CPUs)."""
     from inference.models import Deployment
     from inference.workflows import LIVE_STATES
 
     demands = []
     for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES)).exclude(accelerator_type="") \
-            .exclude(accelerator_type="cpu").filter(devices_per_replica__gt=0).order_by("id"):
+            .exclude(accelerator_type="cpu").filter(devices_per_replica__gt=0) \
+            .select_related("local_queue__cluster_queue").order_by("id"):
         observed = deployment.observed or {}
         nodes = tuple(str(n) for n in observed.get("node_names") or ())[:deployment.replicas_ready]
         wanted = max(deployment.replicas_min, deployment.replicas_target, deployment.replicas_ready)
@@ -159,7 +167,8 @@ def load_serving() -> list[ServingDemand]:
                                      devices_per_replica=float(deployment.devices_per_replica),
                                      replicas_max=deployment.replicas_max, replicas_wanted=wanted,
                                      replica_nodes=nodes, pool=deployment.pool or None,
-                                     replicas_running=deployment.replicas_ready))
+                                     replicas_running=deployment.replicas_ready,
+                                     cluster_queue=deployment.local_queue.cluster_queue.name))
     return demands
 
 

@@ -162,7 +162,8 @@ def test_no_capacity_stays_pending_with_the_reason_then_deploys(api, backend, mo
     deployment = Deployment.objects.get(pk=created["id"])
     assert deployment.state == "PENDING" and not deployment.compute_handle
     assert deployment.state_reason.startswith("waiting for capacity: 3 replica(s) of 8 device(s) each")
-    assert "nvidia-h100: room for 2 replica(s)" in deployment.state_reason
+    # 24 H100s are more than the shared queue's 16 nominal, and nobody in its cohort lends more
+    assert "nvidia-h100: quota: shared needs to borrow 8 nvidia-h100" in deployment.state_reason
     assert "cpu: room for 2 replica(s)" in deployment.state_reason
     assert backend.list_service_handles() == []
     tasks.sync_deployments()  # the reconciler retries; the same reason is not recorded twice
@@ -367,3 +368,25 @@ def test_a_lost_apply_is_repeated_by_the_sync_after_a_grace(api, backend, model_
     workflows.deployment_sync(deployment_id=deployment.pk, backend=backend, now=later)
     deployment = Deployment.objects.get(pk=deployment.pk)
     assert deployment.state == "SERVING" and deployment.applied_revision == 2
+
+
+def test_accelerator_replicas_count_against_the_queue_quota_with_training(api, backend, model_dir, world):
+    """Deployments are admitted within their ClusterQueue's quota, counted with the training jobs there."""
+    from jobs.models import TrainingJob
+
+    client = api("alpha", "member")
+    job = TrainingJob.objects.get(pk=client.post("/api/v1/training-jobs/", {
+        **JOB_BODY, "accelerator_types": ["nvidia-h100"], "workers_min": 1, "workers_max": 1,
+        "devices_per_worker": 8}, format="json").json()["id"])
+    TrainingJob.objects.filter(pk=job.pk).update(state="RUNNING", admitted_accelerator_type="nvidia-h100",
+                                                 placement=[{"node": "h100-pool-0", "taken": [[i, 1.0] for i in
+                                                                                              range(8)]}])
+    created = create(client, model_dir, name="big", accelerator_types=["nvidia-h100"], devices_per_replica=8,
+                     replicas_min=2, replicas_max=2)
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert deployment.state == "PENDING"
+    assert deployment.state_reason.startswith("waiting for quota: 2 replica(s) of 8 device(s) each")
+    assert "shared needs to borrow 8 nvidia-h100" in deployment.state_reason
+    fits = create(client, model_dir, name="small", accelerator_types=["nvidia-h100"], devices_per_replica=8,
+                  replicas_min=1, replicas_max=1)  # 8 (training) + 8 = the queue's 16
+    assert Deployment.objects.get(pk=fits["id"]).state in ("DEPLOYING", "SERVING")

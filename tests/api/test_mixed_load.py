@@ -79,9 +79,9 @@ def test_training_borrows_reserved_idle_capacity_and_gives_it_back_when_the_depl
     admission = client.get(f"/api/v1/training-jobs/{borrower}/events/").json()["results"][-1]
     assert admission["to_state"] == "ADMITTED"
     assert "on loan: training now uses 8 nvidia-h100 of the capacity deployments reserved" in admission["reason"]
-    # the running replica holds the other node: a second job waits for capacity
+    # the running replica holds the other node and counts against the queue's quota: a second job waits
     second = job(client, "second")
-    assert "not enough free nvidia-h100" in body(client, second)["status"]["reason"]
+    assert "shared needs to borrow 8 nvidia-h100" in body(client, second)["status"]["reason"]
 
     deployment = scale_out(backend, deployment, 2)
     assert deployment.replicas_target == 2 and deployment.replicas_ready == 1
@@ -121,7 +121,29 @@ def test_a_running_borrower_is_asked_to_checkpoint_and_stop(api, backend, model_
     assert backend.stops and backend.stops[-1][0] == borrower
 
 
-def test_a_deployment_whose_wanted_replicas_fit_nowhere_says_why_once(api, backend, model_dir):
+def test_a_deployment_whose_wanted_replicas_exceed_the_quota_says_why_once(api, backend, model_dir):
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)
+    high = job(client, "keeps-its-devices")
+    TrainingJob.objects.filter(pk=high).update(state="RUNNING", compute_handle="fy-train-y")
+    never = PriorityClass.objects.create(name="never-preempted", value=1000, preemptible=False)
+    TrainingJob.objects.filter(pk=high).update(priority_class=never)
+    scale_out(backend, deployment, 2)
+    for _ in range(3):
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            run_cycle()
+    assert TrainingJob.objects.get(pk=high).state == "RUNNING"
+    # the replica (8) and the job (8) use the queue's 16 nominal, and the job never gives back: quota says why
+    waits = [e.reason for e in deployment.events.all() if "wait for quota" in e.reason]
+    assert waits == ["1 wanted replica(s) wait for quota: shared needs to borrow 8 nvidia-h100 but its cohort "
+                     "lends only 0 now"]
+
+
+def test_a_deployment_whose_wanted_replicas_fit_nowhere_says_why_once(api, backend, model_dir, world):
+    from controlplane.quotas.models import ResourceQuota
+
+    ResourceQuota.objects.filter(cluster_queue=world["cluster_queue"], accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=64)  # quota is no limit here: the devices are
     client = api("alpha", "member")
     deployment = deploy_h100(client, model_dir)
     high = job(client, "keeps-its-devices")

@@ -196,3 +196,43 @@ def test_after_the_plan_no_device_is_over_committed_and_give_back_only_happens_w
     victims = [p.workload_id for p in plan.preempted] + [s.workload_id for s in plan.shrunk]
     assert len(victims) == len(set(victims)), "each victim at most once"
     assert placed <= max(len(on), min(wanted, 4))
+
+
+# ----------------------------------------------------------------------------- deployments count against quotas
+
+
+def test_replicas_count_against_their_queues_quota_so_training_there_waits_for_quota():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+    snap = Snapshot(nodes(2), queues, pending=(Workload("job", "team", ("h100",), devices_per_worker=8),))
+    demand = ServingDemand("d1", "h100", 2, 4, 1, ("n0",), cluster_queue="team")
+    result = schedule(plan_mixed_load(snap, [demand]).snapshot)
+    assert not result.admitted and "quota" in result.waiting[0].reason, result.waiting[0].reason
+    queueless = ServingDemand("d1", "h100", 2, 4, 1, ("n0",))  # held outside every quota, as before
+    assert [a.workload_id for a in schedule(plan_mixed_load(snap, [queueless]).snapshot).admitted] == ["job"]
+
+
+def test_a_wanted_replica_beyond_its_queues_quota_waits_and_says_so():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(4, borrowing_limit=0)}),)
+    snap = Snapshot(nodes(2), queues)
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 2, 4, 4, ("n0",), cluster_queue="team")])
+    held = next(r for r in plan.snapshot.running if r.workload.id == "serving:d1")
+    assert len(held.workers) == 2 and held.workload.cluster_queue == "team"  # 2 x 2 devices = the nominal 4
+    assert "2 wanted replica(s) wait for quota" in plan.waiting["d1"] and "would exceed" in plan.waiting["d1"]
+
+
+def test_a_replica_may_borrow_from_its_cohort_and_within_nominal_is_not_held_off_by_borrowers():
+    queues = (ClusterQueueSpec("serve", {"h100": Quota(4)}, cohort="c"),
+              ClusterQueueSpec("train", {"h100": Quota(12)}, cohort="c"))
+    borrower = Running(Workload("borrower", "train", ("h100",), devices_per_worker=14),
+                       "h100", (WorkerPlacement("n1", tuple((i, 1.0) for i in range(8))),
+                                WorkerPlacement("n0", tuple((i, 1.0) for i in range(6)))))
+    snap = Snapshot(nodes(2), queues, running=(borrower,))
+    # train borrows 2 of serve's idle 4; serve's first wanted replica (2) is within its nominal quota
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 2, 2, 1, (), cluster_queue="serve")])
+    assert "d1" not in plan.waiting
+    held = next(r for r in plan.snapshot.running if r.workload.id == "serving:d1")
+    assert held.workload.cluster_queue == "serve" and len(held.workers) == 1
+    # borrowing beyond nominal follows the cohort's rules: nothing idle is left to lend
+    snap = Snapshot(nodes(2), queues)
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 6, 2, 1, (), cluster_queue="serve")])
+    assert "d1" not in plan.waiting  # 6 > 4 nominal: borrows 2 of train's idle 12

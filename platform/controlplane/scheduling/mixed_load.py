@@ -8,9 +8,12 @@ stopped; each checkpoints first. Nothing is given back unless the replica then f
 
 `plan_mixed_load(snapshot, serving)` runs before `scheduler.schedule`: it holds the devices of running replicas
 (on the nodes they run on) and of wanted replicas (on free devices, or on devices training gives back) as
-non-preemptible running workloads of the pseudo queue `SERVING_QUEUE`, so the cycle neither admits training onto
-them nor takes them as victims. It returns the snapshot to schedule and the give-back decisions. `loans(...)`
-then says how much of each type's reserved-idle capacity training uses after the cycle.
+non-preemptible running workloads, so the cycle neither admits training onto them nor takes them as victims. A
+deployment's replicas count against its ClusterQueue's quota like training does: they are held in that queue
+(`SERVING_QUEUE`, outside every quota, only for a demand that names none), and a wanted replica the queue's quota
+cannot take (nominal, then what it may borrow from its cohort) waits, saying so. Running replicas are always held:
+they exist. It returns the snapshot to schedule and the give-back decisions. `loans(...)` then says how much of
+each type's reserved-idle capacity training uses after the cycle.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from dataclasses import dataclass, field, replace
 
 from controlplane.scheduling.model import Preempt, Running, Shrink, Snapshot, Workload
 from controlplane.scheduling.placement import EPS, WorkerPlacement
+from controlplane.scheduling.quota import QuotaLedger
 
-SERVING_QUEUE = "(serving)"  # not a ClusterQueue: deployments are held outside training quotas
+SERVING_QUEUE = "(serving)"  # not a ClusterQueue: a demand without a queue is held outside every quota
 SERVING_PREFIX = "serving:"
 
 
@@ -37,6 +41,7 @@ class ServingDemand:
     replica_nodes: tuple[str, ...] = ()  # one entry per running replica: the node it runs on
     pool: str | None = None  # pinned to one pool, or any pool of the type
     replicas_running: int | None = None  # when more run than `replica_nodes` names (None: as many as it names)
+    cluster_queue: str | None = None  # the ClusterQueue whose quota its replicas count against
 
     @property
     def reserved(self) -> float:
@@ -99,8 +104,37 @@ class _Free:
         return sorted(names, key=lambda name: (sum(self.free[name]), name))
 
 
-def _pseudo(demand: ServingDemand, workers: tuple[WorkerPlacement, ...]) -> Running:
-    workload = Workload(id=SERVING_PREFIX + demand.id, cluster_queue=SERVING_QUEUE,
+def _queue_of(demand: ServingDemand, snapshot: Snapshot) -> str:
+    known = {queue.name for queue in snapshot.cluster_queues}
+    return demand.cluster_queue if demand.cluster_queue in known else SERVING_QUEUE
+
+
+def _quota_ledger(snapshot: Snapshot) -> QuotaLedger:
+    ledger = QuotaLedger(snapshot.cluster_queues)
+    for running in snapshot.running:
+        ledger.add(running.workload.cluster_queue, running.accelerator_type, running.usage)
+    return ledger
+
+
+def _beyond_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, giveable: float) -> str:
+    """Why one more replica exceeds the queue's quota, or "". `giveable`: what preemptible training of the same queue
+    and type holds; that training uses the team's quota on loan and gives it back (the give-back), so it does not
+    hold the replica off. Within its nominal quota a replica always may: nominal quota is the queue's own, and
+    training elsewhere in the cohort that borrowed it gives the devices back rather than holding the replica off;
+    beyond nominal it borrows under the cohort's rules."""
+    amount, kind = demand.devices_per_replica, demand.accelerator_type
+    if ledger.usage[(queue, kind)] - giveable + amount <= ledger.quota(queue, kind).nominal + EPS:
+        return ""
+    ledger.add(queue, kind, -giveable)
+    try:
+        check = ledger.check(queue, kind, amount)
+    finally:
+        ledger.add(queue, kind, giveable)
+    return "" if check.ok else check.reason
+
+
+def _pseudo(demand: ServingDemand, workers: tuple[WorkerPlacement, ...], queue: str) -> Running:
+    workload = Workload(id=SERVING_PREFIX + demand.id, cluster_queue=queue,
                         accepted_types=(demand.accelerator_type,), devices_per_worker=demand.devices_per_replica,
                         workers_min=len(workers), workers_max=len(workers), priority=2**31, preemptible=False,
                         workload_class="serving")
@@ -131,10 +165,25 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
             placed = _place_replica(free, demand)
             if placed is not None:
                 held[demand.id].append(placed)
-    # 3. Wanted replicas not running yet: free devices, or what training gives back.
+    # 3. Wanted replicas not running yet, within their queue's quota: free devices, or what training gives back.
+    #    (What victims give back is not taken off the ledger until the next cycle: a replica may wait one more.)
+    ledger = _quota_ledger(snapshot)
     for demand in demands:
+        queue = _queue_of(demand, snapshot)
+        if queue != SERVING_QUEUE:
+            ledger.add(queue, demand.accelerator_type, len(held[demand.id]) * demand.devices_per_replica)
+    for demand in demands:
+        queue = _queue_of(demand, snapshot)
         missing = max(0, min(demand.replicas_wanted, demand.replicas_max) - runs[demand.id])
         for number in range(missing):
+            if queue != SERVING_QUEUE:
+                giveable = sum(r.usage for r in running.values() if r.workload.cluster_queue == queue
+                               and r.accelerator_type == demand.accelerator_type and r.workload.preemptible
+                               and r.workload.id not in touched)
+                why = _beyond_quota(ledger, queue, demand, giveable)
+                if why:
+                    plan.waiting[demand.id] = f"{missing - number} wanted replica(s) wait for quota: {why}"
+                    break
             placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan)
             if placed is None:
                 plan.waiting[demand.id] = (f"{missing - number} wanted replica(s) of {demand.devices_per_replica:g} "
@@ -142,10 +191,12 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                                            "holds enough to give back")
                 break
             held[demand.id].append(placed)
+            if queue != SERVING_QUEUE:
+                ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
                  for r in snapshot.running if r.workload.id in running)
-    pseudo = tuple(_pseudo(d, tuple(held[d.id])) for d in demands if held[d.id])
+    pseudo = tuple(_pseudo(d, tuple(held[d.id]), _queue_of(d, snapshot)) for d in demands if held[d.id])
     plan.snapshot = replace(snapshot, running=kept + pseudo)
     return plan
 
@@ -219,12 +270,17 @@ def _commit(placed: WorkerPlacement, decisions, touched: set[str], plan: MixedLo
     return placed
 
 
+def is_serving(workload: Workload) -> bool:
+    """Whether a running workload of the plan's snapshot holds a deployment's replicas (not training)."""
+    return workload.id.startswith(SERVING_PREFIX)
+
+
 def training_usage_after(snapshot: Snapshot, result) -> dict[str, float]:
     """Devices training holds per type once the cycle's decisions apply (`snapshot` is the plan's)."""
     usage: dict[str, float] = defaultdict(float)
     preempted = {p.workload_id for p in result.preempted}
     for running in snapshot.running:
-        if running.workload.cluster_queue != SERVING_QUEUE and running.workload.id not in preempted:
+        if not is_serving(running.workload) and running.workload.id not in preempted:
             usage[running.accelerator_type] += running.usage
     widths = {r.workload.id: r for r in snapshot.running}
     for shrink in result.shrunk:
