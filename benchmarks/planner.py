@@ -113,7 +113,7 @@ def chosen_text(layout) -> str:
     spec = layout.as_dict()
     text = layout_text(spec)
     if spec["zero"]:
-        text += " ZeRO1"
+        text += " ZeRO2" if spec.get("shard_gradients") else " ZeRO1"
     return text
 
 

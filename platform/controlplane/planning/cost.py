@@ -15,9 +15,11 @@ Compute time: matrix FLOPs / (dense peak x ``achievable_fraction``) plus the mem
   launch cost per layer. That second term is why small models reach a lower fraction of peak than big
   ones (1.7B GPT: 44% vs 1T: 52% in SC'21 Table 1) without any per-model constant.
 
-Memory per device: weights (2 bytes/param), gradients (2), Adam state (fp32 master + 2 moments, 12 bytes,
-  divided by the data-parallel size under ZeRO-1), activations after Korthikanti et al. 2022 ("Reducing
-  activation recomputation in large transformer models"): per layer and micro-batch
+Memory per device: weights (2 bytes/param), gradients (2; under ZeRO-2 divided by the data-parallel size,
+  plus one layer's unsharded gradients waiting for their reduce-scatter), Adam state (fp32 master + 2
+  moments, 12 bytes, divided by the data-parallel size under ZeRO-1 and ZeRO-2), activations after
+  Korthikanti et al. 2022 ("Reducing activation recomputation in large transformer models"): per layer and
+  micro-batch
   s b h (10 + 24/t) + 5 a s^2 b / t bytes (generalised to GQA, other FFN widths and gated MLPs; the 10 part
   divided by t under sequence parallelism; the s^2 part gone with FlashAttention or selective recompute;
   only the 2 s b h layer input under full recompute), times the micro-batches in flight on the stage
@@ -30,6 +32,8 @@ Communication (ring collectives at ``LINK_EFFICIENCY`` of the link bandwidth):
     scatter/gather), v times under interleaving.
   DP: gradient all-reduce, 2(n-1)/n x bytes / bandwidth, hierarchical (inside the node first, then 1/k of
     the bytes per device across nodes); it overlaps the backward pass of the last micro-batch only.
+    ZeRO-2: a reduce-scatter ((n-1)/n x bytes / bandwidth) of every micro-batch's gradients, each overlapping
+    that micro-batch's backward pass, and one all-gather of the updated weights after the last.
   EP: 2 all-to-alls of the routed tokens per MoE layer forward, 2 backward.
 Pipeline: 1F1B step time m t_max + (sum_i t_i - t_max) / v, i.e. a bubble of (p - 1)/(v m) for equal stages.
   The interleaved schedule (v > 1) needs each stage's layers to split into v chunks; as in Llama 3's
@@ -94,18 +98,43 @@ class StageFigures:
     optimizer: float
     activations: float
     memory_limit: float
-    sync_s: float  # gradient all-reduce over the stage's DP group
+    sync_s: float  # gradient all-reduce over the stage's DP group (ZeRO-2: all reduce-scatters + all-gather)
     optimizer_s: float  # the optimizer step
+    sync_exposed_s: float = 0.0  # the part of sync_s not hidden behind backward passes
 
     @property
     def memory(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations
 
 
+def zero_level(layout: Layout) -> int:
+    """0: no ZeRO; 1: optimizer state sharded over DP; 2: gradients too."""
+    return 2 if layout.zero and layout.shard_gradients else int(bool(layout.zero))
+
+
 def ring_allreduce_s(nbytes: float, ranks: int, gbps: float) -> float:
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     return 2 * (ranks - 1) / ranks * nbytes / (gbps * GB * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S
+
+
+def ring_reduce_scatter_s(nbytes: float, ranks: int, gbps: float) -> float:
+    """Reduce-scatter (or all-gather) of ``nbytes`` over a ring: half an all-reduce's traffic."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) / ranks * nbytes / (gbps * GB * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S
+
+
+def hierarchical_reduce_scatter_s(nbytes: float, ranks: int, per_node: int, intra_gbps: float,
+                                  inter_gbps: float) -> float:
+    """Reduce-scatter (or all-gather) over ``ranks`` devices, ``per_node`` in each node: inside the node
+    first, then 1/per_node of the bytes per device across nodes."""
+    if ranks <= 1:
+        return 0.0
+    per_node = max(1, min(per_node, ranks))
+    nodes = -(-ranks // per_node)
+    return (ring_reduce_scatter_s(nbytes, per_node, intra_gbps)
+            + ring_reduce_scatter_s(nbytes / per_node, nodes, inter_gbps))
 
 
 def hierarchical_allreduce_s(nbytes: float, ranks: int, per_node: int, intra_gbps: float, inter_gbps: float) -> float:
@@ -189,6 +218,8 @@ class CostModel:
                 return "the interleaved schedule needs PP > 2 and a micro-batch count that is a multiple of PP"
         if layout.sequence_parallel and layout.tp == 1:
             return "sequence parallelism needs TP > 1"
+        if layout.shard_gradients and not layout.zero:
+            return "gradient sharding (ZeRO-2) also shards the optimizer state: set zero"
         return None
 
     # -- per layer -----------------------------------------------------------------------------------------
@@ -303,7 +334,8 @@ class CostModel:
     def stage_memory(self, pool: DevicePool, tp: int, layers: int, index: int, p: int, dp: int, mbs: int,
                      micro: int, recompute: str, sequence_parallel: bool, zero: bool, ep: int,
                      virtual_stages: int) -> float:
-        """Peak bytes on one device of stage ``index``: the memory half of ``stage_figures``, cheaper."""
+        """Peak bytes on one device of stage ``index``: the memory half of ``stage_figures``, cheaper.
+        ``zero``: 0 (or False) none, 1 (or True) ZeRO-1, 2 ZeRO-2."""
         layer = self.layer_cost(pool, tp, mbs, recompute, sequence_parallel, ep)
         _t, _f, extra_params, extra_act = self.stage_extras(pool, tp, mbs, index == 0, index == p - 1,
                                                             sequence_parallel)
@@ -313,6 +345,10 @@ class CostModel:
             sharded = dense / dp + experts / max(1, dp // ep)
         else:
             sharded = dense + experts
+        if zero == 2:
+            grads = GRAD_BYTES * (sharded + layer.dense_params + layer.expert_params)
+        else:
+            grads = GRAD_BYTES * (dense + experts)
         if virtual_stages > 1:
             in_flight = (p - index) + (p - 1) / virtual_stages
         else:
@@ -322,7 +358,7 @@ class CostModel:
         activations = layers * layer.stored_bytes * in_flight + extra_act
         if recompute == "full":
             activations += layer.working_bytes
-        return (dense + experts) * (WEIGHT_BYTES + GRAD_BYTES) + OPTIMIZER_BYTES * sharded + activations
+        return (dense + experts) * WEIGHT_BYTES + grads + OPTIMIZER_BYTES * sharded + activations
 
     # -- one stage -----------------------------------------------------------------------------------------
 
@@ -347,7 +383,10 @@ class CostModel:
         expert_group = max(1, dp // ep)
         sharded = dense / dp + experts / expert_group if zero else params
         weights = params * WEIGHT_BYTES
-        grads = params * GRAD_BYTES
+        if zero == 2:  # the shard, plus one layer's gradients before their reduce-scatter
+            grads = (sharded + layer.dense_params + layer.expert_params) * GRAD_BYTES
+        else:
+            grads = params * GRAD_BYTES
         optimizer = OPTIMIZER_BYTES * sharded
         in_flight = (p - index) + (p - 1) / virtual_stages if virtual_stages > 1 else p - index
         in_flight = min(in_flight, micro)
@@ -356,10 +395,22 @@ class CostModel:
             activations += layer.working_bytes
 
         per_node = max(1, pool.devices_per_node // tp)
-        sync = hierarchical_allreduce_s(dense * GRAD_BYTES, dp, per_node, pool.intra_node_gbps, pool.inter_node_gbps)
-        if experts:
-            sync += hierarchical_allreduce_s(experts * GRAD_BYTES, expert_group, per_node, pool.intra_node_gbps,
-                                             pool.inter_node_gbps)
+        intra, inter = pool.intra_node_gbps, pool.inter_node_gbps
+        if zero == 2:
+            # Every micro-batch's gradients are reduce-scattered while its backward pass runs; the updated
+            # weights are all-gathered after the step (the other half of ZeRO-1's all-reduce).
+            scatter = hierarchical_reduce_scatter_s(dense * GRAD_BYTES, dp, per_node, intra, inter)
+            if experts:
+                scatter += hierarchical_reduce_scatter_s(experts * GRAD_BYTES, expert_group, per_node, intra, inter)
+            gather = (hierarchical_reduce_scatter_s(dense * WEIGHT_BYTES, dp, per_node, intra, inter)
+                      + hierarchical_reduce_scatter_s(experts * WEIGHT_BYTES, expert_group, per_node, intra, inter))
+            sync = micro * scatter + gather
+            sync_exposed = (micro - 1) * max(0.0, scatter - bwd) + max(0.0, scatter + gather - bwd)
+        else:
+            sync = hierarchical_allreduce_s(dense * GRAD_BYTES, dp, per_node, intra, inter)
+            if experts:
+                sync += hierarchical_allreduce_s(experts * GRAD_BYTES, expert_group, per_node, intra, inter)
+            sync_exposed = max(0.0, sync - bwd)
         return StageFigures(
             time_s=compute + tp_comm + ep_comm + pp_comm, compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm,
             pp_comm_s=pp_comm, bwd_s=bwd,
@@ -367,6 +418,7 @@ class CostModel:
             weights=weights, grads=grads, optimizer=optimizer, activations=activations,
             memory_limit=pool.device.memory_gb * MEMORY_USABLE_FRACTION * GB,
             sync_s=sync, optimizer_s=OPTIMIZER_TRAFFIC_BYTES * sharded / (pool.device.memory_bandwidth_gbps * GB),
+            sync_exposed_s=sync_exposed,
         )
 
     def _kinds(self, layout: Layout):
@@ -398,7 +450,7 @@ class CostModel:
         for stage, index, _count in self._kinds(layout):
             fig = self.stage_figures(self.pools[stage.pool], stage.tp, stage.layers, index, layout.pp, layout.dp,
                                      layout.micro_batch_size, micro, layout.recompute, layout.sequence_parallel,
-                                     layout.zero, layout.ep, layout.virtual_stages)
+                                     zero_level(layout), layout.ep, layout.virtual_stages)
             share = fig.memory / fig.memory_limit
             if share > worst_share:
                 worst, worst_share = fig, share
@@ -415,20 +467,22 @@ class CostModel:
         t_max = t_sum = 0.0
         worst_compute = worst_tp = worst_pp = worst_ep = 0.0
         hardware_flops = 0.0
+        peak_total = 0.0
         dp_total = dp_exposed = optimizer = 0.0
         worst: StageFigures | None = None
         worst_share = -1.0
         for stage, index, count in self._kinds(layout):
             pool = self.pools[stage.pool]
             fig = self.stage_figures(pool, stage.tp, stage.layers, index, p, dp, mbs, micro, layout.recompute,
-                                     layout.sequence_parallel, layout.zero, layout.ep, v)
+                                     layout.sequence_parallel, zero_level(layout), layout.ep, v)
             t_sum += count * fig.time_s
             if fig.time_s > t_max:
                 t_max = fig.time_s
                 worst_compute, worst_tp, worst_pp, worst_ep = fig.compute_s, fig.tp_comm_s, fig.pp_comm_s, fig.ep_comm_s
             hardware_flops += count * dp * stage.tp * micro * fig.hardware_flops
+            peak_total += count * pool.device.peak(m.precision) * dp * stage.tp * 1e12
             dp_total = max(dp_total, fig.sync_s)
-            dp_exposed = max(dp_exposed, fig.sync_s - fig.bwd_s)
+            dp_exposed = max(dp_exposed, fig.sync_exposed_s)
             optimizer = max(optimizer, fig.optimizer_s)
             share = fig.memory / fig.memory_limit
             if share > worst_share:
@@ -438,7 +492,6 @@ class CostModel:
         exposed = max(0.0, dp_exposed)
         step = pipeline + exposed + optimizer
         devices = layout.devices
-        peak_total = sum(self.pools[s.pool].device.peak(m.precision) * dp * s.tp for s in layout.stages) * 1e12
         tokens = req.global_batch_size * m.seq_len
         model_flops = tokens * self.model_flops_per_token
         breakdown = {

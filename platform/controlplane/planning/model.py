@@ -5,7 +5,7 @@
   fraction of peak its matrix multiplies reach (``achievable_fraction``).
 - ``DevicePool``: a set of identical nodes of one device type with their link bandwidths.
 - ``PlanRequest``: a model, a global batch and the pools; ``PlanOptions`` limits the search.
-- ``Stage`` / ``Layout``: one way to run the job (DP x pipeline of TP stages, micro-batches, recompute, ZeRO).
+- ``Stage`` / ``Layout``: one way to run the job (DP x pipeline of TP stages, micro-batches, recompute, ZeRO-1/2).
 - ``Prediction`` / ``PlanResult``: what the cost model says about a layout, and the planner's answer.
 
 Units: TFLOPS are 1e12 FLOP/s; memory in GB of 1e9 bytes; every bandwidth is in GB/s (gigabytes, as in
@@ -385,6 +385,9 @@ class Layout:
     ep: int = 1
     virtual_stages: int = 1
     sequence_parallel: bool = False
+    # ZeRO-2 (Rajbhandari et al. 2020): gradients sharded over data parallel as well as the optimizer state
+    # (``zero``): each micro-batch's gradients are reduce-scattered into the 1/dp shard the device owns.
+    shard_gradients: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -442,7 +445,7 @@ class Layout:
         if self.sequence_parallel:
             extras.append("sequence parallel")
         if self.zero:
-            extras.append("ZeRO-1")
+            extras.append("ZeRO-2" if self.shard_gradients else "ZeRO-1")
         return f"{text} ({', '.join(extras)})"
 
     def as_dict(self) -> dict:
@@ -450,6 +453,7 @@ class Layout:
             "dp": self.dp, "tp": self.tp, "pp": self.pp, "ep": self.ep,
             "micro_batch_size": self.micro_batch_size, "recompute": self.recompute, "zero": self.zero,
             "virtual_stages": self.virtual_stages, "sequence_parallel": self.sequence_parallel,
+            "shard_gradients": self.shard_gradients,
             "stages": [{"pool": s.pool, "tp": s.tp, "layers": s.layers} for s in self.stages],
             "devices": self.devices, "devices_by_pool": self.devices_by_pool(),
         }
@@ -464,7 +468,8 @@ class Layout:
             return cls(dp=data["dp"], stages=stages, micro_batch_size=data["micro_batch_size"],
                        recompute=data.get("recompute", "none"), zero=bool(data.get("zero", False)),
                        ep=data.get("ep", 1), virtual_stages=data.get("virtual_stages", 1),
-                       sequence_parallel=bool(data.get("sequence_parallel", False)))
+                       sequence_parallel=bool(data.get("sequence_parallel", False)),
+                       shard_gradients=bool(data.get("shard_gradients", False)))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed layout: {exc!r}") from exc
 

@@ -1,9 +1,12 @@
 """The planner's search: every DP x TP x PP (x EP) layout worth trying, ranked by the cost model.
 
 Homogeneous layouts (one pool): TP divides the node size and the attention heads (so it never leaves a
-node), PP divides the layers (equal stages), DP divides the global batch, DP x TP x PP <= the pool; then
-every micro-batch size up to ``max_micro_batch`` that divides the per-replica batch, Megatron's
-interleaved schedule where it applies, and EP for mixture-of-experts models.
+node), any PP up to the layer count, DP divides the global batch, DP x TP x PP <= the pool; then every
+micro-batch size up to ``max_micro_batch`` that divides the per-replica batch, Megatron's interleaved
+schedule where it applies, and EP for mixture-of-experts models. The layers go to contiguous stages as
+evenly as possible (``stage_splits``): equal stages when PP divides the layers, else one layer more on some
+middle stages; and, as in Megatron-LM and Llama 3, one layer fewer on the first and the last stage, whose
+embedding and output layer take a layer's place (126 layers on 16 stages: 7, 8 x 14, 7).
 
 Heterogeneous layouts (several pools, ``allow_heterogeneous``): each data-parallel replica is one pipeline
 whose stages run on different pools, pool by pool, each pool with its own TP. The layers are split
@@ -14,7 +17,9 @@ interleaving, and micro-batch sizes 1, 2, 4 and 8 (to keep a 1,024-device search
 
 Memory is a hard limit. For each candidate the search takes the cheapest way to fit: nothing, then
 sequence parallelism, ZeRO-1 optimizer-state sharding (free in time in this model: reduce-scatter +
-all-gather move the bytes of one all-reduce), selective recomputation (cheap), full recomputation.
+all-gather move the bytes of one all-reduce), ZeRO-2 gradient sharding (a reduce-scatter per micro-batch,
+which costs time when it outlasts the micro-batch's backward pass, so the next rung that fits is tried
+too), selective recomputation (cheap), full recomputation. Heterogeneous pipelines stop at ZeRO-1.
 
 Everything is deterministic: same request, same plan, ties broken by fewer devices, then simpler layouts.
 """
@@ -64,7 +69,34 @@ def _tensor_degrees(request: PlanRequest, pool: DevicePool) -> list[int]:
             if m.heads % t == 0 and (m.kv % t == 0 or t % m.kv == 0) and m.ffn % t == 0 and t <= pool.devices]
 
 
-def _feature_ladder(request: PlanRequest, tp_max: int, dp: int) -> list[tuple[str, bool, bool]]:
+def stage_splits(layers: int, pp: int) -> list[tuple[int, ...]]:
+    """Contiguous splits of ``layers`` over ``pp`` stages, as even as possible: (1) ``layers // pp`` each, the
+    remainder one more on stages counted back from the last but one (the first stage holds the most
+    micro-batches in flight, the last the output layer); (2) Megatron-LM's and Llama 3's: ``layers + 2`` slots
+    as even as possible, the first and last stage one layer fewer (their slot goes to the embedding and the
+    output layer). Each split appears once."""
+    if pp > layers:
+        return []
+    q, r = divmod(layers, pp)
+    even = [q] * pp
+    order = list(range(pp - 2, 0, -1)) + [pp - 1, 0] if pp > 2 else list(range(pp - 1, -1, -1))
+    for i in order[:r]:
+        even[i] += 1
+    splits = [tuple(even)]
+    if pp > 2:
+        q2, r2 = divmod(layers + 2, pp)
+        ends = [q2] * pp
+        for i in (list(range(pp - 2, 0, -1)) + [pp - 1, 0])[:r2]:
+            ends[i] += 1
+        ends[0] -= 1
+        ends[-1] -= 1
+        ends = tuple(ends)
+        if min(ends) >= 1 and ends != splits[0]:
+            splits.append(ends)
+    return splits
+
+
+def _feature_ladder(request: PlanRequest, tp_max: int, dp: int, zero2: bool = False) -> list[tuple[str, bool, int]]:
     """(recompute, sequence_parallel, zero) from fastest to most memory-saving. Sequence parallelism and
     ZeRO-1 are on whenever allowed and meaningful: in this model they save memory and never cost time (SP
     runs layer norm and dropout on 1/t of the tokens; ZeRO-1's reduce-scatter + all-gather move the bytes of
@@ -77,20 +109,23 @@ def _feature_ladder(request: PlanRequest, tp_max: int, dp: int) -> list[tuple[st
         recomputes.append("full")
     sp = opts.allow_sequence_parallel and tp_max > 1
     zero = opts.allow_zero and dp > 1
+    if zero and zero2:  # ZeRO-2 may cost time (a reduce-scatter per micro-batch): a rung of its own
+        return [(recompute, sp, level) for recompute in recomputes for level in (1, 2)]
     return [(recompute, sp, zero) for recompute in recomputes]
 
 
 def _feature_cost(layout: Layout) -> int:
     """How much machinery a layout needs, for breaking ties towards the simpler one."""
-    return ({"none": 0, "selective": 4, "full": 8}[layout.recompute] + 2 * layout.zero + layout.sequence_parallel
+    return ({"none": 0, "selective": 4, "full": 8}[layout.recompute] + 2 * layout.zero + layout.shard_gradients
+            + layout.sequence_parallel
             + (layout.virtual_stages > 1) + (layout.ep > 1))
 
 
 def _rank_key(prediction: Prediction):
     layout = prediction.layout
     return (round(prediction.step_time_s, 9), layout.devices, _feature_cost(layout), layout.pp, layout.tp,
-            layout.micro_batch_size, layout.virtual_stages, layout.recompute, layout.zero, layout.sequence_parallel,
-            tuple((s.pool, s.tp, s.layers) for s in layout.stages))
+            layout.micro_batch_size, layout.virtual_stages, layout.recompute, layout.zero, layout.shard_gradients,
+            layout.sequence_parallel, tuple((s.pool, s.tp, s.layers) for s in layout.stages))
 
 
 class _Search:
@@ -131,65 +166,102 @@ class _Search:
 
     def homogeneous(self, pool: DevicePool) -> None:
         req, m = self.request, self.request.model
-        gbs = req.global_batch_size
         device_rate = pool.device.peak(m.precision) * 1e12 * pool.device.achievable_fraction
         limit = pool.device.memory_gb * MEMORY_USABLE_FRACTION * GB
+        # Matrix FLOPs of one layer per sequence (forward + backward): the slowest stage of a split runs
+        # its layers for every sequence of the replica, which bounds an uneven split's step time from below.
+        layer_flops_seq = 3 * m.seq_len * (self.cost.attn_linear_flops_token + self.cost.mlp_flops_token
+                                           + self.cost.attn_core_flops_token)
+        # Depths that divide the layers first (equal stages, usually the fastest), so the pruning threshold
+        # drops before the uneven splits are tried.
+        even = divisors(m.layers)
+        depths = even + [pp for pp in range(1, m.layers + 1) if m.layers % pp]
         for tp in _tensor_degrees(req, pool):
-            for pp in divisors(m.layers):
+            for pp in depths:
                 if tp * pp > pool.devices:
-                    break
-                per_stage = m.layers // pp
-                ends = (0,) if pp == 1 else (0, pp - 1)
-                # More replicas first: they are usually faster, so the pruning threshold drops early.
-                for dp in reversed(divisors(gbs)):
-                    if dp * tp * pp > pool.devices:
-                        continue
-                    if self._lower_bound(dp * tp * pp * device_rate) > self.threshold:
-                        continue
-                    ladder = _feature_ladder(req, tp, dp)
-                    eps = [e for e in divisors(math.gcd(m.experts, dp))] if m.is_moe else [1]
-                    for mbs in divisors(gbs // dp):
-                        if mbs > req.options.max_micro_batch:
-                            break
-                        micro = gbs // (dp * mbs)
-                        vs = [1]
-                        if req.options.allow_interleave and pp > 2 and micro % pp == 0:
-                            vs += [v for v in divisors(per_stage) if v > 1]
-                        for ep in eps:
-                            for v in vs:
-                                self._fit_homogeneous(pool, limit, ladder, tp, pp, per_stage, ends, dp, mbs, micro,
-                                                      ep, v)
+                    continue
+                for split in stage_splits(m.layers, pp):
+                    self._homogeneous_split(pool, limit, device_rate, layer_flops_seq, tp, split)
 
-    def _fit_homogeneous(self, pool, limit, ladder, tp, pp, per_stage, ends, dp, mbs, micro, ep, v) -> None:
-        """Evaluate the cheapest rung of the feature ladder that fits (the first and last stages are the
-        fullest: the first holds the most micro-batches in flight, the last the logits)."""
+    def _homogeneous_split(self, pool, limit, device_rate, layer_flops_seq, tp, split) -> None:
+        req, m = self.request, self.request.model
+        gbs = req.global_batch_size
+        pp = len(split)
+        widest = max(split)
+        kinds = _memory_kinds(split)
+        stages = None
+        # Interleaving: every stage's layers (or, first and last, its layer slots with the embedding or
+        # output layer) split into v chunks.
+        slots = [n + (i == 0) + (i == pp - 1) for i, n in enumerate(split)]
+        vs_all = [v for v in range(2, widest + 1)
+                  if all(n % v == 0 or k % v == 0 for n, k in zip(split, slots, strict=True))]
+        # More replicas first: they are usually faster, so the pruning threshold drops early.
+        for dp in reversed(divisors(gbs)):
+            if dp * tp * pp > pool.devices:
+                continue
+            if self._lower_bound(dp * tp * pp * device_rate) > self.threshold:
+                continue
+            if (gbs // dp) * widest * layer_flops_seq / (tp * device_rate) > self.threshold:
+                continue
+            ladder = _feature_ladder(req, tp, dp, zero2=True)
+            eps = [e for e in divisors(math.gcd(m.experts, dp))] if m.is_moe else [1]
+            for mbs in divisors(gbs // dp):
+                if mbs > req.options.max_micro_batch:
+                    break
+                micro = gbs // (dp * mbs)
+                vs = [1]
+                if req.options.allow_interleave and pp > 2 and micro % pp == 0:
+                    vs += vs_all
+                if stages is None:
+                    stages = tuple(Stage(pool.name, tp, n) for n in split)
+                for ep in eps:
+                    for v in vs:
+                        self._fit_homogeneous(pool, limit, ladder, tp, split, stages, kinds, dp, mbs, micro, ep, v)
+
+    def _fit_homogeneous(self, pool, limit, ladder, tp, split, stages, kinds, dp, mbs, micro, ep, v) -> None:
+        """Evaluate the cheapest rung of the feature ladder that fits (checking the stages that can be the
+        fullest: the first of each run of equal stages holds the most micro-batches in flight of its run,
+        the last stage the logits). A ZeRO-2 rung may cost time, so the next rung that fits is tried too."""
         cost = self.cost
+        pp = len(split)
+        # The widest stage runs its layers for every micro-batch: without recomputation (the cheapest rung) the
+        # step takes at least that long.
+        if micro * max(split) * cost.layer_cost(pool, tp, mbs, "none", ladder[0][1], ep).time_s > self.threshold:
+            return
 
         def peak(rung):
             recompute, sp, zero = rung
-            return max(cost.stage_memory(pool, tp, per_stage, index, pp, dp, mbs, micro, recompute, sp, zero, ep, v)
-                       for index in ends)
+            return max(cost.stage_memory(pool, tp, split[index], index, pp, dp, mbs, micro, recompute, sp, zero, ep, v)
+                       for index in kinds)
 
         def layout(rung):
             recompute, sp, zero = rung
-            return Layout(dp=dp, stages=tuple(Stage(pool.name, tp, per_stage) for _ in range(pp)),
-                          micro_batch_size=mbs, recompute=recompute, zero=zero, ep=ep, virtual_stages=v,
-                          sequence_parallel=sp)
+            return Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=bool(zero), ep=ep,
+                          virtual_stages=v, sequence_parallel=sp, shard_gradients=zero == 2)
 
         self.evaluated += 1
         used = peak(ladder[-1])
         if used > limit:
             self._miss(used, limit, lambda: layout(ladder[-1]))
             return
+        widest = max(split)
+
+        def consider(rung, note):
+            # The same bound with the rung's recomputation: skip the full evaluation when it cannot rank.
+            if micro * widest * cost.layer_cost(pool, tp, mbs, rung[0], rung[1], ep).time_s <= self.threshold:
+                self._consider(layout(rung), note)
+
         skipped = []
         for rung in ladder[:-1]:
             self.evaluated += 1
             used = peak(rung)
             if used <= limit:
-                self._consider(layout(rung), _ladder_note(skipped, rung))
-                return
-            skipped.append((*rung, used / GB))
-        self._consider(layout(ladder[-1]), _ladder_note(skipped, ladder[-1]))
+                consider(rung, _ladder_note(skipped, rung))
+                if rung[2] != 2:
+                    return
+            else:
+                skipped.append((*rung, used / GB))
+        consider(ladder[-1], _ladder_note(skipped, ladder[-1]))
 
     # -- heterogeneous -------------------------------------------------------------------------------------
 
@@ -249,6 +321,15 @@ class _Search:
                             sequence_parallel=sp)
             self._consider(layout, _ladder_note(skipped, (recompute, sp, zero)))
             return
+
+
+def _memory_kinds(split: tuple[int, ...]) -> tuple[int, ...]:
+    """The stages that can hold the most memory: the first of each run of equal stages (most micro-batches
+    in flight within the run) and the last (the logits)."""
+    kinds = [i for i in range(len(split)) if i == 0 or split[i] != split[i - 1]]
+    if len(split) - 1 not in kinds:
+        kinds.append(len(split) - 1)
+    return tuple(kinds)
 
 
 def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs: int, recompute: str,

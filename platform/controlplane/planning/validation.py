@@ -116,7 +116,8 @@ def layout_candidates(request: PlanRequest, run: Mapping) -> list[tuple[dict, La
         figures = {**defaults, **chosen}
         layout = Layout(dp=spec["dp"], stages=stages, micro_batch_size=figures["micro_batch_size"],
                         recompute=spec["recompute"], zero=spec.get("zero", False),
-                        virtual_stages=figures["virtual_stages"], sequence_parallel=figures["sequence_parallel"])
+                        virtual_stages=figures["virtual_stages"], sequence_parallel=figures["sequence_parallel"],
+                        shard_gradients=bool(spec.get("shard_gradients", False)))
         candidates.append((chosen, layout))
     return candidates
 
