@@ -412,20 +412,40 @@ class _State:
         nodes = self.nodes
         running_by_id = self.running
         usage: dict[tuple[str, str], float] = {}  # added up in the order ledger.add would, so to the same values
+        # The ids of running workloads that may be below their maximum number of workers (a superset: every
+        # running workload set below it is added), so that elastic growth need not look at all of them.
+        self.elastic: set[str] = set()
+        elastic = self.elastic
+        # Per running workload, what releasing all of it gives back: (devices of quota, device shares, device
+        # entries), for _could_fit's bounds (which leave room for the rounding of the shares' sums).
+        self.amounts: dict[str, tuple[float, float, int]] = {}
+        amounts = self.amounts
         for running in sorted(snapshot.running, key=lambda r: r.workload.id):
             workload = running.workload
+            shares = 0.0
+            entries = 0
             for worker in running.workers:
+                taken = worker.taken
+                entries += len(taken)
                 node = nodes.get(worker.node)
-                if node is not None:
-                    free = node.device_free
-                    size = len(free)
-                    for index, share in worker.taken:
-                        if index < size:  # a node that shrank since: its lost devices hold nothing
-                            # (a share >= 1 leaves 0.0, as max(0.0, free - share) does: free is at most 1.0)
-                            free[index] = 0.0 if share >= 1.0 else max(0.0, free[index] - share)
+                if node is None:
+                    for _, share in taken:
+                        shares += share
+                    continue
+                free = node.device_free
+                size = len(free)
+                for index, share in taken:
+                    shares += share
+                    if index < size:  # a node that shrank since: its lost devices hold nothing
+                        # (a share >= 1 leaves 0.0, as max(0.0, free - share) does: free is at most 1.0)
+                        free[index] = 0.0 if share >= 1.0 else max(0.0, free[index] - share)
+            used = len(running.workers) * workload.devices_per_worker
+            amounts[workload.id] = (used, shares, entries)
             key = (workload.cluster_queue, running.accelerator_type)
-            usage[key] = usage.get(key, 0.0) + len(running.workers) * workload.devices_per_worker
+            usage[key] = usage.get(key, 0.0) + used
             running_by_id[workload.id] = running
+            if len(running.workers) < workload.workers_max:
+                elastic.add(workload.id)
         for (queue, accelerator_type), value in usage.items():
             self.ledger.set(queue, accelerator_type, value)
         self.started_before = frozenset(self.running)
@@ -455,7 +475,7 @@ class _State:
         victims = self._victims.get(accelerator_type)
         if victims is None:
             victims = self._victims[accelerator_type] = _Victims(self.preemptible.get(accelerator_type, ()),
-                                                                 known_queues=self.ledger.queues)
+                                                                 self.ledger.queues, self.amounts)
         return victims
 
 
@@ -463,7 +483,7 @@ class _Victims:
     """Workloads of one type that may be preempted (running before the cycle, preemptible), sorted as victims
     are chosen, with what releasing all of them per (priority, queue) would give back."""
 
-    def __init__(self, running, known_queues):
+    def __init__(self, running, known_queues, amounts: dict[str, tuple[float, float, int]]):
         self.order = sorted(running, key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
         self.eligible_cache: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
         self.start = 0
@@ -473,17 +493,14 @@ class _Victims:
         self.positions: dict[str, list[int]] = {}
         self.index: dict[str, int] = {}
         self.totals: dict[int, dict[str, list[float]]] = {}  # priority -> queue -> [usage, shares, entries, n]
-        self.amounts: dict[str, tuple[float, float, int]] = {}  # id -> what it adds to its totals
-        positions, indexes, totals, amounts = self.positions, self.index, self.totals, self.amounts
+        self.amounts = amounts  # id -> what it adds to its totals (_State.amounts)
+        positions, indexes, totals = self.positions, self.index, self.totals
         for index, r in enumerate(self.order):
             workload = r.workload
             queue = workload.cluster_queue
             positions.setdefault(queue, []).append(index)
             indexes[workload.id] = index
-            workers = r.workers
-            amount = amounts[workload.id] = (len(workers) * workload.devices_per_worker,
-                                             sum([share for worker in workers for _, share in worker.taken]),
-                                             sum([len(worker.taken) for worker in workers]))
+            amount = amounts[workload.id]
             per_queue = totals.get(workload.priority)
             if per_queue is None:
                 per_queue = totals[workload.priority] = {}
@@ -608,7 +625,8 @@ class _Undo:
                 self.devices[node.name] = list(node.device_free)
             free = node.device_free
             for index, share in worker.taken:
-                free[index] = min(1.0, free[index] + share)
+                # (a share >= 1 gives 1.0, as min(1.0, free + share) does: free is never below 0.0)
+                free[index] = 1.0 if share >= 1.0 else min(1.0, free[index] + share)
             node.pool.refresh(node)
 
     def add(self, queue: str, accelerator_type: str, amount: float) -> None:
@@ -624,6 +642,8 @@ class _Undo:
             del self.state.running[workload_id]
         else:
             self.state.running[workload_id] = running
+            if len(running.workers) < running.workload.workers_max:
+                self.state.elastic.add(workload_id)
 
     def undo(self) -> None:
         state = self.state
@@ -652,21 +672,27 @@ def _place_gang(pool: _Pool, workers: int, devices: float) -> tuple[WorkerPlacem
     if at < len(ranked):
         placed = []
         members = pool.groups[pool.names[ranked[at] % pool.span]]
+        # Best fit, ties by name: members are in name order, so by position. slots > 0: fits(devices). A heap
+        # of the fitting nodes: a worker placed changes only the key (or the fit) of the node it went to.
+        fitting = [(node.free - devices, i) for i, node in enumerate(members) if node.slots[devices] > 0]
+        heapq.heapify(fitting)
         for _ in range(workers):
-            # Best fit, ties by name: members are in name order, so by position. slots > 0: fits(devices).
-            fitting = [(node.free - devices, i) for i, node in enumerate(members) if node.slots[devices] > 0]
             if not fitting:  # cannot happen (slots >= workers); roll back as place_gang does
                 for node_name, taken in placed:
                     _give_back(pool, node_name, taken)
                 placed = None
                 break
-            node = members[min(fitting)[1]]
+            at = heapq.heappop(fitting)[1]
+            node = members[at]
             placed.append((node.name, node.take(devices)))
+            if node.slots[devices] > 0:
+                heapq.heappush(fitting, (node.free - devices, at))
         if placed is not None:
             return tuple(WorkerPlacement(node=name, taken=taken) for name, taken in placed)
     placed = []
     for name in _most_slots_first(pool, ranked, workers):
-        for node in pool.groups[name]:
+        # Only the nodes with a slot now (taking from one node leaves the others' slots as they are).
+        for node in [node for node in pool.groups[name] if node.slots[devices] > 0]:
             while len(placed) < workers and node.slots[devices] > 0:  # slots > 0: fits(devices)
                 placed.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
             if len(placed) == workers:
@@ -789,6 +815,8 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
             continue
         state.ledger.add(workload.cluster_queue, accelerator_type, demand)
         state.running[workload.id] = Running(workload=workload, accelerator_type=accelerator_type, workers=workers)
+        if len(workers) < workload.workers_max:
+            state.elastic.add(workload.id)
         groups = sorted({state.nodes[w.node].leaf_group for w in workers})
         why = f"{workload.workers_min} x {workload.devices_per_worker:g} {accelerator_type} in leaf group(s) " \
               f"{', '.join(groups)}; {check.reason}"
@@ -873,6 +901,8 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
         state.running[workload.id] = Running(workload, accelerator_type, workers)
+        if len(workers) < workload.workers_max:
+            state.elastic.add(workload.id)
         for running in gone:
             pool_victims.gone(running)
         return victims, shrinks, accelerator_type
@@ -888,7 +918,9 @@ def _borrowing(ledger: QuotaLedger, queue: str, accelerator_type: str) -> bool:
 def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
                reclaim: set[str], queues: frozenset[str]) -> bool:
     """False only when even releasing every candidate victim could not make `workload` fit (quota and
-    capacity are monotone in what is released, so the trial would preempt nothing)."""
+    capacity are monotone in what is released, so the trial would preempt nothing). A bound: a trial it lets
+    through and that fails is undone, so decisions depend only on its never ruling out one that would succeed
+    (hence the slack for the rounding of the sums)."""
     usage, shares, entries, count = victims.releasable(workload.priority, reclaim, queues)
     if count < 0.5:
         return False  # no candidates
@@ -967,8 +999,12 @@ def _reserve(state: _State, workload: Workload, types) -> bool:
 
 def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiting_types: set[str]) -> None:
     admitted_now = {admit.workload_id: i for i, admit in enumerate(result.admitted)}
-    elastic = sorted((r for r in state.running.values()
-                      if r.workload.id not in preempted and len(r.workers) < r.workload.workers_max),
+    # As sorted(r for r in state.running.values() if ... below workers_max ...), from the ids that may be (those
+    # of a chip someone waits for are skipped below anyway: left out before sorting).
+    running_now = state.running
+    elastic = sorted((r for r in (running_now.get(i) for i in state.elastic)
+                      if r is not None and r.workload.id not in preempted and len(r.workers) < r.workload.workers_max
+                      and r.accelerator_type not in waiting_types),
                      key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id))
     # Per (type, shape): a heap of (free - devices, name, seq, free, node) over nodes with a slot for the shape;
     # nodes only lose capacity here, so an entry is current iff its node's free is unchanged (and it has a slot).
