@@ -27,6 +27,7 @@ are gathered on rank 0, which assembles the full model; a run resumes under any 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -113,6 +114,20 @@ class ParallelGrid:
 
 # --------------------------------------------------------------------------------------------------- tensor parallel
 
+# How the tensor-parallel all-reduces inside forward and backward wait: through the step's `wait` hook (set by
+# parallel_train_step for its thread), so a rank blocked on a hung peer reports that it waits, not that it computes,
+# and the supervisor blames the rank that really hangs.
+_hook = threading.local()
+
+
+def _collective(fn: Callable[[], None]) -> None:
+    run = getattr(_hook, "wait", None)
+    if run is None:
+        fn()
+    else:
+        run(fn)
+
+
 
 class _CopyToTensorParallel(torch.autograd.Function):
     """Megatron's f: identity forward, all-reduce of the gradient backward."""
@@ -125,7 +140,7 @@ class _CopyToTensorParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
+        _collective(lambda: dist.all_reduce(grad, group=ctx.group))
         return grad, None
 
 
@@ -135,7 +150,7 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         x = x.contiguous().clone()
-        dist.all_reduce(x, group=group)
+        _collective(lambda: dist.all_reduce(x, group=group))
         return x
 
     @staticmethod
@@ -351,10 +366,20 @@ def parallel_train_step(stage: StageLM, optimizer: torch.optim.Optimizer, x: tor
     """One optimizer step on this rank's shard at 0-based ``step``; returns the replica's loss before the update.
 
     ``x``, ``y``: this data-parallel replica's batch (every rank of a replica gets the same one). ``wait(fn)`` runs
-    ``fn`` (a blocking receive or a gradient all-reduce) so the caller can time it as waiting, not computing.
+    ``fn`` (every collective and point-to-point transfer, the tensor-parallel all-reduces inside forward and
+    backward included) so the caller can time it as waiting on the gang, not computing.
     """
-    grid = stage.grid
     run = wait or (lambda fn: fn())
+    _hook.wait = run
+    try:
+        return _train_step(stage, optimizer, x, y, step=step, hp=hp, micro_batches=micro_batches, run=run)
+    finally:
+        _hook.wait = None
+
+
+def _train_step(stage: StageLM, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *, step: int,
+                hp: TrainHyperparameters, micro_batches: int, run: Callable[[Callable[[], None]], None]) -> float:
+    grid = stage.grid
     stage.train()
     optimizer.zero_grad(set_to_none=True)
     xs, ys = x.chunk(micro_batches, dim=0), y.chunk(micro_batches, dim=0)
@@ -377,7 +402,7 @@ def parallel_train_step(stage: StageLM, optimizer: torch.optim.Optimizer, x: tor
             out = stage.head_loss(out, ys[mb]) / micro_batches
             loss_total += out.detach()
         else:
-            dist.send(out.detach().contiguous(), dst=next_rank)
+            run(lambda out=out: dist.send(out.detach().contiguous(), dst=next_rank))
         inputs.append(inp)
         outputs.append(out)
     for mb in range(micro_batches):  # then every backward
@@ -388,7 +413,7 @@ def parallel_train_step(stage: StageLM, optimizer: torch.optim.Optimizer, x: tor
             run(lambda buf=grad: dist.recv(buf, src=next_rank))
             outputs[mb].backward(grad)
         if not grid.first_stage:
-            dist.send(inputs[mb].grad.contiguous(), dst=prev_rank)
+            run(lambda inp=inputs[mb]: dist.send(inp.grad.contiguous(), dst=prev_rank))
     params = [p for p in stage.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:

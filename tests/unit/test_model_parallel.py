@@ -59,7 +59,7 @@ def _rank_main(rank: int, world: int, tp: int, pp: int, micro: int, init_file: s
         grid = mp.ParallelGrid.create(rank=rank, world_size=world, tp=tp, pp=pp)
         full = lm.build_model(hp.model_config(), seed=hp.seed)
         stage, optimizer = mp.stage_from_full(full, grid, None, hp)
-        losses = []
+        losses, wait_counts = [], []
         for step in range(ALL_STEPS):
             if step == FIRST_STEPS:  # checkpoint in the single-process format, then resume from it under the layout
                 gathered = mp.gather_full_state(stage, optimizer, hp)
@@ -74,9 +74,12 @@ def _rank_main(rank: int, world: int, tp: int, pp: int, micro: int, init_file: s
                 assert lm.load_model_state(files, resumed, resumed_opt) == step
                 stage, optimizer = mp.stage_from_full(resumed, grid, resumed_opt, hp)
             x, y = _replica_batch(tokens, hp, step, grid.dp_rank, grid.dp)
-            losses.append(mp.parallel_train_step(stage, optimizer, x, y, step=step, hp=hp, micro_batches=micro))
+            waits: list[int] = []
+            losses.append(mp.parallel_train_step(stage, optimizer, x, y, step=step, hp=hp, micro_batches=micro,
+                                                 wait=lambda fn, waits=waits: (waits.append(1), fn())))
+            wait_counts.append(len(waits))
         gathered = mp.gather_full_state(stage, optimizer, hp)
-        torch.save({"losses": losses, "state": gathered[0].state_dict() if gathered else None},
+        torch.save({"losses": losses, "waits": wait_counts, "state": gathered[0].state_dict() if gathered else None},
                    Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -128,6 +131,11 @@ def test_model_parallel_run_takes_the_single_process_steps(tp, pp, dp, micro):
         assert torch.allclose(got, want, atol=2e-4, rtol=1e-3), name
     assert all(r["state"] is None for r in results[1:])
     assert results[0]["losses"][-1] < results[0]["losses"][0] - 0.5  # and it learns (a repeated sentence)
+    # Every wait on a peer goes through the hook (so a rank blocked on a hung peer does not look busy): with tensor
+    # parallelism that includes 2 all-reduces forward and 2 backward per block and micro-batch.
+    layers_per_stage = HP["n_layers"] // pp
+    if tp > 1:
+        assert min(min(r["waits"]) for r in results) >= 4 * layers_per_stage * micro
 
 
 # --------------------------------------------------------------------------------------------------- pure parts
