@@ -22,7 +22,12 @@ from frontend.views import _base_context, _state_counts, _writable_team_ids
 from inference.selectors import deployment_list
 from jobs.models import Trainer
 from jobs.runtime.lm_config import TrainHyperparameters
-from jobs.selectors import training_job_events, training_job_list, training_job_run_view
+from jobs.selectors import (
+    training_job_events,
+    training_job_list,
+    training_job_run_view,
+    training_job_trainer_layout,
+)
 from jobs.states import JobState
 
 JOBS_PER_PAGE = 50
@@ -168,6 +173,7 @@ def job_detail(request, job_id: int):
         "live": job.state in LIVE_STATES,
         "simulated_types": _simulated_types(),
         "workers": range(job.workers_max),
+        "trainer_layout": training_job_trainer_layout(job=job),
         "log_after": run["log_lines"][-1].id if run["log_lines"] else "",
         **run,
     })

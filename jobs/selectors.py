@@ -34,6 +34,26 @@ def quota_usage() -> dict[tuple[str, str], float]:
     return usage
 
 
+def training_job_trainer_layout(*, job: TrainingJob) -> dict | None:
+    """How the built-in trainer splits this job's gang (tensor x pipeline x data parallel, micro-batches, and where
+    the degrees come from), as its workers will compute it; None for a user entrypoint."""
+    from jobs.models import Trainer
+    from jobs.runtime.lm_config import TrainHyperparameters, trainer_layout
+
+    if job.trainer != Trainer.BUILTIN_LM:
+        return None
+    try:
+        hp = TrainHyperparameters.from_dict(job.hyperparameters or {})
+        accelerator_type = job.admitted_accelerator_type or (job.accelerator_types or [""])[0]
+        plan = (job.parallel_plan or {}).get("by_type", {}).get(accelerator_type)
+        layout = trainer_layout(hp, world_size=len(job.placement or []) or job.workers_max, plan=plan,
+                                devices_per_worker=job.devices_per_worker)
+    except ValueError:
+        return None
+    return {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "micro_batches": layout.micro_batches,
+            "source": layout.source}
+
+
 def waiting_jobs(*, team_ids: list[int]) -> QuerySet[TrainingJob]:
     return training_job_list(team_ids=team_ids).filter(state="QUEUED").order_by(
         "local_queue__cluster_queue__name", "queue_position", "created_at")

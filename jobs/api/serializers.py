@@ -106,6 +106,14 @@ class GoodputOverviewSerializer(serializers.Serializer):
     per_job = GoodputJobSerializer(many=True)
 
 
+class TrainerLayoutSerializer(serializers.Serializer):
+    tp = serializers.IntegerField(help_text="tensor-parallel ranks (workers) per model replica")
+    pp = serializers.IntegerField(help_text="pipeline stages (workers) per model replica")
+    dp = serializers.IntegerField(help_text="data-parallel replicas")
+    micro_batches = serializers.IntegerField(help_text="micro-batches per step (the pipeline's GPipe schedule)")
+    source = serializers.CharField(help_text="where the degrees come from, or why the trainer runs data parallel")
+
+
 class TrainingJobStatusSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=[s.value for s in JobState])
     reason = serializers.CharField(source="state_reason")
@@ -114,12 +122,14 @@ class TrainingJobStatusSerializer(serializers.ModelSerializer):
     step = serializers.IntegerField(source="current_step")
     workers = serializers.SerializerMethodField()
     goodput = serializers.SerializerMethodField()
+    trainer_layout = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
         fields = ["state", "reason", "changed_at", "queue_position", "admitted_accelerator_type", "placement",
                   "compute_handle", "attempt", "run_state", "step", "last_checkpoint_step", "workers",
-                  "observed_nodes", "restarts", "started_at", "finished_at", "goodput", "parallel_plan"]
+                  "observed_nodes", "restarts", "started_at", "finished_at", "goodput", "parallel_plan",
+                  "trainer_layout"]
 
     def get_workers(self, obj) -> int:
         return len(obj.observed_nodes or [])
@@ -128,6 +138,10 @@ class TrainingJobStatusSerializer(serializers.ModelSerializer):
     def get_goodput(self, obj) -> dict | None:
         summary = selectors.training_job_goodput(job=obj)
         return summary.to_dict() if summary else None
+
+    @extend_schema_field(TrainerLayoutSerializer(allow_null=True))
+    def get_trainer_layout(self, obj) -> dict | None:
+        return selectors.training_job_trainer_layout(job=obj)
 
 
 class TrainingJobSerializer(serializers.ModelSerializer):

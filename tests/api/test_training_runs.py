@@ -310,6 +310,9 @@ def test_a_model_parallel_job_is_accepted_and_its_layout_reaches_the_workers(api
     launch = workflows.build_launch(job)
     assert launch.runtime["hyperparameters"]["tensor_parallel"] == 2
     assert launch.runtime["devices_per_worker"] == 1
+    status = api("alpha", "member").get(f"/api/v1/training-jobs/{job.pk}/").json()["status"]
+    assert status["trainer_layout"] == {"tp": 2, "pp": 2, "dp": 1, "micro_batches": 8,
+                                        "source": "set in the hyperparameters"}
 
 
 def test_a_job_over_its_max_duration_fails_after_a_final_checkpoint(api, backend):
@@ -368,9 +371,15 @@ def test_parallelism_auto_stores_the_plan_sizes_the_gang_and_drops_types_that_ca
     assert body["spec"]["parallelism"]["model"] == "llama2-13b" and body["status"]["parallel_plan"]["by_type"]
     launch = workflows.build_launch(TrainingJob.objects.get(pk=job.pk))
     assert launch.runtime["parallel_plan"]["accelerator_type"] == launch.accelerator_type
+    # the built-in trainer's layout at worker granularity: the plan's pipeline stages on whole workers of 8 devices
+    # (a tensor group inside a worker stays in it), or data parallel with the reason
+    layout = body["status"]["trainer_layout"]
+    assert layout["tp"] * layout["pp"] * layout["dp"] == job.workers_max
+    assert layout["source"].startswith(("the parallel plan for", "data parallel only:")), layout
     browser = Client()
     browser.force_login(world["alpha"]["member"])
-    assert "Parallel plan" in browser.get(f"/jobs/{job.pk}/").content.decode()
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Parallel plan" in page and 'id="trainer-layout"' in page
 
 
 def test_parallelism_auto_sizes_the_gang_to_the_devices_the_best_layout_uses(api, backend):
