@@ -447,3 +447,69 @@ def test_same_decisions_as_the_reference_on_the_core_tests_snapshots_over_two_cy
                       for i, w in enumerate(snap.pending))
     second = Snapshot(snap.nodes, snap.cluster_queues, running=running_from(snap, first), pending=newcomers)
     assert schedule(second) == reference_schedule(second)
+
+
+# ------------------------------------------------------------ replaced loops, against their straightforward form
+
+
+def _random_pool(rng: random.Random):
+    """The same random nodes as placement.NodeStates and as the scheduler's indexed _Pool."""
+    from controlplane.scheduling.scheduler import _Node, _Pool
+
+    specs = []
+    for i in range(rng.randint(1, 40)):
+        devices = rng.choice((2, 4, 8))
+        shares = [rng.choice((0.0, 0.0, 1.0, 1.0, 1.0, 0.25, 0.5, 0.75)) for _ in range(devices)]
+        specs.append((f"n{i:03d}", f"lg{i // rng.choice((1, 2, 4, 8))}", shares, rng.random() > 0.1))
+    plain = [NodeState(name, "p", "t", group, list(shares), schedulable) for name, group, shares, schedulable in specs]
+    indexed = []
+    for name, group, shares, schedulable in specs:
+        node = _Node(name, "t", group, len(shares), schedulable)
+        node.device_free[:] = shares
+        indexed.append(node)
+    return plain, _Pool(indexed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_indexed_gang_placement_places_as_place_gang(rnd):
+    """_place_gang (ranked groups, a heap of the fitting nodes per worker, only nodes with a slot walked when the
+    gang spans groups) gives the placements, in order, and leaves the devices of placement.place_gang."""
+    from controlplane.scheduling.scheduler import _place_gang
+
+    rng = random.Random(rnd.random())
+    plain, pool = _random_pool(rng)
+    for _ in range(rng.randint(1, 8)):  # several gangs in a row: the indexes must follow the takes
+        workers, devices = rng.choice((1, 1, 2, 3, 5, 9)), rng.choice((0.25, 0.5, 1.0, 2.0, 4.0, 8.0))
+        expected = place_gang(plain, workers=workers, devices=devices)
+        got = _place_gang(pool, workers, devices)
+        assert (None if expected is None else tuple(expected.workers)) == got
+        assert [n.device_free for n in plain] == [n.device_free for n in pool.nodes]
+
+
+def reference_most_slots_first(group_slots: dict[str, int], workers: int) -> list[str]:
+    """What _most_slots_first replaces: every group sorted by (most slots, name), up to the one that completes
+    the gang."""
+    chosen, total = [], 0
+    for name in sorted(group_slots, key=lambda name: (-group_slots[name], name)):
+        if total >= workers:
+            break
+        chosen.append(name)
+        total += group_slots[name]
+    return chosen
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text("abc", min_size=1, max_size=3), st.integers(0, 6), min_size=1, max_size=12),
+       st.integers(1, 30))
+def test_most_slots_first_is_the_sorted_prefix(group_slots, workers):
+    from controlplane.scheduling.scheduler import _most_slots_first
+
+    class Pool:  # what _most_slots_first reads of a _Pool
+        names = sorted(group_slots)
+        span = len(names)
+
+    place = {name: i for i, name in enumerate(Pool.names)}
+    ranked = sorted(count * Pool.span + place[name] for name, count in group_slots.items())
+    if sum(group_slots.values()) >= workers:  # as called: the type holds the gang
+        assert _most_slots_first(Pool, ranked, workers) == reference_most_slots_first(group_slots, workers)

@@ -25,6 +25,9 @@ class QuotaCheck:
     reason: str
 
 
+WITHIN_NOMINAL = QuotaCheck(True, 0.0, "within nominal quota")  # the most frequent answer, made once
+
+
 class QuotaLedger:
     def __init__(self, queues: Iterable[ClusterQueueSpec]):
         self.queues = {queue.name: queue for queue in queues}
@@ -75,7 +78,7 @@ class QuotaLedger:
             if spec.cohort and self.cohort_room(queue, accelerator_type) + EPS < amount:
                 return QuotaCheck(False, 0.0, f"{queue}'s idle {accelerator_type} quota is lent to its cohort; "
                                               "it must be reclaimed first")
-            return QuotaCheck(True, 0.0, "within nominal quota")
+            return WITHIN_NOMINAL
         need = used + amount - max(quota.nominal, used)  # the part beyond nominal still to borrow
         if quota.borrowing_limit is not None and used + amount > quota.nominal + quota.borrowing_limit + EPS:
             return QuotaCheck(False, 0.0, f"{queue} would exceed its {accelerator_type} quota: uses {used:g} of "

@@ -163,12 +163,15 @@ class _Pool:
             slots = self.group_slots[devices] = {}
             total = 0
             info = self._info(devices)
+            divisor = info[0]
             for name, members in self.groups.items():
-                count = 0
-                for node in members:
-                    node.slots[devices] = own = _node_slots(node, devices, info)
-                    count += own
-                slots[name] = count
+                if divisor:  # (_node_slots, inline)
+                    counts = [node.whole // divisor for node in members]
+                else:
+                    counts = [_node_slots(node, devices, info) for node in members]
+                for node, own in zip(members, counts, strict=True):
+                    node.slots[devices] = own
+                slots[name] = count = sum(counts)
                 total += count
             self.total[devices] = total
             span, place = self.span, self.place
@@ -998,7 +1001,7 @@ def _reserve(state: _State, workload: Workload, types) -> bool:
 
 
 def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiting_types: set[str]) -> None:
-    admitted_now = {admit.workload_id: i for i, admit in enumerate(result.admitted)}
+    admitted_now: dict[str, int] | None = None  # admission index by id, made when first needed
     # As sorted(r for r in state.running.values() if ... below workers_max ...), from the ids that may be (those
     # of a chip someone waits for are skipped below anyway: left out before sorting).
     running_now = state.running
@@ -1046,6 +1049,8 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
             continue
         workers = running.workers + tuple(added)
         state.running[workload.id] = Running(workload, accelerator_type, workers, running.work_since_checkpoint_s)
+        if admitted_now is None:
+            admitted_now = {admit.workload_id: i for i, admit in enumerate(result.admitted)}
         if workload.id in admitted_now:
             index = admitted_now[workload.id]
             admit = result.admitted[index]
