@@ -513,3 +513,19 @@ def test_most_slots_first_is_the_sorted_prefix(group_slots, workers):
     ranked = sorted(count * Pool.span + place[name] for name, count in group_slots.items())
     if sum(group_slots.values()) >= workers:  # as called: the type holds the gang
         assert _most_slots_first(Pool, ranked, workers) == reference_most_slots_first(group_slots, workers)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 3), st.sampled_from((0.0, -0.0, 1.5, 2.0, -3.0)), st.sampled_from("abcd")),
+                max_size=30))
+def test_stable_sorts_order_as_the_tuple_key(keys):
+    """_by_priority_arrival_id (three stable sorts) orders as sorted(key=(-priority, arrival, id)), ties (equal ids
+    too) in input order."""
+    from controlplane.scheduling.scheduler import _by_priority_arrival_id
+
+    workloads = [Workload(ident, "q", ("t",), priority=priority, arrival=arrival) for priority, arrival, ident in keys]
+    expected = sorted(workloads, key=lambda w: (-w.priority, w.arrival, w.id))
+    assert [id(w) for w in _by_priority_arrival_id(workloads)] == [id(w) for w in expected]
+    running = [Running(w, "t", ()) for w in workloads]
+    expected = sorted(running, key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id))
+    assert [id(r) for r in _by_priority_arrival_id(running, "workload.")] == [id(r) for r in expected]

@@ -39,6 +39,7 @@ import heapq
 from bisect import bisect_left, insort
 from collections import defaultdict
 from itertools import chain, islice
+from operator import attrgetter
 
 from controlplane.scheduling.model import (
     Admit,
@@ -325,6 +326,8 @@ class _Ledger(QuotaLedger):
 
     def __init__(self, queues):
         super().__init__(queues)
+        # The checks of a queue are cached per (its cohort, or itself alone, type).
+        self.scopes = {name: spec.cohort if spec.cohort else ("", name) for name, spec in self.queues.items()}
         self.version: dict[tuple, int] = defaultdict(int)
         self.cache: dict[tuple, tuple[int, QuotaCheck]] = {}
         self.sums: dict[tuple[str, str], _CohortSums] = {}
@@ -334,8 +337,8 @@ class _Ledger(QuotaLedger):
         self.what_if.queues, self.what_if.cohorts = self.queues, self.cohorts
 
     def _scope(self, queue: str, accelerator_type: str) -> tuple:
-        spec = self.queues.get(queue)
-        return (spec.cohort if spec is not None and spec.cohort else ("", queue)), accelerator_type
+        scope = self.scopes.get(queue)
+        return (scope if scope is not None else ("", queue)), accelerator_type
 
     def change(self, queue: str, accelerator_type: str, value: float) -> None:
         """Set a usage, keeping the cohort sums current; cached checks stay (callers that need them
@@ -408,7 +411,7 @@ class _State:
     def __init__(self, snapshot: Snapshot):
         self.nodes: dict[str, _Node] = {
             spec.name: _Node(spec.name, spec.accelerator_type, spec.leaf_group, spec.devices, spec.schedulable)
-            for spec in sorted(snapshot.nodes, key=lambda n: n.name)
+            for spec in sorted(snapshot.nodes, key=attrgetter("name"))
         }
         self.ledger = _Ledger(snapshot.cluster_queues)
         self.running: dict[str, Running] = {}
@@ -423,7 +426,7 @@ class _State:
         # entries), for _could_fit's bounds (which leave room for the rounding of the shares' sums).
         self.amounts: dict[str, tuple[float, float, int]] = {}
         amounts = self.amounts
-        for running in sorted(snapshot.running, key=lambda r: r.workload.id):
+        for running in sorted(snapshot.running, key=attrgetter("workload.id")):
             workload = running.workload
             shares = 0.0
             entries = 0
@@ -487,7 +490,11 @@ class _Victims:
     are chosen, with what releasing all of them per (priority, queue) would give back."""
 
     def __init__(self, running, known_queues, amounts: dict[str, tuple[float, float, int]]):
-        self.order = sorted(running, key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
+        # Sorted by (priority, work since the last checkpoint, id): stable sorts from the last key to the first give
+        # that order, faster than one sort on tuples.
+        self.order = sorted(running, key=attrgetter("workload.id"))
+        self.order.sort(key=attrgetter("work_since_checkpoint_s"))
+        self.order.sort(key=attrgetter("workload.priority"))
         self.eligible_cache: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
         self.start = 0
         self.priorities = [r.workload.priority for r in self.order]
@@ -621,12 +628,12 @@ class _Undo:
         self.running: dict[str, Running | None] = {}
 
     def release(self, workers) -> None:
-        nodes = self.state.nodes
+        nodes, saved = self.state.nodes, self.devices
         for worker in workers:
             node = nodes[worker.node]
-            if node.name not in self.devices:
-                self.devices[node.name] = list(node.device_free)
             free = node.device_free
+            if node.name not in saved:
+                saved[node.name] = free[:]
             for index, share in worker.taken:
                 # (a share >= 1 gives 1.0, as min(1.0, free + share) does: free is never below 0.0)
                 free[index] = 1.0 if share >= 1.0 else min(1.0, free[index] + share)
@@ -747,7 +754,7 @@ def schedule(snapshot: Snapshot) -> CycleResult:
 def _schedule(snapshot: Snapshot) -> CycleResult:
     state = _State(snapshot)
     result = CycleResult()
-    order = sorted(snapshot.pending, key=lambda w: (-w.priority, w.arrival, w.id))
+    order = _by_priority_arrival_id(snapshot.pending)
     preempted: set[str] = set()
     reservation_made = False
     positions: dict[str, int] = defaultdict(int)
@@ -804,11 +811,21 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
     return result
 
 
+def _by_priority_arrival_id(items, workload: str = "") -> list:
+    """`items` (workloads, or objects with the workload at attribute path `workload`, e.g. "workload.") sorted
+    by (-priority, arrival, id): as sorted() on that tuple, but by stable sorts from the last key to the first
+    (reverse=True keeps ties in order), faster."""
+    ordered = sorted(items, key=attrgetter(workload + "id"))
+    ordered.sort(key=attrgetter(workload + "arrival"))
+    ordered.sort(key=attrgetter(workload + "priority"), reverse=True)
+    return ordered
+
+
 def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, list[str]]:
     reasons = []
+    ledger, queue, demand = state.ledger, workload.cluster_queue, workload.demand()
     for accelerator_type in types:
-        demand = workload.demand()
-        check = state.ledger.check(workload.cluster_queue, accelerator_type, demand)
+        check = ledger.check(queue, accelerator_type, demand)
         if not check.ok:
             reasons.append(check.reason)
             continue
@@ -816,11 +833,15 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
         if workers is None:
             reasons.append(_capacity_reason(state, workload, accelerator_type))
             continue
-        state.ledger.add(workload.cluster_queue, accelerator_type, demand)
-        state.running[workload.id] = Running(workload=workload, accelerator_type=accelerator_type, workers=workers)
+        ledger.add(queue, accelerator_type, demand)
+        state.running[workload.id] = Running(workload, accelerator_type, workers)
         if len(workers) < workload.workers_max:
             state.elastic.add(workload.id)
-        groups = sorted({state.nodes[w.node].leaf_group for w in workers})
+        nodes = state.nodes
+        if len(workers) == 1:
+            groups = [nodes[workers[0].node].leaf_group]
+        else:
+            groups = sorted({nodes[w.node].leaf_group for w in workers})
         why = f"{workload.workers_min} x {workload.devices_per_worker:g} {accelerator_type} in leaf group(s) " \
               f"{', '.join(groups)}; {check.reason}"
         if accelerator_type != types[0]:
@@ -867,11 +888,15 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         undo = _Undo(state)
         victims, shrinks, gone = [], [], []
         fitted = False
+        known, usage = ledger.queues, ledger.usage
         for running in chain((first,), candidates):
             victim = running.workload
-            if victim.cluster_queue != workload.cluster_queue and not _borrowing(ledger, victim.cluster_queue,
-                                                                                 accelerator_type):
-                live.discard(victim.cluster_queue)  # and, being no longer borrowing, the rest of it
+            queue = victim.cluster_queue
+            # Another queue that uses no more than its nominal quota of the type now (a queue unknown to the ledger
+            # has no quota to protect):
+            if queue != workload.cluster_queue and queue in known and usage[(queue, accelerator_type)] \
+                    - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
+                live.discard(queue)  # and, being no longer borrowing, the rest of it
                 continue  # another queue within its nominal quota keeps it (see rule 6)
             gone.append(running)
             kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
@@ -890,7 +915,8 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
             undo.release(current.workers)
             undo.add(victim.cluster_queue, accelerator_type, -current.usage)
             undo.set_running(victim.id, None)
-            shrinks = [s for s in shrinks if s.workload_id != victim.id]
+            if shrinks:
+                shrinks = [s for s in shrinks if s.workload_id != victim.id]
             victims.append(Preempt(victim.id, workload.id,
                                    f"preempted for {workload.id} ({kind}; {running.work_since_checkpoint_s:g} s "
                                    "since its last checkpoint)"))
@@ -910,12 +936,6 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
             pool_victims.gone(running)
         return victims, shrinks, accelerator_type
     return None
-
-
-def _borrowing(ledger: QuotaLedger, queue: str, accelerator_type: str) -> bool:
-    """Whether `queue` uses more than its nominal quota of the type now (a queue unknown to the ledger has no
-    quota to protect)."""
-    return queue not in ledger.queues or ledger.borrowed(queue, accelerator_type) > EPS
 
 
 def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
@@ -1005,10 +1025,11 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
     # As sorted(r for r in state.running.values() if ... below workers_max ...), from the ids that may be (those
     # of a chip someone waits for are skipped below anyway: left out before sorting).
     running_now = state.running
-    elastic = sorted((r for r in (running_now.get(i) for i in state.elastic)
-                      if r is not None and r.workload.id not in preempted and len(r.workers) < r.workload.workers_max
-                      and r.accelerator_type not in waiting_types),
-                     key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id))
+    elastic = _by_priority_arrival_id(
+        [r for r in (running_now.get(i) for i in state.elastic)
+         if r is not None and r.workload.id not in preempted and len(r.workers) < r.workload.workers_max
+         and r.accelerator_type not in waiting_types],
+        "workload.")
     # Per (type, shape): a heap of (free - devices, name, seq, free, node) over nodes with a slot for the shape;
     # nodes only lose capacity here, so an entry is current iff its node's free is unchanged (and it has a slot).
     heaps: dict[str, dict[float, list]] = {}
