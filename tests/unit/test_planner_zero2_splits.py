@@ -35,8 +35,8 @@ def a100_pool(nodes=1):
 # -- ZeRO-2 -------------------------------------------------------------------------------------------------------
 
 def test_zero2_memory_by_hand():
-    """ZeRO-2 keeps 2/dp bytes of gradient per parameter, plus one layer's unsharded gradients (the layer whose
-    backward pass produced them, before their reduce-scatter), and 12/dp bytes of Adam state."""
+    """ZeRO-2 keeps 4/dp bytes of fp32 gradient per parameter, plus one layer's unsharded gradients (the layer
+    whose backward pass produced them, before their reduce-scatter), and 12/dp bytes of Adam state."""
     s, b, h, a, L, v, t, dp = 2048, 2, 2304, 24, 24, 51200, 2, 4
     request = PlanRequest(GPT_1_7B, 64, (a100_pool(),), NO_FLASH)
     layout = homogeneous_layout(request.pools[0], L, dp=dp, tp=t, pp=1, micro_batch_size=b, recompute="full",
@@ -47,13 +47,13 @@ def test_zero2_memory_by_hand():
     m = GPT_1_7B
     layer_params = (m.attention_parameters() + m.mlp_parameters()) / t + 4 * h
     params = L * layer_params + v * h / t + s * h + 2 * h
-    grads = 2 * (params / dp + layer_params)
+    grads = 4 * (params / dp + layer_params)
     states = 2 * params + grads + 12 * params / dp
     assert prediction.memory_gb * 1e9 == pytest.approx(states + activations, rel=1e-12)
     assert prediction.memory_breakdown["gradients"] * 1e9 == pytest.approx(grads, rel=1e-12)
     zero1 = predict(request, homogeneous_layout(request.pools[0], L, dp=dp, tp=t, pp=1, micro_batch_size=b,
                                                 recompute="full", zero=True))
-    assert zero1.memory_gb - prediction.memory_gb == pytest.approx((2 * params - grads) / 1e9, rel=1e-9)
+    assert zero1.memory_gb - prediction.memory_gb == pytest.approx((4 * params - grads) / 1e9, rel=1e-9)
 
 
 def test_zero2_reduce_scatters_every_micro_batch_by_hand():
@@ -66,7 +66,8 @@ def test_zero2_reduce_scatters_every_micro_batch_by_hand():
     args = dict(dp=4, mbs=2, micro=micro, recompute="none", sequence_parallel=True, ep=1, virtual_stages=1)
     z2 = cost.stage_figures(pool, 8, 24, 0, 1, zero=2, **args)
     z1 = cost.stage_figures(pool, 8, 24, 0, 1, zero=1, **args)
-    gradient_bytes = z1.grads  # bf16 gradients of the whole stage (2 bytes per parameter)
+    # The collectives move 16-bit gradients of the whole stage (2 bytes per parameter; kept as fp32, 4 bytes).
+    gradient_bytes = z1.grads / 2
     scatter = 3 / 4 * gradient_bytes / (25e9 * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S
     assert z2.sync_s == pytest.approx((micro + 1) * scatter, rel=1e-12)
     expected = (micro - 1) * max(0.0, scatter - z2.bwd_s) + max(0.0, 2 * scatter - z2.bwd_s)

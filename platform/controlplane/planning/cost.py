@@ -15,15 +15,22 @@ Compute time: matrix FLOPs / (dense peak x ``achievable_fraction``) plus the mem
   launch cost per layer. That second term is why small models reach a lower fraction of peak than big
   ones (1.7B GPT: 44% vs 1T: 52% in SC'21 Table 1) without any per-model constant.
 
-Memory per device: weights (2 bytes/param), gradients (2; under ZeRO-2 divided by the data-parallel size,
-  plus one layer's unsharded gradients waiting for their reduce-scatter), Adam state (fp32 master + 2
-  moments, 12 bytes, divided by the data-parallel size under ZeRO-1 and ZeRO-2), activations after
-  Korthikanti et al. 2022 ("Reducing activation recomputation in large transformer models"): per layer and
-  micro-batch
+Memory per device: weights (2 bytes/param), gradients (4: fp32, as 16-bit mixed precision accumulates them;
+  under ZeRO-2 divided by the data-parallel size, plus one layer's unsharded gradients waiting for their
+  reduce-scatter), Adam state (fp32 master + 2 moments, 12 bytes, divided by the data-parallel size under
+  ZeRO-1 and ZeRO-2): 18 bytes per parameter without ZeRO and 6 + 12/DP with ZeRO-1, as Megatron-LM's
+  megatron/training/theoretical_memory_usage.py counts them (compute_weight_and_optimizer_memory). The device's
+  capacity is what its driver reports (``DeviceType.memory_bytes``: an "80GB" H100 or A100 has 80 GiB), of which
+  ``MEMORY_USABLE_FRACTION`` is usable. Activations after Korthikanti et al. 2022 ("Reducing activation
+  recomputation in large transformer models", Table 2): per layer and micro-batch
   s b h (10 + 24/t) + 5 a s^2 b / t bytes (generalised to GQA, other FFN widths and gated MLPs; the 10 part
-  divided by t under sequence parallelism; the s^2 part gone with FlashAttention or selective recompute;
-  only the 2 s b h layer input under full recompute), times the micro-batches in flight on the stage
-  (p - i on stage i under 1F1B; p + (p-1)/v on the first stage when interleaved), plus the output logits.
+  divided by t under sequence parallelism; the s^2 part gone with FlashAttention, which keeps only its fp32
+  softmax statistics, 4 a s b / t bytes, or with selective recompute; only the 2 s b h layer input under full
+  recompute). Of the 10, 2 are the two dropout masks (1 byte each) and of the 5 a s^2 b, 3 are the attention
+  dropout's mask and output: a model without dropout (Llama, ``ModelSpec.dropout``) stores s b h (8 + ...) and
+  2 a s^2 b / t. Times the micro-batches in flight on the stage (p - i on stage i under 1F1B; p + (p-1)/v on the
+  first stage when interleaved: Narayanan et al. SC'21 section 2.2.2, and Megatron-LM's compute_activation_memory,
+  interleaved_schedule_memory_penalty = 1 + (p-1)/(p v) times p), plus the output logits.
 
 Communication (ring collectives at ``LINK_EFFICIENCY`` of the link bandwidth):
   TP: 2 all-reduces of 2 b s h bytes per layer forward, 2 backward (+2 under full recompute), over NVLink;
@@ -49,14 +56,23 @@ from controlplane.planning.model import DevicePool, Layout, ModelSpec, PlanReque
 
 BYTES_PER_VALUE = 2  # bf16 / fp16 activations, weights and gradients
 WEIGHT_BYTES = 2
-GRAD_BYTES = 2
+# fp32 gradients: Megatron-LM keeps fp32 main gradients for bf16 (its memory estimator counts 4 bytes of the 18 per
+# parameter, theoretical_memory_usage.py); Llama 3 used FP32 gradient accumulation (Grattafiori et al. 2024, 3.3.2).
+GRAD_BYTES = 4
+# Bytes per gradient value the data-parallel collectives move (16-bit; not changed with GRAD_BYTES: the
+# communication model and the calibrations fitted through it assume 16-bit gradient traffic).
+GRAD_COMM_BYTES = 2
 OPTIMIZER_BYTES = 12  # fp32 master weights + Adam's two moments
 OPTIMIZER_TRAFFIC_BYTES = 28  # HBM bytes per parameter the optimizer step reads and writes
 ACTIVATION_TRAFFIC = 2.0  # HBM bytes moved per stored activation byte (written once, read once)
 KERNEL_OVERHEAD_S = 120e-6  # per layer per forward pass: ~30 kernels at ~4 us of launch/tail each
 LINK_EFFICIENCY = 0.8  # NCCL bus bandwidth reached as a share of the link's
 COLLECTIVE_LATENCY_S = 20e-6
-MEMORY_USABLE_FRACTION = 0.9  # the rest: CUDA context, NCCL buffers, allocator fragmentation
+# Of the capacity the driver reports (DeviceType.memory_bytes), the share a training step may fill; the rest: CUDA
+# context, NCCL buffers, allocator fragmentation. An assumption, not fitted: no run's peak memory is published.
+MEMORY_USABLE_FRACTION = 0.9
+# Bytes per value of FlashAttention's saved softmax statistics (the log-sum-exp per query and head, fp32).
+FLASH_STATS_BYTES = 4
 
 GB = 1e9
 
@@ -105,6 +121,22 @@ class StageFigures:
     @property
     def memory(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations
+
+
+def micro_batches_in_flight(p: int, index: int, virtual_stages: int, micro: int) -> float:
+    """Micro-batches whose activations stage ``index`` of ``p`` holds at its peak, in whole-stage units.
+
+    1F1B (PipeDream-Flush, Narayanan et al. SC'21 section 2.2.1): stage i runs p - i - 1 warm-up forwards, so it
+    holds p - i. Interleaved (section 2.2.2; Megatron-LM's forward_backward_pipelining_with_interleaving): rank i
+    runs 2 (p - i - 1) + (v - 1) p warm-up forward chunks, so it holds v p + p - 2 i - 1 chunks of 1/v of its
+    layers each: p + (p - 1 - 2 i)/v stages' worth; for the first stage p + (p - 1)/v, Megatron-LM's
+    compute_activation_memory (interleaved_schedule_memory_penalty 1 + (p - 1)/(p v), times p). Never more than the
+    micro-batches of the step (all forwards then run first)."""
+    if virtual_stages > 1:
+        in_flight = p + (p - 1 - 2 * index) / virtual_stages
+    else:
+        in_flight = p - index
+    return micro if in_flight > micro else in_flight
 
 
 def zero_level(layout: Layout) -> int:
@@ -241,16 +273,29 @@ class CostModel:
         gemm_core = tokens * self.attn_core_flops_token / tp
         gemm_fwd = gemm_linear + gemm_core
 
-        # Korthikanti et al. activation bytes for one layer and micro-batch, on one device.
+        # Korthikanti et al. activation bytes for one layer and micro-batch, on one device (Table 2).
+        # Split by TP: Q, K, V (the QK^T and attention-over-values inputs, GQA-sized) and the output projection's
+        # input, 2 bytes each; the MLP: a GeLU MLP keeps the GeLU input and output (2 x 2f bytes per token), a
+        # gated one the gate and up projections (Megatron's fused SwiGLU saves its input [gate, up] and
+        # recomputes SiLU) and their product, the down projection's input (3 x 2f).
         mlp_width = (6 if m.gated_mlp else 4) * m.ffn * m.active_experts
         split = BYTES_PER_VALUE * tokens * (h + 2 * self.kv_width + h) / tp + tokens * mlp_width / tp
-        replicated = 10 * tokens * h / (tp if sequence_parallel else 1)
-        scores = 0.0 if flash else 5 * m.heads * s * s * b / tp
+        # Replicated without sequence parallelism: the two LayerNorm inputs (4 bytes per token and hidden unit),
+        # the QKV and first-MLP inputs (4), and with dropout the two dropout masks after the attention and the
+        # MLP (1 byte each; the dropout outputs feed residual adds, which keep nothing).
+        replicated = (10 if m.dropout else 8) * tokens * h / (tp if sequence_parallel else 1)
+        if flash:
+            # FlashAttention never stores the s x s scores; its backward needs Q, K, V, the output (counted in
+            # ``split``) and the softmax log-sum-exp, one fp32 value per query token and head.
+            scores = FLASH_STATS_BYTES * m.heads * s * b / tp
+        else:
+            # Softmax output (2 bytes), and with dropout its mask (1) and output (2): 5 a s^2 b, else 2 a s^2 b.
+            scores = (5 if m.dropout else 2) * m.heads * s * s * b / tp
         full_bytes = split + replicated + scores
         if recompute == "full":
             stored = BYTES_PER_VALUE * tokens * h / (tp if sequence_parallel else 1)
         elif recompute == "selective":
-            stored = split + replicated
+            stored = split + replicated + (scores if flash else 0.0)
         else:
             stored = full_bytes
 
@@ -349,12 +394,7 @@ class CostModel:
             grads = GRAD_BYTES * (sharded + layer.dense_params + layer.expert_params)
         else:
             grads = GRAD_BYTES * (dense + experts)
-        if virtual_stages > 1:
-            in_flight = (p - index) + (p - 1) / virtual_stages
-        else:
-            in_flight = p - index
-        if in_flight > micro:
-            in_flight = micro
+        in_flight = micro_batches_in_flight(p, index, virtual_stages, micro)
         activations = layers * layer.stored_bytes * in_flight + extra_act
         if recompute == "full":
             activations += layer.working_bytes
@@ -388,8 +428,7 @@ class CostModel:
         else:
             grads = params * GRAD_BYTES
         optimizer = OPTIMIZER_BYTES * sharded
-        in_flight = (p - index) + (p - 1) / virtual_stages if virtual_stages > 1 else p - index
-        in_flight = min(in_flight, micro)
+        in_flight = micro_batches_in_flight(p, index, virtual_stages, micro)
         activations = n * layer.stored_bytes * in_flight + extra_act
         if recompute == "full":
             activations += layer.working_bytes
@@ -399,24 +438,25 @@ class CostModel:
         if zero == 2:
             # Every micro-batch's gradients are reduce-scattered while its backward pass runs; the updated
             # weights are all-gathered after the step (the other half of ZeRO-1's all-reduce).
-            scatter = hierarchical_reduce_scatter_s(dense * GRAD_BYTES, dp, per_node, intra, inter)
+            scatter = hierarchical_reduce_scatter_s(dense * GRAD_COMM_BYTES, dp, per_node, intra, inter)
             if experts:
-                scatter += hierarchical_reduce_scatter_s(experts * GRAD_BYTES, expert_group, per_node, intra, inter)
+                scatter += hierarchical_reduce_scatter_s(experts * GRAD_COMM_BYTES, expert_group, per_node, intra,
+                                                         inter)
             gather = (hierarchical_reduce_scatter_s(dense * WEIGHT_BYTES, dp, per_node, intra, inter)
                       + hierarchical_reduce_scatter_s(experts * WEIGHT_BYTES, expert_group, per_node, intra, inter))
             sync = micro * scatter + gather
             sync_exposed = (micro - 1) * max(0.0, scatter - bwd) + max(0.0, scatter + gather - bwd)
         else:
-            sync = hierarchical_allreduce_s(dense * GRAD_BYTES, dp, per_node, intra, inter)
+            sync = hierarchical_allreduce_s(dense * GRAD_COMM_BYTES, dp, per_node, intra, inter)
             if experts:
-                sync += hierarchical_allreduce_s(experts * GRAD_BYTES, expert_group, per_node, intra, inter)
+                sync += hierarchical_allreduce_s(experts * GRAD_COMM_BYTES, expert_group, per_node, intra, inter)
             sync_exposed = max(0.0, sync - bwd)
         return StageFigures(
             time_s=compute + tp_comm + ep_comm + pp_comm, compute_s=compute, tp_comm_s=tp_comm, ep_comm_s=ep_comm,
             pp_comm_s=pp_comm, bwd_s=bwd,
             hardware_flops=n * (3 * layer.gemm_flops_fwd + layer.recompute_flops) + extra_flops,
             weights=weights, grads=grads, optimizer=optimizer, activations=activations,
-            memory_limit=pool.device.memory_gb * MEMORY_USABLE_FRACTION * GB,
+            memory_limit=pool.device.memory_bytes * MEMORY_USABLE_FRACTION,
             sync_s=sync, optimizer_s=OPTIMIZER_TRAFFIC_BYTES * sharded / (pool.device.memory_bandwidth_gbps * GB),
             sync_exposed_s=sync_exposed,
         )

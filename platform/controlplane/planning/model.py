@@ -9,7 +9,9 @@
 - ``Prediction`` / ``PlanResult``: what the cost model says about a layout, and the planner's answer.
 
 Units: TFLOPS are 1e12 FLOP/s; memory in GB of 1e9 bytes; every bandwidth is in GB/s (gigabytes, as in
-``controlplane.cluster.accelerator_facts``), per device and per direction.
+``controlplane.cluster.accelerator_facts``), per device and per direction. A device's ``memory_gb`` is the
+datasheet's figure; where that "GB" is really binary (an "80GB" H100 has 80 GiB of HBM3),
+``DeviceType.memory_bytes`` is the capacity the driver reports (``DEVICE_MEMORY_BYTES``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,25 @@ CALIBRATED_ACHIEVABLE_FRACTION: dict[str, float] = {
 }
 
 
+_MIB = 1024 * 1024
+
+# {slug: (datasheet memory_gb, bytes the driver reports as the device's total memory, source)}: chips whose
+# datasheet "GB" is binary, so memory_gb x 1e9 would understate them by about 7%. Applied only when a
+# DeviceType's memory_gb is that datasheet figure (another memory variant of the same slug keeps memory_gb x 1e9,
+# the conservative reading). Sources: nvidia-smi's "Memory-Usage" total and rocm-smi's "VRAM Total Memory (B)" as
+# printed in public logs found by exact-string search of public repositories (several independent ones each).
+DEVICE_MEMORY_BYTES: dict[str, tuple[float, int, str]] = {
+    "nvidia-h100": (80.0, 81559 * _MIB, "nvidia-smi on 'NVIDIA H100 80GB HBM3' (SXM, 700 W): 81559MiB total = "
+                    "85.52e9 bytes (80 GiB of HBM3 less what the driver reserves)"),
+    "nvidia-a100": (80.0, 81920 * _MIB, "nvidia-smi on 'NVIDIA A100-SXM4-80GB': 81920MiB total = 80 GiB = "
+                    "85.90e9 bytes"),
+    "nvidia-h200": (141.0, 143771 * _MIB, "nvidia-smi on 'NVIDIA H200' (SXM, 700 W): 143771MiB total = "
+                    "150.75e9 bytes"),
+    "amd-mi300x": (192.0, 205822885888, "rocm-smi --showmeminfo vram on 'AMD Instinct MI300X': VRAM Total "
+                   "Memory (B) 205822885888 = 192 GiB less 0.3 GiB"),
+}
+
+
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
@@ -58,8 +79,13 @@ def _positive_float(name: str, value) -> float:
 class ModelSpec:
     """A decoder-only transformer. ``experts`` 0 or 1 means dense; otherwise every MLP is a mixture of
     ``experts`` experts of which ``top_k`` run per token. Defaults describe a GPT-2/3 style model
-    (learned positions, biases, tied embeddings, 4h GeLU MLP); Llama-style models set ``gated_mlp``,
-    ``bias=False``, ``tied_embeddings=False`` and ``learned_positions=False``."""
+    (learned positions, biases, tied embeddings, 4h GeLU MLP, dropout); Llama-style models set ``gated_mlp``,
+    ``bias=False``, ``tied_embeddings=False``, ``learned_positions=False`` and ``dropout=False``.
+
+    ``dropout``: the model applies dropout (GPT-2/3 and Megatron-LM's GPT: 0.1 on the attention probabilities and
+    on the attention and MLP outputs), so training stores dropout masks. Llama 1/2/3 and Mixtral have no dropout
+    layer at all (meta-llama/llama3 llama/model.py: h = x + attention(norm(x)); out = h + feed_forward(norm(h));
+    Hugging Face configs: attention_dropout 0.0), so nothing of it is stored."""
 
     layers: int
     hidden: int
@@ -75,6 +101,7 @@ class ModelSpec:
     bias: bool = True
     tied_embeddings: bool = True
     learned_positions: bool = True
+    dropout: bool = True
     name: str = ""
 
     def __post_init__(self):
@@ -176,7 +203,7 @@ class ModelSpec:
         missing = [name for name in ("layers", "hidden", "heads", "seq_len", "vocab") if name not in values]
         if missing:
             raise ValueError(f"model field {missing[0]!r} is required")
-        for name in ("gated_mlp", "bias", "tied_embeddings", "learned_positions"):
+        for name in ("gated_mlp", "bias", "tied_embeddings", "learned_positions", "dropout"):
             if name in values and not isinstance(values[name], bool):
                 raise ValueError(f"{name} must be true or false, got {values[name]!r}")
         if "name" in values and not isinstance(values["name"], str):
@@ -233,6 +260,15 @@ class DeviceType:
     def peak(self, precision: str) -> float | None:
         """Dense peak TFLOPS for ``precision``; FP8 falls back to nothing (the chip cannot run it)."""
         return self.peak_tflops.get(precision)
+
+    @property
+    def memory_bytes(self) -> float:
+        """Device memory in bytes: what the driver reports for a chip whose datasheet "GB" is binary
+        (``DEVICE_MEMORY_BYTES``), else ``memory_gb`` x 1e9."""
+        known = DEVICE_MEMORY_BYTES.get(self.slug)
+        if known is not None and known[0] == self.memory_gb:
+            return float(known[1])
+        return self.memory_gb * 1e9
 
 
 class _FrozenMap(Mapping):
@@ -310,6 +346,10 @@ class DevicePool:
     @property
     def memory_gb(self) -> float:
         return self.devices * self.device.memory_gb
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.devices * self.device.memory_bytes
 
 
 @dataclass(frozen=True)

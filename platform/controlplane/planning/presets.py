@@ -11,7 +11,10 @@ from collections.abc import Mapping
 
 from controlplane.planning.model import ModelSpec
 
-_LLAMA = {"gated_mlp": True, "bias": False, "tied_embeddings": False, "learned_positions": False}
+# Llama 2/3 and Mixtral: SwiGLU, no biases, untied output layer, RoPE, and no dropout anywhere (Meta's reference
+# meta-llama/llama3 llama/model.py has no dropout layer; the Hugging Face configs set attention_dropout 0.0).
+_LLAMA = {"gated_mlp": True, "bias": False, "tied_embeddings": False, "learned_positions": False,
+          "dropout": False}
 
 MODEL_PRESETS: dict[str, dict] = {
     "gpt3-175b": {

@@ -49,7 +49,7 @@ from controlplane.planning.model import (
     Stage,
 )
 
-BYTES_PER_PARAMETER = 16  # weights 2 + gradients 2 + Adam state 12: the least any layout keeps in total
+BYTES_PER_PARAMETER = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 18: the least any layout keeps in total
 HETEROGENEOUS_MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes the heterogeneous search tries
 
 
@@ -167,7 +167,7 @@ class _Search:
     def homogeneous(self, pool: DevicePool) -> None:
         req, m = self.request, self.request.model
         device_rate = pool.device.peak(m.precision) * 1e12 * pool.device.achievable_fraction
-        limit = pool.device.memory_gb * MEMORY_USABLE_FRACTION * GB
+        limit = pool.device.memory_bytes * MEMORY_USABLE_FRACTION
         # Matrix FLOPs of one layer per sequence (forward + backward): the slowest stage of a split runs
         # its layers for every sequence of the replica, which bounds an uneven split's step time from below.
         layer_flops_seq = 3 * m.seq_len * (self.cost.attn_linear_flops_token + self.cost.mlp_flops_token
@@ -361,7 +361,7 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
                 base_bytes += layer.working_bytes
             profile = (layer.time_s, extra_s + cost.pp_comm_s(pool, tp, dp, mbs, p, first, last, 1),
                        (layer.dense_params + layer.expert_params) * state_bytes, layer.stored_bytes,
-                       pool.device.memory_gb * MEMORY_USABLE_FRACTION * GB - base_bytes)
+                       pool.device.memory_bytes * MEMORY_USABLE_FRACTION - base_bytes)
             profiles[(pool.name, tp, first, last)] = profile
         c, f, static_bytes, stored_bytes, room = profile
         per_layer.append(c)
@@ -491,12 +491,12 @@ def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
         return f"no pool can run {m.precision}: no published {m.precision} peak for {slugs}"
     params = m.parameters()
     need = params * BYTES_PER_PARAMETER
-    have = sum(p.devices * p.device.memory_gb * MEMORY_USABLE_FRACTION for p in capable) * GB
-    raw = sum(p.memory_gb for p in capable)
+    have = sum(p.memory_bytes * MEMORY_USABLE_FRACTION for p in capable)
+    raw = sum(p.memory_bytes for p in capable)
     if need > have:
         return (f"needs at least {_size(need)} of device memory ({BYTES_PER_PARAMETER} bytes per parameter for "
                 f"weights, gradients and Adam state of {params / 1e9:.1f}B parameters, before activations); "
-                f"the pools have {_size(raw * GB)} ({_size(have)} usable)")
+                f"the pools have {_size(raw)} ({_size(have)} usable)")
     if search is not None and search.closest_miss is not None:
         share, layout, used, limit = search.closest_miss
         return (f"no layout fits in device memory: the closest, {layout.describe()}, needs {used / GB:.0f} GB "
@@ -519,7 +519,7 @@ def plan(request: PlanRequest) -> PlanResult:
     capable = tuple(p for p in request.pools if p.device.peak(m.precision) is not None)
     search = None
     if capable and m.parameters() * BYTES_PER_PARAMETER <= sum(
-            p.devices * p.device.memory_gb * MEMORY_USABLE_FRACTION for p in capable) * GB:
+            p.memory_bytes * MEMORY_USABLE_FRACTION for p in capable):
         search = _Search(request)
         for pool in capable:
             search.homogeneous(pool)
