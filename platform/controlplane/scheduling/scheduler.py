@@ -29,7 +29,11 @@ placement only looks at one leaf group. Quota checks are cached until a usage of
 cohort's room comes from sums kept up to date per cohort and type, not a loop over its members.
 Preemption trials run on the live state with an undo log instead of a deep copy, skip types where even
 every candidate victim could not make room (quota and capacity bounds), and take candidates from a
-per-type list sorted once per cycle.
+per-type list sorted once per cycle, from which a victim taken leaves at once. The best-fit node for each
+worker of a gang comes from a heap of the group's fitting nodes; a gang spanning groups walks the groups
+from the ranked list (ints: slots * groups + the group's place by name). A workload that can neither
+start nor preempt is not tried again, within the cycle, for another workload of the same queue, types,
+shape and priority while nothing of those types changed (failing changes nothing: trials are undone).
 """
 
 from __future__ import annotations
