@@ -212,12 +212,8 @@ class _Pool:
         ones = shares.count(1.0)
         capacity = len(shares)
         node.simple = simple = ones + shares.count(0.0) == capacity
-        if simple:
-            node.free = free = sum(shares)
-            node.whole = whole = ones
-        else:
-            node.free = free = sum(shares)
-            node.whole = whole = len([share for share in shares if share >= _WHOLE])
+        node.free = free = sum(shares)
+        node.whole = whole = ones if simple else len([share for share in shares if share >= _WHOLE])
         if not node.schedulable:
             return
         # A simple node's free total is a whole number, exact; only the others need the test.
