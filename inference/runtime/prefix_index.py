@@ -5,7 +5,7 @@ has probably cached, and for every request calls::
 
     matched = index.match(prompt_tokens)                   # {replica_id: leading whole blocks it holds}
     choice = choose_replica(loads, matched, index.prompt_blocks(prompt_tokens),
-                            imbalance_threshold=8, min_match_ratio=0.5,
+                            imbalance_threshold=8, min_match_ratio=0.1, imbalance_ratio=1.5,
                             blocks_held={r.replica_id: index.blocks_held(r.replica_id) for r in loads})
     index.insert(choice.replica_id, prompt_tokens)         # the chosen replica will now cache that prefix
 
@@ -231,15 +231,22 @@ def choose_replica(
     imbalance_threshold: int,
     min_match_ratio: float,
     blocks_held: Mapping[str, int] | None = None,
+    imbalance_ratio: float | None = None,
 ) -> RoutingChoice:
-    """Pick a replica for one request, trading cached prefix against queue length (SGLang's cache-aware rule).
+    """Pick a replica for one request: the longest cached prefix among the replicas whose load is close enough to
+    the lightest (SGLang's cache-aware rule, applied per replica as a filter, as llm-d's scheduler does).
 
     1. Eligible: candidates with ``queue_len < capacity``; if every candidate is full, all of them.
-    2. Imbalanced (max minus min ``queue_len`` among eligible > ``imbalance_threshold``): the least loaded;
-       ties: most matched blocks, then id. Reason "balance".
-    3. Else, if the best match is at least one block and ``best / prompt_blocks >= min_match_ratio``: the
-       longest match; ties: lower queue, then fewer blocks held, then id. Reason "prefix".
-    4. Else the least loaded; ties: fewest blocks held (spreads new prefixes), then id. Reason "least_loaded".
+    2. Admissible: eligible replicas whose ``queue_len`` exceeds the lightest eligible one's by at most
+       ``imbalance_threshold``, or (when ``imbalance_ratio`` is given) is at most ``imbalance_ratio`` times it,
+       so that under a heavy load a deep queue is judged relative to the others. No request ever goes to a
+       replica that is not admissible: the imbalance the policy can create is bounded.
+    3. If the best match among admissible replicas is at least one block and ``best / prompt_blocks >=
+       min_match_ratio``: the longest match there; ties: lower queue, then fewer blocks held, then id. Reason
+       "prefix", or "balance" when a replica left out in 2 holds a longer match.
+    4. Else the least loaded admissible replica; ties: most matched blocks, then fewest blocks held (spreads new
+       prefixes), then id. Reason "balance" when a replica left out in 2 holds a useful match (one that would
+       have passed 3), else "least_loaded".
 
     ``matched`` maps replica id -> leading blocks held (``PrefixIndex.match``; missing ids count 0, values are
     capped at ``prompt_blocks``); ``blocks_held`` maps replica id -> ``PrefixIndex.blocks_held`` (missing: 0).
@@ -255,20 +262,29 @@ def choose_replica(
         raise ValueError(f"imbalance_threshold: must be an integer >= 0, got {imbalance_threshold!r}")
     if not 0.0 <= min_match_ratio <= 1.0:
         raise ValueError(f"min_match_ratio: must be in [0, 1], got {min_match_ratio!r}")
+    if imbalance_ratio is not None and (isinstance(imbalance_ratio, bool)
+                                        or not isinstance(imbalance_ratio, int | float)
+                                        or not 1.0 <= imbalance_ratio < float("inf")):
+        raise ValueError(f"imbalance_ratio: must be None or a finite number >= 1, got {imbalance_ratio!r}")
     held = blocks_held or {}
 
     def got(replica_id: str) -> int:
         return max(0, min(int(matched.get(replica_id, 0)), prompt_blocks))
 
+    def useful(blocks: int) -> bool:
+        return blocks > 0 and blocks / prompt_blocks >= min_match_ratio
+
     eligible = [c for c in candidates if not c.full] or list(candidates)
-    queues = [c.queue_len for c in eligible]
-    if max(queues) - min(queues) > imbalance_threshold:
-        best = min(eligible, key=lambda c: (c.queue_len, -got(c.replica_id), c.replica_id))
-        return RoutingChoice(best.replica_id, got(best.replica_id), "balance")
-    longest = max(got(c.replica_id) for c in eligible)
-    if longest > 0 and longest / prompt_blocks >= min_match_ratio:
-        best = min(eligible, key=lambda c: (-got(c.replica_id), c.queue_len, held.get(c.replica_id, 0),
-                                            c.replica_id))
-        return RoutingChoice(best.replica_id, got(best.replica_id), "prefix")
-    best = min(eligible, key=lambda c: (c.queue_len, held.get(c.replica_id, 0), c.replica_id))
-    return RoutingChoice(best.replica_id, got(best.replica_id), "least_loaded")
+    lightest = min(c.queue_len for c in eligible)
+    admissible = [c for c in eligible if c.queue_len - lightest <= imbalance_threshold
+                  or (imbalance_ratio is not None and c.queue_len <= imbalance_ratio * lightest)]
+    longest_anywhere = max(got(c.replica_id) for c in eligible)
+    longest = max(got(c.replica_id) for c in admissible)
+    if useful(longest):
+        best = min(admissible, key=lambda c: (-got(c.replica_id), c.queue_len, held.get(c.replica_id, 0),
+                                              c.replica_id))
+        return RoutingChoice(best.replica_id, got(best.replica_id),
+                             "prefix" if longest == longest_anywhere else "balance")
+    best = min(admissible, key=lambda c: (c.queue_len, -got(c.replica_id), held.get(c.replica_id, 0), c.replica_id))
+    return RoutingChoice(best.replica_id, got(best.replica_id),
+                         "balance" if useful(longest_anywhere) else "least_loaded")

@@ -9,7 +9,8 @@ custom resource (`accel:<type>`), so Ray places them only where the devices are 
 
 Routers (they run inside the caller's process, in the deployment handle):
 - `PrefixAwareRouter`: the replica holding the longest cached prefix of the prompt (an approximate
-  index of what it sent where, `prefix_index.PrefixIndex`), balanced against queue length.
+  index of what it sent where, `prefix_index.PrefixIndex`) among the replicas whose queue is within
+  `imbalance_threshold` (two engine slot-fulls by default) or `imbalance_ratio` of the shortest.
 - `RoundRobinRouter`: replicas in turn.
 - Ray Serve's default (power of two choices) when the spec says "pow2".
 
@@ -136,12 +137,16 @@ def _prompt_tokens(pending_request: PendingRequest | None) -> list[int]:
 
 
 class PrefixAwareRouter(RequestRouter):
-    """Longest cached prefix first, unless the queues are imbalanced (see prefix_index.choose_replica)."""
+    """Longest cached prefix among the replicas not too far above the shortest queue (see
+    prefix_index.choose_replica). ``imbalance_threshold``: build_application passes twice the engine's slots (a
+    request may wait up to one batch more for its cached prefix; benchmarks/router_sim.py compares settings)."""
 
     def initialize_state(self, block_size: int = 16, max_blocks_per_replica: int = 4096,
-                         imbalance_threshold: int = 4, min_match_ratio: float = 0.1) -> None:
+                         imbalance_threshold: int = 8, min_match_ratio: float = 0.1,
+                         imbalance_ratio: float | None = 1.5) -> None:
         self._index = PrefixIndex(block_size=block_size, max_blocks_per_replica=max_blocks_per_replica)
         self._imbalance_threshold = imbalance_threshold
+        self._imbalance_ratio = imbalance_ratio
         self._min_match_ratio = min_match_ratio
         self.decisions = {"prefix": 0, "balance": 0, "least_loaded": 0}
 
@@ -169,7 +174,7 @@ class PrefixAwareRouter(RequestRouter):
         matched = self._index.match(tokens)
         prompt_blocks = max(1, len(tokens) // self._index.block_size)
         choice = choose_replica(loads, matched, prompt_blocks, imbalance_threshold=self._imbalance_threshold,
-                                min_match_ratio=self._min_match_ratio,
+                                min_match_ratio=self._min_match_ratio, imbalance_ratio=self._imbalance_ratio,
                                 blocks_held={load.replica_id: self._index.blocks_held(load.replica_id)
                                              for load in loads})
         self.decisions[choice.reason] = self.decisions.get(choice.reason, 0) + 1
@@ -223,7 +228,8 @@ def build_application(spec: dict):
     router_kwargs = {}
     if router == "prefix":
         router_kwargs = {"block_size": engine.block_size, "max_blocks_per_replica": max(
-            1, engine.device_cache_blocks + engine.host_cache_blocks + engine.disk_cache_blocks)}
+            1, engine.device_cache_blocks + engine.host_cache_blocks + engine.disk_cache_blocks),
+            "imbalance_threshold": 2 * engine.slots}
     router_config = RequestRouterConfig(request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
                                         request_router_kwargs=router_kwargs,
                                         **({"request_router_class": ROUTER_CLASSES[router]}

@@ -292,6 +292,56 @@ def test_balance_reason_when_load_is_imbalanced():
     assert choose([load("a", 0), load("b", 4)], {"b": 10}) == RoutingChoice("b", 10, "prefix")
 
 
+def test_imbalance_filters_replicas_instead_of_overriding_the_prefix():
+    # c is 9 deeper than a (> 4): left out. b is within the threshold and holds 8 of 10 blocks: it wins, although
+    # a is less loaded (the rule before 2026-11-25 sent every request to the least loaded as soon as any replica
+    # was imbalanced). The reason says a longer match was passed over for balance.
+    candidates = [load("a", 0, capacity=16), load("b", 3, capacity=16), load("c", 9, capacity=16)]
+    assert choose(candidates, {"b": 8, "c": 10}) == RoutingChoice("b", 8, "balance")
+    # Without the deep replica's longer match it is a plain prefix choice.
+    assert choose(candidates, {"b": 8, "c": 2}) == RoutingChoice("b", 8, "prefix")
+    # Only the excluded replica has a useful match: least loaded, reason balance.
+    assert choose(candidates, {"c": 10}) == RoutingChoice("a", 0, "balance")
+
+
+def test_imbalance_ratio_admits_deep_queues_in_proportion():
+    candidates = [load("a", 40, capacity=99), load("b", 55, capacity=99), load("c", 61, capacity=99)]
+    matched = {"b": 9, "c": 10}
+    # Absolute threshold only: b and c are more than 4 deeper than a.
+    assert choose(candidates, matched) == RoutingChoice("a", 0, "balance")
+    # 1.5 x 40 = 60: b (55) is admitted, c (61) is not.
+    assert choose_replica(candidates, matched, 10, imbalance_threshold=4, min_match_ratio=0.5,
+                          imbalance_ratio=1.5) == RoutingChoice("b", 9, "balance")
+    assert choose_replica(candidates, matched, 10, imbalance_threshold=4, min_match_ratio=0.5,
+                          imbalance_ratio=1.6) == RoutingChoice("c", 10, "prefix")
+    # An idle replica admits nothing by ratio (1.5 x 0 = 0): the absolute threshold still applies.
+    idle = [load("a", 0, capacity=99), load("b", 6, capacity=99)]
+    assert choose_replica(idle, {"b": 10}, 10, imbalance_threshold=4, min_match_ratio=0.5,
+                          imbalance_ratio=3.0) == RoutingChoice("a", 0, "balance")
+
+
+@pytest.mark.parametrize("ratio", [None, 1.25, 2.0])
+def test_imbalance_is_bounded_whatever_the_matches(ratio):
+    # Safety: no request goes to a replica deeper than the lightest eligible one by more than the threshold
+    # (or, with a ratio, more than ratio x the lightest), so a hot prefix cannot starve other replicas' work.
+    rng = random.Random(11)
+    for _ in range(500):
+        threshold = rng.randrange(0, 10)
+        candidates = [load(f"r{i}", rng.randrange(0, 40), capacity=64) for i in range(rng.randrange(1, 7))]
+        matched = {c.replica_id: rng.randrange(0, 12) for c in candidates}
+        choice = choose_replica(candidates, matched, 10, imbalance_threshold=threshold, min_match_ratio=0.1,
+                                imbalance_ratio=ratio)
+        lightest = min(c.queue_len for c in candidates)
+        queue = next(c.queue_len for c in candidates if c.replica_id == choice.replica_id)
+        assert queue - lightest <= threshold or (ratio is not None and queue <= ratio * lightest)
+        # ... and within that bound the longest useful match is taken.
+        admitted = [c for c in candidates if c.queue_len - lightest <= threshold
+                    or (ratio is not None and c.queue_len <= ratio * lightest)]
+        best = max(min(matched[c.replica_id], 10) for c in admitted)
+        if best >= 1:
+            assert choice.matched_blocks == best
+
+
 def test_least_loaded_reason_when_no_useful_prefix():
     choice = choose([load("a", 3), load("b", 1), load("c", 2)], {"a": 4}, ratio=0.5)  # 4/10 < 0.5
     assert choice == RoutingChoice("b", 0, "least_loaded")
@@ -359,6 +409,12 @@ def test_choice_with_index_end_to_end():
 def test_choose_rejects_bad_input(candidates, kwargs, field):
     with pytest.raises(ValueError, match=field):
         choose(candidates, {}, **kwargs)
+
+
+@pytest.mark.parametrize("value", [0.5, float("inf"), float("nan"), True, "2"])
+def test_choose_rejects_bad_imbalance_ratio(value):
+    with pytest.raises(ValueError, match="imbalance_ratio"):
+        choose_replica([load("a", 0)], {}, 1, imbalance_threshold=4, min_match_ratio=0.1, imbalance_ratio=value)
 
 
 @pytest.mark.parametrize("args, field", [

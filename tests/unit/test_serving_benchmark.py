@@ -47,3 +47,48 @@ def test_bad_arguments_are_refused(argv, capsys):
         parse_args(argv)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+# -- the offline router simulator (benchmarks/router_sim.py) ------------------------------------------------------
+
+def _conversations(n_conv=23, turns=5, blocks_per_turn=3):
+    """Multi-turn conversations: turn k's prompt is turn k-1's plus new blocks; one shared first block."""
+    from benchmarks.mooncake import TraceRequest
+
+    trace, next_id = [], 1
+    histories = {c: [0] for c in range(n_conv)}
+    for turn in range(turns):
+        for c in range(n_conv):
+            histories[c] = histories[c] + list(range(next_id, next_id + blocks_per_turn))
+            next_id += blocks_per_turn
+            ids = tuple(histories[c])
+            trace.append(TraceRequest((turn * n_conv + c) * 250.0, 512 * len(ids), 160, ids))
+    return trace
+
+
+def test_router_sim_cache_evicts_least_recently_used_blocks():
+    from benchmarks.router_sim import LRUBlockCache
+
+    cache = LRUBlockCache(3)
+    cache.insert([(1,), (1, 2)])
+    cache.insert([(3,)])
+    assert cache.match([(1,), (1, 2)]) == 2  # touches 1 and 1-2: now (3,) is the least recently used
+    cache.insert([(4,)])
+    assert cache.match([(3,)]) == 0 and cache.match([(1,), (1, 2)]) == 2 and cache.match([(4,)]) == 1
+    assert len(cache.lru) == 3
+
+
+def test_router_sim_is_deterministic_and_prefix_routing_beats_round_robin():
+    from benchmarks.mooncake import ScaleSpec, build_requests
+    from benchmarks.router_sim import POLICIES, SimConfig, ceiling, simulate
+
+    requests = build_requests(_conversations(), ScaleSpec(block_tokens=16, time_scale=0.1))
+    cfg = SimConfig(replicas=4, slots=2, cache_blocks=512, exact_queues=True)
+    rids = [f"r{i}" for i in range(cfg.replicas)]
+    runs = {name: simulate(requests, POLICIES[name](cfg, rids), cfg) for name in ("round_robin", "pow2", "filter_thr4")}
+    assert simulate(requests, POLICIES["filter_thr4"](cfg, rids), cfg) == runs["filter_thr4"]
+    top = ceiling(requests, cfg.block)
+    assert max(runs["round_robin"]["hit_rate"], runs["pow2"]["hit_rate"]) < runs["filter_thr4"]["hit_rate"] <= top
+    # Every conversation's later turns find its earlier ones: close to the unbounded-cache ceiling.
+    assert runs["filter_thr4"]["hit_rate"] >= 0.9 * top
+    assert sum(runs["filter_thr4"]["per_replica"].values()) == len(requests)
