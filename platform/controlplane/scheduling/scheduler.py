@@ -682,9 +682,17 @@ def _place_gang(pool: _Pool, workers: int, devices: float) -> tuple[WorkerPlacem
     if at < len(ranked):
         placed = []
         members = pool.groups[pool.names[ranked[at] % pool.span]]
-        # Best fit, ties by name: members are in name order, so by position. slots > 0: fits(devices). A heap
-        # of the fitting nodes: a worker placed changes only the key (or the fit) of the node it went to.
-        fitting = [(node.free - devices, i) for i, node in enumerate(members) if node.slots[devices] > 0]
+        # Best fit, ties by name: members are in name order, so by position. slots > 0: fits(devices) (for whole
+        # devices, slots = whole // divisor: whole >= divisor, read without the dict). A heap of the fitting
+        # nodes: a worker placed changes only the key (or the fit) of the node it went to.
+        divisor = pool.info[devices][0]
+        if divisor:
+            fitting = [(node.free - devices, i) for i, node in enumerate(members) if node.whole >= divisor]
+        else:
+            fitting = [(node.free - devices, i) for i, node in enumerate(members) if node.slots[devices] > 0]
+        if workers == 1 and fitting:  # the heap's first pop, without the heap
+            node = members[min(fitting)[1]]
+            return (WorkerPlacement(node=node.name, taken=node.take(devices)),)
         heapq.heapify(fitting)
         for _ in range(workers):
             if not fitting:  # cannot happen (slots >= workers); roll back as place_gang does
