@@ -29,7 +29,7 @@ from controlplane.datasets.selectors import dataset_list, dataset_version_list
 from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, priority_class_list
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import roles_by_team, team_list, visible_team_ids
-from inference.selectors import deployment_list
+from inference.selectors import deployment_list, serving_quota_usage
 from inference.states import DeploymentState
 from jobs.selectors import (
     goodput_overview,
@@ -151,13 +151,15 @@ def _quota_limit(quota, cohort: str) -> float | None:
 def queues(request):
     team_ids, context = _base_context(request, "queues")
     usage = quota_usage()
+    serving = serving_quota_usage()  # accelerator replicas count against their queue's quota too
     depth = queue_depth()
     cluster_queues = list(cluster_queue_list())
     chart_rows = []
     for cq in cluster_queues:
         cq.waiting = depth.get(cq.name, 0)
         for quota in cq.quotas.all():
-            quota.used = usage.get((cq.name, quota.accelerator_type.slug), 0.0)
+            quota.serving = serving.get((cq.name, quota.accelerator_type.slug), 0.0)
+            quota.used = usage.get((cq.name, quota.accelerator_type.slug), 0.0) + quota.serving
             quota.limit = _quota_limit(quota, cq.cohort)
             quota.borrowed = max(0.0, quota.used - quota.nominal_quota)
             scale = quota.limit if quota.limit else max(quota.nominal_quota, quota.used) or 1.0
@@ -165,7 +167,8 @@ def queues(request):
             quota.nominal_percent = min(100.0, quota.nominal_quota / scale * 100)
             chart_rows.append({"queue": cq.name, "type": quota.accelerator_type.slug,
                                "unit": "CPUs" if quota.accelerator_type.slug == "cpu" else "devices",
-                               "used": quota.used, "nominal": quota.nominal_quota, "limit": quota.limit,
+                               "used": quota.used, "serving": quota.serving, "nominal": quota.nominal_quota,
+                               "limit": quota.limit,
                                "borrowing_limit": quota.borrowing_limit, "cohort": cq.cohort})
     local_usage = quota_usage_by_local_queue(team_ids=team_ids)
     local_counts = job_counts_by_local_queue(team_ids=team_ids)

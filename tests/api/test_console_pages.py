@@ -142,8 +142,8 @@ def test_queues_show_usage_against_quota_and_why_jobs_wait(world, cluster):
     html = session(alpha["member"]).get("/queues/").content.decode()
     rows = json_block(html, "queues-quota-data")
     h100 = next(row for row in rows if row["type"] == "nvidia-h100")
-    assert h100 == {"queue": "shared", "type": "nvidia-h100", "unit": "devices", "used": 8.0, "nominal": 16.0,
-                    "limit": None, "borrowing_limit": None, "cohort": "all"}
+    assert h100 == {"queue": "shared", "type": "nvidia-h100", "unit": "devices", "used": 8.0, "serving": 0.0,
+                    "nominal": 16.0, "limit": None, "borrowing_limit": None, "cohort": "all"}
     assert "no cap: may borrow all idle quota" in html
     pending = html[html.index('id="waiting-jobs"'):]
     assert "waits-for-room" in pending and "holds-eight" not in pending
@@ -251,3 +251,19 @@ def test_team_page_without_a_team(django_user_model, db):
     loner = django_user_model.objects.create_user("loner", password="pw-123456789")
     html = session(loner).get("/team/").content.decode()
     assert "You are not a member of any team yet" in html and "loner" in html
+
+
+def test_queues_count_serving_replicas_in_the_quota_usage(world, cluster):
+    from inference.models import Deployment
+
+    alpha = world["alpha"]
+    make_job(alpha, "holds-eight", devices_per_worker=8)
+    run_scheduling_cycle()
+    Deployment.objects.create(team=alpha["team"], name="chat", local_queue=alpha["queue"], state="SERVING",
+                              accelerator_types=["nvidia-h100"], accelerator_type="nvidia-h100",
+                              devices_per_replica=4, replicas_min=1, replicas_max=2, replicas_ready=2,
+                              sla_ttft_p95_ms=500, sla_tpot_p95_ms=100)
+    html = session(alpha["member"]).get("/queues/").content.decode()
+    h100 = next(row for row in json_block(html, "queues-quota-data") if row["type"] == "nvidia-h100")
+    assert (h100["used"], h100["serving"]) == (16.0, 8.0)  # 8 training + 2 replicas x 4
+    assert "(8 serving)" in html
