@@ -323,3 +323,20 @@ def model_pressure(pods: Iterable[TargetRequest], capacity_milli: Mapping[str, f
         for model in allowed:
             pressure[model] += milli * scale / allowed_capacity
     return pressure
+
+
+def stranded_gpu_milli(gpu_free_milli: float, cpu_free: float, memory_free: float,
+                       cpu_per_gpu_milli: float, memory_per_gpu_milli: float) -> float:
+    """Free GPU thousandths of a node that its free CPU and memory cannot feed.
+
+    The workload asks on average ``cpu_per_gpu_milli`` CPU and ``memory_per_gpu_milli`` memory per GPU
+    thousandth (e.g. the pod list's totals over its GPU demand); a node whose free CPU or memory runs out
+    before its free GPU share leaves the excess GPU idle whatever the pod shapes. FGD's fragmentation only
+    sees CPU per typical request and never memory; adding the growth of this measure to a node's score
+    keeps CPU-heavy pods off CPU-poor nodes and CPU-light ones off CPU-rich nodes. 0 when either ratio is
+    not positive (that resource is not a constraint).
+    """
+    if cpu_per_gpu_milli <= 0 or memory_per_gpu_milli <= 0:
+        return 0.0
+    feedable = min(cpu_free / cpu_per_gpu_milli, memory_free / memory_per_gpu_milli)
+    return max(0.0, gpu_free_milli - feedable)
