@@ -121,18 +121,23 @@ def test_a_running_borrower_is_asked_to_checkpoint_and_stop(api, backend, model_
     assert backend.stops and backend.stops[-1][0] == borrower
 
 
-def test_a_deployment_whose_wanted_replicas_exceed_the_quota_says_why_once(api, backend, model_dir):
-    client = api("alpha", "member")
+def _scale_out_beside_a_job_that_never_gives_back(client, backend, model_dir) -> Deployment:
+    """A 1-2 replica deployment (8 H100 each) wants its second replica while a never-preempted job holds the other
+    node; three cycles run. Returns the deployment (its timeline says why the replica waits)."""
     deployment = deploy_h100(client, model_dir)
     high = job(client, "keeps-its-devices")
-    TrainingJob.objects.filter(pk=high).update(state="RUNNING", compute_handle="fy-train-y")
     never = PriorityClass.objects.create(name="never-preempted", value=1000, preemptible=False)
-    TrainingJob.objects.filter(pk=high).update(priority_class=never)
+    TrainingJob.objects.filter(pk=high).update(state="RUNNING", compute_handle="fy-train-y", priority_class=never)
     scale_out(backend, deployment, 2)
     for _ in range(3):
         with TestCase.captureOnCommitCallbacks(execute=True):
             run_cycle()
     assert TrainingJob.objects.get(pk=high).state == "RUNNING"
+    return deployment
+
+
+def test_a_deployment_whose_wanted_replicas_exceed_the_quota_says_why_once(api, backend, model_dir):
+    deployment = _scale_out_beside_a_job_that_never_gives_back(api("alpha", "member"), backend, model_dir)
     # the replica (8) and the job (8) use the queue's 16 nominal, and the job never gives back: quota says why
     waits = [e.reason for e in deployment.events.all() if "wait for quota" in e.reason]
     assert waits == ["1 wanted replica(s) wait for quota: shared needs to borrow 8 nvidia-h100 but its cohort "
@@ -144,17 +149,7 @@ def test_a_deployment_whose_wanted_replicas_fit_nowhere_says_why_once(api, backe
 
     ResourceQuota.objects.filter(cluster_queue=world["cluster_queue"], accelerator_type__slug="nvidia-h100") \
         .update(nominal_quota=64)  # quota is no limit here: the devices are
-    client = api("alpha", "member")
-    deployment = deploy_h100(client, model_dir)
-    high = job(client, "keeps-its-devices")
-    TrainingJob.objects.filter(pk=high).update(state="RUNNING", compute_handle="fy-train-y")
-    never = PriorityClass.objects.create(name="never-preempted", value=1000, preemptible=False)
-    TrainingJob.objects.filter(pk=high).update(priority_class=never)
-    scale_out(backend, deployment, 2)
-    for _ in range(3):
-        with TestCase.captureOnCommitCallbacks(execute=True):
-            run_cycle()
-    assert TrainingJob.objects.get(pk=high).state == "RUNNING"
+    deployment = _scale_out_beside_a_job_that_never_gives_back(api("alpha", "member"), backend, model_dir)
     waits = [e.reason for e in deployment.events.all() if "fit nowhere" in e.reason]
     assert waits == ["1 wanted replica(s) of 8 nvidia-h100 fit nowhere, and no preemptible training holds enough "
                      "to give back"]
