@@ -128,7 +128,11 @@ def test_model_parallel_run_takes_the_single_process_steps(tp, pp, dp, micro):
             # The key bias's gradient is zero in exact arithmetic (it shifts every score of a query by the same
             # amount, which softmax ignores); AdamW turns its float noise into steps of about lr, in any layout.
             got, want = (torch.cat([t.chunk(3)[0], t.chunk(3)[2]]) for t in (got, want))
-        assert torch.allclose(got, want, atol=2e-4, rtol=1e-3), name
+        # AdamW normalises each gradient, so an element whose gradient is close to float noise (summed in another
+        # order here) can move by up to lr: a few elements of the key projection differ by ~2e-4 after 6 steps.
+        # A wrong shard, reduction or clip moves whole tensors by ~lr (3e-2): the mean catches it, the max bounds it.
+        diff = (got - want).abs()
+        assert diff.mean() < 2e-5 and diff.max() < 2e-3, (name, float(diff.mean()), float(diff.max()))
     assert all(r["state"] is None for r in results[1:])
     assert results[0]["losses"][-1] < results[0]["losses"][0] - 0.5  # and it learns (a repeated sentence)
     # Every wait on a peer goes through the hook (so a rank blocked on a hung peer does not look busy): with tensor
