@@ -87,6 +87,7 @@ def serving_quota_usage(*, exclude_id: int | None = None) -> dict[tuple[str, str
 def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, replicas: int) -> str:
     """Why `replicas` replicas of the deployment on `accelerator_type` exceed its ClusterQueue's quota (training jobs
     and other deployments counted, cohort borrowing as the scheduler allows it), or "" when they fit."""
+    from controlplane.scheduling.mixed_load import serving_quota_refusal as refusal
     from controlplane.scheduling.quota import QuotaLedger
     from jobs.admission import cluster_queue_specs
     from jobs.selectors import quota_usage
@@ -96,12 +97,8 @@ def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, repl
         for (queue, slug), amount in usage.items():
             if queue in ledger.queues:
                 ledger.add(queue, slug, amount)
-    queue = deployment.local_queue.cluster_queue.name
-    amount = replicas * float(deployment.devices_per_replica)
-    if ledger.usage[(queue, accelerator_type)] + amount <= ledger.quota(queue, accelerator_type).nominal + 1e-9:
-        return ""  # a queue's nominal quota is its own (training that borrowed it gives the devices back)
-    check = ledger.check(queue, accelerator_type, amount)
-    return "" if check.ok else check.reason
+    return refusal(ledger, deployment.local_queue.cluster_queue.name, accelerator_type,
+                   replicas * float(deployment.devices_per_replica))
 
 
 # ------------------------------------------------------------------------------------------ measurements

@@ -116,13 +116,14 @@ def _quota_ledger(snapshot: Snapshot) -> QuotaLedger:
     return ledger
 
 
-def _beyond_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, giveable: float) -> str:
-    """Why one more replica exceeds the queue's quota, or "". `giveable`: what preemptible training of the same queue
-    and type holds; that training uses the team's quota on loan and gives it back (the give-back), so it does not
-    hold the replica off. Within its nominal quota a replica always may: nominal quota is the queue's own, and
-    training elsewhere in the cohort that borrowed it gives the devices back rather than holding the replica off;
-    beyond nominal it borrows under the cohort's rules."""
-    amount, kind = demand.devices_per_replica, demand.accelerator_type
+def serving_quota_refusal(ledger: QuotaLedger, queue: str, accelerator_type: str, amount: float,
+                          giveable: float = 0.0) -> str:
+    """Why `amount` more devices of serving replicas exceed the queue's quota, or "". `giveable`: what preemptible
+    training of the same queue and type holds; that training uses the team's quota on loan and gives it back (the
+    give-back), so it does not hold the replicas off. Within its nominal quota serving always may: nominal quota is
+    the queue's own, and training elsewhere in the cohort that borrowed it gives the devices back rather than holding
+    the replicas off; beyond nominal it borrows under the cohort's rules. The platform's deploy check uses it too."""
+    kind = accelerator_type
     if ledger.usage[(queue, kind)] - giveable + amount <= ledger.quota(queue, kind).nominal + EPS:
         return ""
     ledger.add(queue, kind, -giveable)
@@ -180,7 +181,8 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                 giveable = sum(r.usage for r in running.values() if r.workload.cluster_queue == queue
                                and r.accelerator_type == demand.accelerator_type and r.workload.preemptible
                                and r.workload.id not in touched)
-                why = _beyond_quota(ledger, queue, demand, giveable)
+                why = serving_quota_refusal(ledger, queue, demand.accelerator_type, demand.devices_per_replica,
+                                            giveable)
                 if why:
                     plan.waiting[demand.id] = f"{missing - number} wanted replica(s) wait for quota: {why}"
                     break
