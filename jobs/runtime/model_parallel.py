@@ -421,7 +421,7 @@ def _train_step(stage: StageLM, optimizer: torch.optim.Optimizer, x: torch.Tenso
     if grid.embedding_group is not None and (grid.first_stage or grid.last_stage):
         run(lambda: dist.all_reduce(stage.tok_emb.weight.grad, group=grid.embedding_group))
     if grid.dp_group is not None:
-        run(lambda: _average(params, grid.dp_group, grid.dp))
+        run(lambda: average_grads([p.grad for p in params], grid.dp_group, grid.dp))
     share = _norm_share(stage)
     if grid.model_group is not None:
         run(lambda: dist.all_reduce(share, group=grid.model_group))
@@ -440,8 +440,8 @@ def _train_step(stage: StageLM, optimizer: torch.optim.Optimizer, x: torch.Tenso
     return float(loss_total)
 
 
-def _average(params: list[torch.Tensor], group, size: int) -> None:
-    grads = [p.grad for p in params]
+def average_grads(grads: list[torch.Tensor], group, size: int) -> None:
+    """Average ``grads`` in place over ``group`` (None: every rank) of ``size`` ranks, in one flat all-reduce."""
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
     flat /= size

@@ -38,6 +38,8 @@ NODE_CHECK_INTERVAL_S = 0.5
 START_TIMEOUT_S = 45.0
 PLACEMENT_TIMEOUT_S = 30.0
 STOP_CHECKPOINT_TIMEOUT_S = 60.0
+# After stop: how long to keep polling for the steps the workers were finishing (the old single poll waited 2 s).
+STOP_DRAIN_TIMEOUT_S = 3.0
 # Faults after which the gang must move off the worker's node; the others restart in place, except a
 # slow node, which is advisory: the gang keeps running (slow beats stopped) and the control plane
 # moves it only if it finds a better node.
@@ -430,8 +432,22 @@ class GangSupervisor:
             time.sleep(0.1)
         for worker in self._workers:
             worker.stop.remote()
-        self._poll(2.0)  # the last metrics and logs before the workers go
+        self._drain_after_stop()
         self._kill_workers()
+
+    def _drain_after_stop(self, timeout: float = STOP_DRAIN_TIMEOUT_S) -> None:
+        """Poll until every live worker has left its step loop, so the metrics and logs of the steps it finished
+        reach the control plane before the actors are killed. One poll is not enough: a poll already in flight
+        when stop was sent answers with what the worker had then, not with the step it was finishing. A rank
+        blocked in a collective whose peer stopped first never leaves; the deadline ends the wait."""
+        deadline = time.time() + timeout
+        while True:
+            self._poll(max(0.0, min(1.0, deadline - time.time())))
+            if all(not s["alive"] or s["done"] or s.get("phase") in ("stopped", "done")
+                   for s in self._samples.values()):
+                return
+            if time.time() >= deadline:
+                return
 
     def _stop(self, request: dict) -> None:
         if request["checkpoint"] and self.state == "running" and self._workers:

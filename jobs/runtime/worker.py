@@ -188,6 +188,8 @@ class TrainingWorker:
         for step in range(start_step, hp.steps):
             if self._stop.is_set():
                 writer.wait()
+                with self._lock:  # after the last event: a poll that sees "stopped" has drained them all
+                    self._phase = "stopped"
                 return
             started = time.perf_counter()
             self._phase = "compute"
@@ -261,17 +263,9 @@ class TrainingWorker:
         return dist.group.WORLD
 
     def _all_reduce(self, grads) -> None:
-        import torch
-        import torch.distributed as dist
+        from jobs.runtime.model_parallel import average_grads
 
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.world_size
-        offset = 0
-        for grad in grads:
-            count = grad.numel()
-            grad.copy_(flat[offset:offset + count].view_as(grad))
-            offset += count
+        average_grads(grads, None, self.world_size)
 
     def _run_entrypoint(self, master_addr: str, master_port: int) -> None:
         env = {**os.environ, **(self.spec.get("envs") or {})}

@@ -1,0 +1,133 @@
+"""The gang supervisor's stop path without a Ray cluster: a fake `ray` module answers the workers' polls, so the
+test can hold a poll in flight across the stop (what happened in benchmarks/churn.py: the metric of the step a
+worker finished after an on-demand checkpoint was lost when the gang was stopped right after it)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import pytest
+
+from jobs.runtime import supervisor as supervisor_module
+from jobs.runtime.supervisor import GangSupervisor
+
+
+class _Ref:
+    def __init__(self, answer):
+        self.answer = answer
+
+
+class _Method:
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args):
+        return self._fn(*args)
+
+
+class _FakeWorker:
+    """A worker whose loop the test drives: `finish_step` appends a metric, `stop` makes it leave its loop."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.step = 3
+        self.phase = "compute"
+        self.events: list[dict] = []
+        self.stopped = False
+        self.poll = _Method(self._poll)
+        self.stop = _Method(self._stop)
+        self.request_checkpoint = _Method(lambda: None)
+
+    def finish_step(self) -> None:
+        self.step += 1
+        self.events.append({"type": "metric", "rank": self.rank, "step": self.step, "loss": 1.0,
+                            "compute_time": 0.1})
+
+    def _stop(self) -> None:
+        # The step under way when stop arrives still completes and reports, then the loop ends.
+        self.finish_step()
+        self.phase = "stopped"
+        self.stopped = True
+
+    def _poll(self):
+        events, self.events = self.events, []
+        return _Ref({"rank": self.rank, "step": self.step, "loss": 1.0, "compute_times": [0.1],
+                     "phase": self.phase, "done": False, "error": "", "resumed_from": None, "events": events})
+
+
+def _fake_ray(killed: list) -> types.ModuleType:
+    ray = types.ModuleType("ray")
+    ray.wait = lambda refs, num_returns=1, timeout=None: (list(refs), [])
+    ray.get = lambda ref: ref.answer
+    ray.kill = lambda actor, no_restart=True: killed.append(actor)
+    return ray
+
+
+def _supervisor(workers: list[_FakeWorker]) -> GangSupervisor:
+    """A supervisor in the running state, built without its watch thread."""
+    sup = object.__new__(GangSupervisor)
+    sup._lock = threading.RLock()
+    sup._events, sup._seq = [], 0
+    sup.state, sup.step, sup.last_checkpoint_step = "running", 3, 3
+    sup._workers = list(workers)
+    sup._inflight = {}
+    sup._step_times = []
+    sup._recovery = None
+    sup._samples = {w.rank: {"rank": w.rank, "node": f"n{w.rank}", "step": 3, "progress_at": 0.0,
+                             "heartbeat_at": 0.0, "alive": True, "loss": 1.0, "compute_times": [], "done": False,
+                             "error": "", "phase": "compute"} for w in workers}
+    return sup
+
+
+def test_a_stop_keeps_the_metric_of_the_step_finished_after_a_poll_already_in_flight(monkeypatch):
+    killed: list = []
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray(killed))
+    workers = [_FakeWorker(0), _FakeWorker(1)]
+    sup = _supervisor(workers)
+    # A poll sent before the stop is still in flight: it answers with what the workers had then (nothing new).
+    sup._inflight = {w.rank: w._poll() for w in workers}
+
+    sup._checkpoint_then_stop()
+
+    metric_steps = sorted((e["rank"], e["step"]) for e in sup._events if e["type"] == "metric")
+    assert metric_steps == [(0, 4), (1, 4)]
+    assert sup.step == 4
+    assert len(killed) == 2 and sup._workers == []
+
+
+def test_the_drain_gives_up_at_its_deadline_when_a_rank_never_leaves_its_loop(monkeypatch):
+    """A rank blocked in a collective whose peer stopped first never reports "stopped": the wait is bounded."""
+    killed: list = []
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray(killed))
+    stuck = _FakeWorker(1)
+    stuck.stop = _Method(lambda: None)  # never leaves its loop
+    sup = _supervisor([_FakeWorker(0), stuck])
+    monkeypatch.setattr(supervisor_module, "STOP_DRAIN_TIMEOUT_S", 0.3)
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(supervisor_module.time, "time", lambda: clock["now"])
+    monkeypatch.setattr(supervisor_module.time, "sleep", lambda s: None)
+    real_poll = sup._poll
+
+    def poll_and_tick(timeout):
+        clock["now"] += max(timeout, 0.05)
+        return real_poll(timeout)
+
+    sup._poll = poll_and_tick
+    sup._drain_after_stop(timeout=0.3)
+    assert clock["now"] <= 1000.0 + 0.3 + 1.0
+    assert sup._samples[1]["phase"] == "compute"
+
+
+@pytest.mark.parametrize("phase", ["stopped", "done"])
+def test_the_drain_ends_as_soon_as_every_worker_has_left_its_loop(monkeypatch, phase):
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray([]))
+    worker = _FakeWorker(0)
+    worker.phase = phase
+    sup = _supervisor([worker])
+    polls = []
+    real_poll = sup._poll
+    sup._poll = lambda timeout: polls.append(timeout) or real_poll(timeout)
+    sup._drain_after_stop(timeout=3.0)
+    assert len(polls) == 1
