@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import datetime as dt
 import json
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from benchmarks.mooncake import (  # noqa: E402
     TRACE_PATH,
     BenchRequest,
     ScaleSpec,
+    TraceRequest,
     build_requests,
     describe_scaling,
     read_trace,
@@ -95,8 +98,9 @@ class RunResult:
             "hit_blocks_by_tier": self.hit_blocks_by_tier, "output_tokens": self.output_tokens,
             "makespan_s": round(self.makespan_s, 3), "output_tokens_per_s": round(self.output_tps, 2),
             "ttft_p50_ms": _ms(_pct(self.ttft_s, 50)), "ttft_p90_ms": _ms(_pct(self.ttft_s, 90)),
-            "ttft_p99_ms": _ms(_pct(self.ttft_s, 99)), "tpot_p50_ms": _ms(_pct(self.tpot_s, 50)),
-            "tpot_p90_ms": _ms(_pct(self.tpot_s, 90)), "queue_p90_ms": _ms(_pct(self.queue_s, 90)),
+            "ttft_p95_ms": _ms(_pct(self.ttft_s, 95)), "ttft_p99_ms": _ms(_pct(self.ttft_s, 99)),
+            "tpot_p50_ms": _ms(_pct(self.tpot_s, 50)), "tpot_p90_ms": _ms(_pct(self.tpot_s, 90)),
+            "tpot_p95_ms": _ms(_pct(self.tpot_s, 95)), "queue_p90_ms": _ms(_pct(self.queue_s, 90)),
             "replicas_used": self.replicas_used,
         }
 
@@ -121,6 +125,62 @@ def write_model(directory: Path, seed: int = 0) -> Path:
     from jobs.runtime.lm import write_random_model_dir
 
     return write_random_model_dir(directory, MODEL_SHAPE, seed=seed, note="random weights for the serving benchmark")
+
+
+def load_slice(path: Path, *, start: int, limit: int, tag: str = "serving") -> list[TraceRequest] | None:
+    """The trace lines the benchmark replays, or None after saying on stderr why there are none."""
+    if not path.exists():
+        print(f"[{tag}] trace not found: {path}", file=sys.stderr)
+        return None
+    try:
+        trace = read_trace(path, limit=limit, start=start)
+    except ValueError as exc:
+        print(f"[{tag}] {exc}", file=sys.stderr)
+        return None
+    if not trace:
+        print(f"[{tag}] no requests in {path} from line {start}", file=sys.stderr)
+        return None
+    return trace
+
+
+def trace_span_s(trace: list[TraceRequest]) -> float:
+    return max(1e-3, (trace[-1].timestamp_ms - trace[0].timestamp_ms) / 1000)
+
+
+def scale_for_rate(trace: list[TraceRequest], rate: float, args: argparse.Namespace) -> ScaleSpec:
+    """The scaling of `add_workload_args`'s options, arrivals compressed to `rate` requests/s on average."""
+    time_scale = (len(trace) / rate) / trace_span_s(trace)
+    return ScaleSpec(block_tokens=args.block_tokens, output_scale=1 / 16, max_output_tokens=args.max_output_tokens,
+                     time_scale=time_scale, max_prompt_blocks=args.max_prompt_blocks)
+
+
+def router_engine(args: argparse.Namespace) -> dict:
+    """The engine of the router runs: `--slots` slots, a device cache big enough to never evict, no lower tiers."""
+    return {"slots": args.slots, "block_size": args.block_tokens, "device_cache_blocks": 4096,
+            "host_cache_blocks": 0, "disk_cache_blocks": 0, "max_waiting": 64, "torch_threads": 1}
+
+
+@contextlib.contextmanager
+def bench_cluster(tag: str = "serving") -> Iterator[tuple[Any, Path]]:
+    """A random-weights checkpoint and a local Ray cluster (simulated accelerators); yields (backend, model dir)
+    and stops the cluster on the way out, whatever happened."""
+    from controlplane.compute.local_cluster import start_local_cluster, stop_local_cluster
+    from controlplane.compute.ray_backend import RayComputeBackend
+    from controlplane.compute.topology import load_topology
+
+    with tempfile.TemporaryDirectory(prefix="fy-serving-bench-") as tmp:
+        model_dir = write_model(Path(tmp) / "model")
+        state_dir = Path(tmp) / "ray"
+        started = time.monotonic()
+        cluster = start_local_cluster(topology=load_topology(), state_dir=state_dir, fate_share=True)
+        print(f"[{tag}] local Ray cluster up in {time.monotonic() - started:.0f} s (accelerators SIMULATED)")
+        try:
+            yield RayComputeBackend(address=cluster.address, env=cluster.client_env()), model_dir
+        finally:
+            import ray
+
+            ray.shutdown()
+            stop_local_cluster(state_dir=state_dir)
 
 
 def service_spec(*, handle: str, model_dir: Path, replicas: int, engine: dict, router: str):
@@ -267,17 +327,24 @@ def compare(runs: dict[str, dict]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_workload_args(parser: argparse.ArgumentParser, *, rate: bool = True) -> None:
+    """The options that choose the trace slice, its scaling, the replicas and their engine (shared with
+    benchmarks/serving_sla.py, which sweeps the rate instead of taking `--rate`)."""
     parser.add_argument("--trace", type=Path, default=TRACE_PATH)
     parser.add_argument("--start", type=int, default=0, help="first trace line (0-based)")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=2, choices=(2, 3, 4))
-    parser.add_argument("--rate", type=float, default=6.0, help="mean requests/s after compressing the trace")
+    if rate:
+        parser.add_argument("--rate", type=float, default=6.0, help="mean requests/s after compressing the trace")
     parser.add_argument("--block-tokens", type=int, default=16)
     parser.add_argument("--max-prompt-blocks", type=int, default=40)
     parser.add_argument("--max-output-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=4)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_args(parser)
     parser.add_argument("--small-cache-blocks", type=int, default=48)
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--skip-tiers", action="store_true")
@@ -296,21 +363,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not args.trace.exists():
-        print(f"[serving] trace not found: {args.trace}", file=sys.stderr)
+    trace = load_slice(args.trace, start=args.start, limit=args.requests)
+    if trace is None:
         return 2
-    try:
-        trace = read_trace(args.trace, limit=args.requests, start=args.start)
-    except ValueError as exc:
-        print(f"[serving] {exc}", file=sys.stderr)
-        return 2
-    if not trace:
-        print(f"[serving] no requests in {args.trace} from line {args.start}", file=sys.stderr)
-        return 2
-    span_s = max(1e-3, (trace[-1].timestamp_ms - trace[0].timestamp_ms) / 1000)
-    time_scale = (len(trace) / args.rate) / span_s
-    scale = ScaleSpec(block_tokens=args.block_tokens, output_scale=1 / 16, max_output_tokens=args.max_output_tokens,
-                      time_scale=time_scale, max_prompt_blocks=args.max_prompt_blocks)
+    span_s = trace_span_s(trace)
+    scale = scale_for_rate(trace, args.rate, args)
     requests = build_requests(trace, scale)
     reusable = reusable_block_fraction(trace)
     print(f"[serving] {len(requests)} requests from {args.trace} (lines {args.start}..{args.start + len(trace) - 1}, "
@@ -319,39 +376,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[serving] prompts: mean {statistics.mean(len(r.prompt_tokens) for r in requests):.0f} tokens; "
           f"outputs: mean {statistics.mean(r.max_tokens for r in requests):.1f} tokens")
 
-    from controlplane.compute.local_cluster import start_local_cluster, stop_local_cluster
-    from controlplane.compute.ray_backend import RayComputeBackend
-    from controlplane.compute.topology import load_topology
-
-    big = {"slots": args.slots, "block_size": args.block_tokens, "device_cache_blocks": 4096,
-           "host_cache_blocks": 0, "disk_cache_blocks": 0, "max_waiting": 64, "torch_threads": 1}
+    big = router_engine(args)
     small_tiered = {**big, "device_cache_blocks": args.small_cache_blocks, "host_cache_blocks": 1024,
                     "disk_cache_blocks": 8192}
     small_device_only = {**big, "device_cache_blocks": args.small_cache_blocks}
     runs: dict[str, dict] = {}
     tier_runs: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="fy-serving-bench-") as tmp:
-        model_dir = write_model(Path(tmp) / "model")
-        state_dir = Path(tmp) / "ray"
-        started = time.monotonic()
-        cluster = start_local_cluster(topology=load_topology(), state_dir=state_dir, fate_share=True)
-        print(f"[serving] local Ray cluster up in {time.monotonic() - started:.0f} s (accelerators SIMULATED)")
-        try:
-            backend = RayComputeBackend(address=cluster.address, env=cluster.client_env())
-            for router in [] if args.skip_routers else args.routers.split(","):
-                result = run_one(backend, name=router, router=router, engine=big, replicas=args.replicas,
+    with bench_cluster() as (backend, model_dir):
+        for router in [] if args.skip_routers else args.routers.split(","):
+            result = run_one(backend, name=router, router=router, engine=big, replicas=args.replicas,
+                             model_dir=model_dir, requests=requests)
+            runs[router] = result.summary()
+        if not args.skip_tiers:
+            for name, engine in (("small-device-only", small_device_only), ("small-3-tier", small_tiered)):
+                result = run_one(backend, name=name, router="prefix", engine=engine, replicas=args.replicas,
                                  model_dir=model_dir, requests=requests)
-                runs[router] = result.summary()
-            if not args.skip_tiers:
-                for name, engine in (("small-device-only", small_device_only), ("small-3-tier", small_tiered)):
-                    result = run_one(backend, name=name, router="prefix", engine=engine, replicas=args.replicas,
-                                     model_dir=model_dir, requests=requests)
-                    tier_runs[name] = result.summary()
-        finally:
-            import ray
-
-            ray.shutdown()
-            stop_local_cluster(state_dir=state_dir)
+                tier_runs[name] = result.summary()
 
     print_table(f"Routers ({args.replicas} replicas, {args.slots} slots each, cache 4096 device blocks)",
                 list(runs.values()), ROUTER_COLUMNS)
