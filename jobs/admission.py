@@ -26,6 +26,7 @@ from controlplane.scheduling.efficiency import (
 from controlplane.scheduling.mixed_load import (
     SERVING_PREFIX,
     ServingDemand,
+    gives_back_quota,
     loans,
     plan_mixed_load,
     training_usage_after,
@@ -199,8 +200,9 @@ def _note_on_deployments(plan) -> None:
     notes: dict[str, list[str]] = {}
     for decision in [*plan.preempted, *plan.shrunk]:
         how = "shrinks" if isinstance(decision, Shrink) else "stops"
+        what = "quota this deployment needs" if gives_back_quota(decision) else "capacity this deployment reserved"
         notes.setdefault(decision.for_workload.removeprefix(SERVING_PREFIX), []).append(
-            f"job {decision.workload_id} checkpoints and {how} to give back capacity this deployment reserved")
+            f"job {decision.workload_id} checkpoints and {how} to give back {what}")
     for deployment_id, why in plan.waiting.items():
         notes.setdefault(deployment_id, []).append(why)
     for deployment_id, reasons in notes.items():

@@ -90,9 +90,12 @@ def test_training_borrows_reserved_idle_capacity_and_gives_it_back_when_the_depl
     assert [p.workload_id for p in result.preempted] == [str(borrower)]
     events = client.get(f"/api/v1/training-jobs/{borrower}/events/").json()["results"]
     assert events[-1]["to_state"] == "QUEUED"  # admitted, not started yet: it gives its admission back at once
-    assert f"gives back capacity deployment {deployment.pk} reserved and now needs" in events[-1]["reason"]
+    # Its queue's quota is full too (the running replica and the borrower), so it gives back the quota first, which
+    # also frees the node the replica needs.
+    assert f"gives back nvidia-h100 quota deployment {deployment.pk} needs within its queue's quota" \
+        in events[-1]["reason"], events[-1]["reason"]
     timeline = [e.reason for e in deployment.events.order_by("id")]
-    assert timeline[-1] == f"job {borrower} checkpoints and stops to give back capacity this deployment reserved"
+    assert timeline[-1] == f"job {borrower} checkpoints and stops to give back quota this deployment needs"
     # nothing else takes the devices the new replica needs
     assert {body(client, i)["status"]["state"] for i in (borrower, second)} == {"QUEUED"}
 

@@ -236,3 +236,134 @@ def test_a_replica_may_borrow_from_its_cohort_and_within_nominal_is_not_held_off
     snap = Snapshot(nodes(2), queues)
     plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 6, 2, 1, (), cluster_queue="serve")])
     assert "d1" not in plan.waiting  # 6 > 4 nominal: borrows 2 of train's idle 12
+
+
+# ----------------------------------------------------------------------------- quota training holds is given back
+
+def _cohort(serve_nominal: float = 4, train_nominal: float = 4) -> tuple[ClusterQueueSpec, ...]:
+    return (ClusterQueueSpec("serve", {"h100": Quota(serve_nominal)}, cohort="c"),
+            ClusterQueueSpec("train", {"h100": Quota(train_nominal)}, cohort="c"))
+
+
+def _job(workload_id: str, queue: str, node: str, workers: int, per_worker: int, *, workers_min=None, priority=0,
+         since_checkpoint=0.0, preemptible=True, first_device: int = 0) -> Running:
+    placements = tuple(WorkerPlacement(node, tuple((first_device + w * per_worker + i, 1.0) for i in range(per_worker)))
+                       for w in range(workers))
+    workload = Workload(workload_id, queue, ("h100",), devices_per_worker=per_worker,
+                        workers_min=workers if workers_min is None else workers_min, workers_max=workers,
+                        priority=priority, preemptible=preemptible)
+    return Running(workload, "h100", placements, since_checkpoint)
+
+
+def _usage(snapshot: Snapshot) -> dict[str, float]:
+    usage: dict[str, float] = {}
+    for r in snapshot.running:
+        usage[r.workload.cluster_queue] = usage.get(r.workload.cluster_queue, 0.0) + r.usage
+    return usage
+
+
+def test_a_replica_within_nominal_reclaims_what_another_queue_borrowed_even_with_devices_free():
+    """Capacity beyond the cohort's quotas: the replica fits on free devices, but the cohort would end over its
+    quota (serve 2 + train 8 > 8), so the borrower gives back first."""
+    borrower = _job("borrower", "train", "n0", 1, 8)
+    snap = Snapshot(nodes(3), _cohort(), running=(borrower,))
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 2, 2, 1, (), cluster_queue="serve")])
+    assert [p.workload_id for p in plan.preempted] == ["borrower"] and "d1" not in plan.waiting
+    assert "quota" in plan.preempted[0].reason and "borrowed" in plan.preempted[0].reason, plan.preempted[0].reason
+    assert _usage(plan.snapshot) == {"serve": 2.0}
+
+
+def test_an_elastic_borrower_gives_back_workers_down_to_what_the_cohort_needs_before_anyone_is_stopped():
+    elastic = _job("elastic", "train", "n0", 4, 2, workers_min=1)  # 8 = its 4 nominal + 4 borrowed
+    snap = Snapshot(nodes(3), _cohort(), running=(elastic,))
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 2, 2, 1, (), cluster_queue="serve")])
+    assert not plan.preempted
+    assert [(s.workload_id, s.to_workers, len(s.released)) for s in plan.shrunk] == [("elastic", 3, 1)]
+    assert _usage(plan.snapshot) == {"train": 6.0, "serve": 2.0}  # the cohort's 8, not 10
+
+
+def test_the_lowest_priority_then_least_work_borrower_gives_back_and_a_queue_within_nominal_keeps_its_jobs():
+    keep = _job("keep-high", "train", "n0", 1, 4, priority=5)
+    cheap = _job("cheap", "train", "n1", 1, 4, since_checkpoint=10.0)
+    costly = _job("costly", "train", "n2", 1, 4, since_checkpoint=500.0)
+    snap = Snapshot(nodes(3), _cohort(serve_nominal=8), running=(keep, cheap, costly))  # train uses 12 of 4
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 4, 2, 1, (), cluster_queue="serve")])
+    # serve's 4 within its nominal 8: the cohort's 12 has 0 room, 4 must come back: "cheap" alone suffices
+    assert [p.workload_id for p in plan.preempted] == ["cheap"]
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 4, 2, 2, (), cluster_queue="serve")])
+    # two replicas (8): train gives back down to its nominal 4, and keeps the high-priority job
+    assert sorted(p.workload_id for p in plan.preempted) == ["cheap", "costly"]
+
+
+def test_the_teams_own_training_gives_its_quota_back_to_a_replica_even_when_devices_are_free():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+    own = _job("own", "team", "n0", 1, 8)
+    snap = Snapshot(nodes(2), queues, running=(own,))
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 2, 2, 1, (), cluster_queue="team")])
+    assert [p.workload_id for p in plan.preempted] == ["own"] and "its queue's quota" in plan.preempted[0].reason
+    assert _usage(plan.snapshot) == {"team": 2.0}  # not 10 of 8
+
+
+def test_nothing_is_reclaimed_when_it_cannot_make_room_or_when_the_replica_is_not_placed():
+    pinned = _job("pinned", "train", "n0", 1, 8, preemptible=False)
+    snap = Snapshot(nodes(3), _cohort(), running=(pinned,))
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 2, 2, 1, (), cluster_queue="serve")])
+    assert not plan.preempted and not plan.shrunk  # the replica runs; the cohort stays over until "pinned" ends
+    # The borrowed quota could be reclaimed (serve's 8 within its nominal 8, the cohort's room 6), but no node has
+    # room for the replica even then (one 8-device node, non-preemptible training of another queue on 2): nothing
+    # is given back.
+    borrower = _job("borrower", "train", "n0", 1, 6)
+    blocker = _job("blocker", "other", "n0", 1, 2, preemptible=False, first_device=6)
+    queues = (*_cohort(serve_nominal=8), ClusterQueueSpec("other", {"h100": Quota(8)}))
+    snap = Snapshot(nodes(1), queues, running=(borrower, blocker))
+    plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", 8, 1, 1, (), cluster_queue="serve")])
+    assert "fit nowhere" in plan.waiting["d1"], plan.waiting
+    assert not plan.preempted and not plan.shrunk
+    assert _usage(plan.snapshot) == {"train": 6.0, "other": 2.0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 4), st.integers(1, 8), st.integers(0, 3),
+                          st.booleans()), max_size=6),
+       st.sampled_from(["a", "b", "c"]), st.integers(0, 3), st.sampled_from([1.0, 2.0, 4.0]),
+       st.integers(2, 8), st.integers(2, 8), st.integers(2, 8))
+def test_after_the_plan_no_queue_and_no_cohort_is_over_its_quota_when_all_training_is_preemptible(
+        jobs, serve_queue, wanted, per_replica, nominal_a, nominal_b, nominal_c):
+    """Three queues in one cohort (nominal quotas summing to less than the 4 x 8 devices), training admitted within
+    the quota rules, one deployment in one of the queues wanting replicas: whatever is placed, every queue stays within
+    nominal + borrowing limit and the cohort within its nominal total; a victim at most once; and something is given
+    back only when a replica is placed."""
+    queues = (ClusterQueueSpec("a", {"h100": Quota(nominal_a, borrowing_limit=4)}, cohort="k"),
+              ClusterQueueSpec("b", {"h100": Quota(nominal_b)}, cohort="k"),
+              ClusterQueueSpec("c", {"h100": Quota(nominal_c, borrowing_limit=0)}, cohort="k"))
+    ledger_queues = {q.name: q.quotas["h100"] for q in queues}
+    total = nominal_a + nominal_b + nominal_c
+    free = {f"n{i}": list(range(8)) for i in range(4)}
+    usage = {"a": 0.0, "b": 0.0, "c": 0.0}
+    runs = []
+    for index, (queue, workers, per_worker, priority, elastic) in enumerate(jobs):
+        demand = workers * per_worker
+        quota = ledger_queues[queue]
+        limit = quota.nominal + (quota.borrowing_limit if quota.borrowing_limit is not None else total)
+        if usage[queue] + demand > limit or sum(usage.values()) + demand > total:
+            continue  # the scheduler would not have admitted it
+        node = next((n for n, devs in free.items() if len(devs) >= demand), None)
+        if node is None:
+            continue
+        first = free[node][0]
+        free[node] = free[node][demand:]
+        runs.append(_job(f"j{index}", queue, node, workers, per_worker, workers_min=1 if elastic else None,
+                         priority=priority, first_device=first))
+        usage[queue] += demand
+    snap = Snapshot(nodes(4), queues, running=tuple(runs))
+    plan = plan_mixed_load(snap, [ServingDemand("d", "h100", per_replica, 4, wanted, (), cluster_queue=serve_queue)])
+    after = _usage(plan.snapshot)
+    for name, quota in ledger_queues.items():
+        limit = quota.nominal + (quota.borrowing_limit if quota.borrowing_limit is not None else total)
+        assert after.get(name, 0.0) <= limit + 1e-9, (name, after)
+    assert sum(after.values()) <= total + 1e-9, after
+    victims = [p.workload_id for p in plan.preempted] + [s.workload_id for s in plan.shrunk]
+    assert len(victims) == len(set(victims))
+    placed = next((len(r.workers) for r in plan.snapshot.running if r.workload.id == "serving:d"), 0)
+    if victims:
+        assert placed > 0

@@ -27,6 +27,7 @@ from controlplane.scheduling.quota import QuotaLedger
 
 SERVING_QUEUE = "(serving)"  # not a ClusterQueue: a demand without a queue is held outside every quota
 SERVING_PREFIX = "serving:"
+QUOTA_GIVE_BACK = "quota deployment"  # in the reason of a decision that gives quota back (`_reclaim_quota`)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,14 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                 if why:
                     plan.waiting[demand.id] = f"{missing - number} wanted replica(s) wait for quota: {why}"
                     break
+                reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free)
+            else:
+                reclaimed = None
             placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan)
+            if reclaimed is not None and placed is not None:
+                reclaimed.commit(plan)
+            elif reclaimed is not None:
+                reclaimed.undo()
             if placed is None:
                 plan.waiting[demand.id] = (f"{missing - number} wanted replica(s) of {demand.devices_per_replica:g} "
                                            f"{demand.accelerator_type} fit nowhere, and no preemptible training "
@@ -201,6 +209,95 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
     pseudo = tuple(_pseudo(d, tuple(held[d.id]), _queue_of(d, snapshot)) for d in demands if held[d.id])
     plan.snapshot = replace(snapshot, running=kept + pseudo)
     return plan
+
+
+class _Reclaimed:
+    """Quota training gave back for one wanted replica: decisions kept only if the replica is then placed."""
+
+    def __init__(self, ledger: QuotaLedger, running: dict[str, Running], touched: set[str], free: _Free, kind: str):
+        self.ledger, self.running, self.touched, self.free, self.kind = ledger, running, touched, free, kind
+        self.decisions: list[Preempt | Shrink] = []
+        self.log: list[tuple[Running, tuple[WorkerPlacement, ...]]] = []  # (before, workers released), in order
+
+    def release(self, victim: Running, workers: tuple[WorkerPlacement, ...]) -> None:
+        self.free.hold(workers, 1.0)
+        self.ledger.add(victim.workload.cluster_queue, self.kind, -len(workers) * victim.workload.devices_per_worker)
+        self.log.append((victim, workers))
+        self.touched.add(victim.workload.id)
+
+    def commit(self, plan: MixedLoadPlan) -> None:
+        for decision in self.decisions:
+            (plan.shrunk if isinstance(decision, Shrink) else plan.preempted).append(decision)
+
+    def undo(self) -> None:
+        for before, workers in reversed(self.log):  # the earliest entry of a victim is its state before
+            self.free.hold(workers, -1.0)
+            self.ledger.add(before.workload.cluster_queue, self.kind, len(workers) * before.workload.devices_per_worker)
+            self.running[before.workload.id] = before
+            self.touched.discard(before.workload.id)
+        self.log, self.decisions = [], []
+
+
+def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, running: dict[str, Running],
+                   touched: set[str], free: _Free) -> _Reclaimed | None:
+    """Make the quota a wanted replica was allowed (`serving_quota_refusal`) true in the ledger, or change nothing.
+
+    The replica may count on two kinds of quota that training holds: the team's own preemptible training in its
+    queue (it uses the quota on loan), and, within the queue's nominal quota, what other queues of the cohort
+    borrowed. Devices may still be free, so the give-back for room on a node would not touch that training, and the
+    queue (or its cohort) would end over its quota. So it gives the quota back first: the lowest priority, then the
+    least work since its last checkpoint; an elastic job gives up workers (down to its minimum) before it is
+    stopped. All or none: unless the replica then fits the quota, nothing is given back (None; the replica still
+    runs: within nominal quota serving always may, and the cohort stays over until those borrowers end). The
+    caller commits the decisions once the replica is placed, or undoes them."""
+    kind, amount = demand.accelerator_type, demand.devices_per_replica
+    if ledger.check(queue, kind, amount).ok:
+        return None
+    within_nominal = ledger.usage[(queue, kind)] + amount <= ledger.quota(queue, kind).nominal + EPS
+    cohort = set(ledger.members(queue)) if within_nominal else {queue}
+
+    def borrows(other: str) -> bool:
+        return other == queue or ledger.usage[(other, kind)] > ledger.quota(other, kind).nominal + EPS
+
+    def fits() -> bool:
+        return ledger.check(queue, kind, amount).ok
+
+    candidates = sorted((r for r in running.values()
+                         if r.accelerator_type == kind and r.workload.preemptible and r.workload.id not in touched
+                         and r.workload.cluster_queue in cohort and borrows(r.workload.cluster_queue)),
+                        key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
+    where = "its queue's quota" if cohort == {queue} else f"the nominal quota of {queue} that its cohort borrowed"
+    reclaimed = _Reclaimed(ledger, running, touched, free, kind)
+    for victim in candidates:
+        if fits():
+            break
+        workload = victim.workload
+        if not borrows(workload.cluster_queue):
+            continue  # another queue that gave back down to its nominal quota keeps the rest
+        width = len(victim.workers)
+        while width > workload.workers_min and not fits():
+            reclaimed.release(victim, victim.workers[width - 1:width])
+            width -= 1
+        if width < len(victim.workers):
+            narrowed = replace(victim, workers=victim.workers[:width])
+            running[workload.id] = narrowed
+            reclaimed.decisions.append(Shrink(workload.id, width, victim.workers[width:], SERVING_PREFIX + demand.id,
+                                              f"shrunk to {width} workers: gives back {kind} {QUOTA_GIVE_BACK} "
+                                              f"{demand.id} needs within {where}"))
+            if fits():
+                break
+            victim = narrowed
+        reclaimed.release(victim, victim.workers)
+        running.pop(workload.id)
+        reclaimed.decisions = [d for d in reclaimed.decisions if d.workload_id != workload.id]
+        reclaimed.decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
+                                           f"preempted: gives back {kind} {QUOTA_GIVE_BACK} {demand.id} needs within "
+                                           f"{where} ({victim.work_since_checkpoint_s:g} s since its last "
+                                           "checkpoint)"))
+    if fits():
+        return reclaimed
+    reclaimed.undo()
+    return None
 
 
 def _settled(running: Running) -> Running:
@@ -270,6 +367,11 @@ def _commit(placed: WorkerPlacement, decisions, touched: set[str], plan: MixedLo
         touched.add(decision.workload_id)
         (plan.shrunk if isinstance(decision, Shrink) else plan.preempted).append(decision)
     return placed
+
+
+def gives_back_quota(decision: Preempt | Shrink) -> bool:
+    """Whether a give-back returns quota a deployment needs (`_reclaim_quota`), not devices on a node."""
+    return QUOTA_GIVE_BACK in decision.reason
 
 
 def is_serving(workload: Workload) -> bool:
