@@ -86,7 +86,9 @@ def serving_quota_usage(*, exclude_id: int | None = None) -> dict[tuple[str, str
 
 def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, replicas: int) -> str:
     """Why `replicas` replicas of the deployment on `accelerator_type` exceed its ClusterQueue's quota (training jobs
-    and other deployments counted, cohort borrowing as the scheduler allows it), or "" when they fit."""
+    and other deployments counted, cohort borrowing as the scheduler allows it), or "" when they fit. The queue's own
+    preemptible training does not hold them off: it gives the quota back, as it does to a replica a live deployment
+    scales out to (mixed load)."""
     from controlplane.scheduling.mixed_load import serving_quota_refusal as refusal
     from controlplane.scheduling.quota import QuotaLedger
     from jobs.admission import cluster_queue_specs
@@ -97,8 +99,9 @@ def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, repl
         for (queue, slug), amount in usage.items():
             if queue in ledger.queues:
                 ledger.add(queue, slug, amount)
-    return refusal(ledger, deployment.local_queue.cluster_queue.name, accelerator_type,
-                   replicas * float(deployment.devices_per_replica))
+    queue = deployment.local_queue.cluster_queue.name
+    giveable = quota_usage(preemptible_only=True).get((queue, accelerator_type), 0.0)
+    return refusal(ledger, queue, accelerator_type, replicas * float(deployment.devices_per_replica), giveable)
 
 
 # ------------------------------------------------------------------------------------------ measurements

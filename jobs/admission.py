@@ -45,13 +45,9 @@ from controlplane.scheduling.placement import WorkerPlacement
 from controlplane.scheduling.scheduler import place_additional_workers, schedule
 from jobs.efficiency import job_workload_class
 from jobs.models import TrainingJob, TrainingJobEvent
-from jobs.states import HOLDING_STATES, JobState
+from jobs.states import HOLDING_STATES, PREEMPTIBLE_STATES, JobState
 
 log = logging.getLogger(__name__)
-
-# Victims must be able to leave by a transition of the table: an admitted job goes back to QUEUED,
-# a running one to PREEMPTED. A job STARTING or RECOVERING is left alone until it settles.
-PREEMPTIBLE_STATES = {JobState.ADMITTED, JobState.RUNNING}
 
 
 def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload:
@@ -153,7 +149,7 @@ def _facts() -> list[dict]:
 def load_serving() -> list[ServingDemand]:
     """Live deployments on accelerators, as mixed load sees them: what they reserve (replicas_max), what their
     autoscaler wants now, where their replicas run, and the ClusterQueue whose quota they count against (CPU
-    replicas are not counted: they take host CPUs)."""
+    replicas are not counted: they take host CPUs); then deployments PENDING for capacity (`pending_serving`)."""
     from inference.models import Deployment
     from inference.workflows import LIVE_STATES
 
@@ -170,6 +166,38 @@ def load_serving() -> list[ServingDemand]:
                                      replica_nodes=nodes, pool=deployment.pool or None,
                                      replicas_running=deployment.replicas_ready,
                                      cluster_queue=deployment.local_queue.cluster_queue.name))
+    return demands + pending_serving()
+
+
+def pending_serving() -> list[ServingDemand]:
+    """Deployments PENDING because their replicas fit on no free devices, as demands for `replicas_min` replicas on
+    the first accepted accelerator type whose quota takes them: mixed load then holds those devices, or has training
+    give them back, so a new deployment is not starved by training that uses capacity it may reclaim (the sync
+    deploys it once the devices are free). A deployment whose model is not ready yet (its source job has no
+    checkpoint), or which waits for quota, makes nobody give anything back."""
+    from inference import selectors
+    from inference.models import Deployment
+    from inference.states import DeploymentState
+    from inference.workflows import ModelNotFound, resolve_model_dir
+
+    demands = []
+    for deployment in Deployment.objects.filter(state=DeploymentState.PENDING, devices_per_replica__gt=0,
+                                                state_reason__startswith="waiting for capacity") \
+            .select_related("local_queue__cluster_queue", "source_job").order_by("id"):
+        replicas = max(1, deployment.replicas_min)
+        slug = next((slug for slug in deployment.accelerator_types if slug != "cpu" and not
+                     selectors.serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=replicas)),
+                    None)
+        if slug is None:
+            continue
+        try:
+            resolve_model_dir(deployment)
+        except ModelNotFound:  # not ready yet (or never will be): nothing to give capacity to
+            continue
+        demands.append(ServingDemand(id=str(deployment.pk), accelerator_type=slug,
+                                     devices_per_replica=float(deployment.devices_per_replica),
+                                     replicas_max=deployment.replicas_max, replicas_wanted=replicas,
+                                     replicas_running=0, cluster_queue=deployment.local_queue.cluster_queue.name))
     return demands
 
 

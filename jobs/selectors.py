@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from jobs.models import TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
 from jobs.runtime.goodput import GoodputLedger, GoodputSummary, cluster_ettr
-from jobs.states import HOLDING_STATES
+from jobs.states import HOLDING_STATES, PREEMPTIBLE_STATES
 
 
 def training_job_list(*, team_ids: list[int]) -> QuerySet[TrainingJob]:
@@ -22,12 +22,16 @@ def training_job_events(*, job: TrainingJob) -> QuerySet[TrainingJobEvent]:
     return job.events.all()
 
 
-def quota_usage() -> dict[tuple[str, str], float]:
-    """Devices (CPU cores for `cpu`) held by admitted jobs, per (cluster queue, accelerator type)."""
+def quota_usage(*, preemptible_only: bool = False) -> dict[tuple[str, str], float]:
+    """Devices (CPU cores for `cpu`) held by admitted jobs, per (cluster queue, accelerator type). With
+    `preemptible_only`, only jobs the scheduler may preempt now (a preemptible priority class, ADMITTED or RUNNING)."""
     usage: dict[tuple[str, str], float] = {}
-    jobs = TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(admitted_accelerator_type="").only(
-        "local_queue__cluster_queue__name", "admitted_accelerator_type", "placement", "devices_per_worker",
-        "cpus_per_worker").select_related("local_queue__cluster_queue")
+    jobs = TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(admitted_accelerator_type="")
+    if preemptible_only:
+        jobs = jobs.filter(state__in=list(PREEMPTIBLE_STATES)).filter(
+            Q(priority_class__isnull=True) | Q(priority_class__preemptible=True))
+    jobs = jobs.only("local_queue__cluster_queue__name", "admitted_accelerator_type", "placement",
+                     "devices_per_worker", "cpus_per_worker").select_related("local_queue__cluster_queue")
     for job in jobs:
         key = (job.local_queue.cluster_queue.name, job.admitted_accelerator_type)
         usage[key] = usage.get(key, 0.0) + len(job.placement) * job.units_per_worker(job.admitted_accelerator_type)

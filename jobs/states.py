@@ -44,3 +44,6 @@ JOB_MACHINE = StateMachine("training job", JobState, JOB_TRANSITIONS, initial=S.
 
 # States in which an admitted job holds its quota and devices.
 HOLDING_STATES = (S.ADMITTED, S.STARTING, S.RUNNING, S.RECOVERING)
+# Victims must be able to leave by a transition of the table: an admitted job goes back to QUEUED,
+# a running one to PREEMPTED. A job STARTING or RECOVERING is left alone until it settles.
+PREEMPTIBLE_STATES = frozenset({S.ADMITTED, S.RUNNING})

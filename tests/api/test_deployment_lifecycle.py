@@ -371,8 +371,11 @@ def test_a_lost_apply_is_repeated_by_the_sync_after_a_grace(api, backend, model_
 
 
 def test_accelerator_replicas_count_against_the_queue_quota_with_training(api, backend, model_dir, world):
-    """Deployments are admitted within their ClusterQueue's quota, counted with the training jobs there."""
+    """Deployments are admitted within their ClusterQueue's quota, counted with the training jobs there that cannot
+    be preempted (preemptible training of the queue gives its quota back: tests/api/test_mixed_load.py)."""
+    from controlplane.quotas.models import PriorityClass
     from jobs.models import TrainingJob
+    from jobs.selectors import quota_usage
 
     client = api("alpha", "member")
     job = TrainingJob.objects.get(pk=client.post("/api/v1/training-jobs/", {
@@ -381,6 +384,10 @@ def test_accelerator_replicas_count_against_the_queue_quota_with_training(api, b
     TrainingJob.objects.filter(pk=job.pk).update(state="RUNNING", admitted_accelerator_type="nvidia-h100",
                                                  placement=[{"node": "h100-pool-0", "taken": [[i, 1.0] for i in
                                                                                               range(8)]}])
+    assert quota_usage(preemptible_only=True) == {("shared", "nvidia-h100"): 8.0}
+    never = PriorityClass.objects.create(name="never-preempted", value=1000, preemptible=False)
+    TrainingJob.objects.filter(pk=job.pk).update(priority_class=never)
+    assert quota_usage(preemptible_only=True) == {}
     created = create(client, model_dir, name="big", accelerator_types=["nvidia-h100"], devices_per_replica=8,
                      replicas_min=2, replicas_max=2)
     deployment = Deployment.objects.get(pk=created["id"])

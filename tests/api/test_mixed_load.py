@@ -167,3 +167,60 @@ def test_deployments_on_cpu_or_not_placed_hold_nothing(api, backend, model_dir):
     Deployment.objects.filter(pk=waiting).update(state="PENDING", accelerator_type="")
     assert Deployment.objects.filter(state="SERVING", accelerator_type="cpu").exists()
     assert load_serving() == []
+
+
+def test_a_deployment_pending_for_capacity_gets_it_back_from_training_then_deploys(api, backend, model_dir):
+    """Training fills the H100 pool; a new deployment's replica fits the queue's quota once that (preemptible)
+    training gives its share back, but no node has room: the cycle has the training give a node back and holds it
+    for the replica, and the reconciler deploys once the node is free."""
+    from controlplane.cluster.models import Node
+    from inference import tasks
+
+    client = api("alpha", "member")
+    first, second = job(client, "first"), job(client, "second")
+    assert {body(client, i)["status"]["state"] for i in (first, second)} == {"ADMITTED"}
+    Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").update(free_devices=0)  # the jobs hold them
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 1})
+    deployment = Deployment.objects.get(pk=deployment_id)
+    assert deployment.state == "PENDING" and deployment.state_reason.startswith("waiting for capacity"), \
+        deployment.state_reason  # not "waiting for quota": the team's own preemptible training gives it back
+    [demand] = load_serving()
+    assert (demand.id, demand.accelerator_type, demand.replicas_wanted, demand.replicas_running) == \
+        (str(deployment_id), "nvidia-h100", 1, 0)
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        result = run_cycle()
+    assert len(result.preempted) == 1 and not result.admitted
+    victim = int(result.preempted[0].workload_id)
+    assert f"deployment {deployment_id}" in result.preempted[0].reason
+    assert body(client, victim)["status"]["state"] == "QUEUED"
+    timeline = [e.reason for e in deployment.events.order_by("id")]
+    assert timeline[-1].startswith(f"job {victim} checkpoints and stops to give back"), timeline[-1]
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()  # the node stays held for the replica: the victim is not admitted again
+    assert body(client, victim)["status"]["state"] == "QUEUED"
+
+    Node.objects.filter(pool__accelerator_type__slug="nvidia-h100", name__endswith="-1").update(free_devices=8)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        tasks.sync_deployments()
+    deployment = Deployment.objects.get(pk=deployment_id)
+    assert deployment.state in ("DEPLOYING", "SERVING") and deployment.accelerator_type == "nvidia-h100"
+
+
+def test_a_pending_deployment_whose_model_is_gone_makes_nobody_give_anything_back(api, backend, model_dir):
+    from controlplane.cluster.models import Node
+
+    client = api("alpha", "member")
+    job(client, "first")
+    Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").update(free_devices=0)
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 1})
+    assert Deployment.objects.get(pk=deployment_id).state_reason.startswith("waiting for capacity")
+    assert len(load_serving()) == 1
+    (model_dir / "model.pt").unlink()
+    assert load_serving() == []
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert not run_cycle().preempted

@@ -326,13 +326,14 @@ def test_nothing_is_reclaimed_when_it_cannot_make_room_or_when_the_replica_is_no
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(1, 4), st.integers(1, 8), st.integers(0, 3),
                           st.booleans()), max_size=6),
        st.sampled_from(["a", "b", "c"]), st.integers(0, 3), st.sampled_from([1.0, 2.0, 4.0]),
-       st.integers(2, 8), st.integers(2, 8), st.integers(2, 8))
+       st.integers(2, 8), st.integers(2, 8), st.integers(2, 8), st.integers(0, 2))
 def test_after_the_plan_no_queue_and_no_cohort_is_over_its_quota_when_all_training_is_preemptible(
-        jobs, serve_queue, wanted, per_replica, nominal_a, nominal_b, nominal_c):
+        jobs, serve_queue, wanted, per_replica, nominal_a, nominal_b, nominal_c, replicas_running):
     """Three queues in one cohort (nominal quotas summing to less than the 4 x 8 devices), training admitted within
-    the quota rules, one deployment in one of the queues wanting replicas: whatever is placed, every queue stays within
+    the quota rules, one deployment in one of the queues with replicas already running (started before the cycle
+    saw them, within what the queue may use) and wanting more: whatever is placed, every queue stays within
     nominal + borrowing limit and the cohort within its nominal total; a victim at most once; and something is given
-    back only when a replica is placed."""
+    back only when a replica runs or is placed."""
     queues = (ClusterQueueSpec("a", {"h100": Quota(nominal_a, borrowing_limit=4)}, cohort="k"),
               ClusterQueueSpec("b", {"h100": Quota(nominal_b)}, cohort="k"),
               ClusterQueueSpec("c", {"h100": Quota(nominal_c, borrowing_limit=0)}, cohort="k"))
@@ -355,8 +356,24 @@ def test_after_the_plan_no_queue_and_no_cohort_is_over_its_quota_when_all_traini
         runs.append(_job(f"j{index}", queue, node, workers, per_worker, workers_min=1 if elastic else None,
                          priority=priority, first_device=first))
         usage[queue] += demand
+    on = []
+    serve_quota = ledger_queues[serve_queue]
+    serve_limit = serve_quota.nominal + (serve_quota.borrowing_limit if serve_quota.borrowing_limit is not None
+                                         else total)
+    others = sum(amount for queue, amount in usage.items() if queue != serve_queue)
+    for _ in range(replicas_running):
+        node = next((n for n, devs in free.items() if len(devs) >= max(1, int(per_replica))), None)
+        replicas = (len(on) + 1) * per_replica
+        # what the deploy check lets start: within nominal always; beyond it, what the cohort lends when the queue's
+        # own (preemptible) training gives its quota back
+        if node is None or not (replicas <= serve_quota.nominal or (replicas <= serve_limit
+                                                                     and replicas + others <= total)):
+            break
+        on.append(node)
+        free[node] = free[node][max(1, int(per_replica)):]
     snap = Snapshot(nodes(4), queues, running=tuple(runs))
-    plan = plan_mixed_load(snap, [ServingDemand("d", "h100", per_replica, 4, wanted, (), cluster_queue=serve_queue)])
+    plan = plan_mixed_load(snap, [ServingDemand("d", "h100", per_replica, 4, max(wanted, len(on)), tuple(on),
+                                                cluster_queue=serve_queue)])
     after = _usage(plan.snapshot)
     for name, quota in ledger_queues.items():
         limit = quota.nominal + (quota.borrowing_limit if quota.borrowing_limit is not None else total)

@@ -174,20 +174,30 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
         queue = _queue_of(demand, snapshot)
         if queue != SERVING_QUEUE:
             ledger.add(queue, demand.accelerator_type, len(held[demand.id]) * demand.devices_per_replica)
+    # Replicas that run already count: training holding quota they need on loan gives it back (they exist; the
+    # queue would otherwise stay over its quota, e.g. when a replica started before the cycle saw the deployment).
+    for demand in demands:
+        queue, kind = _queue_of(demand, snapshot), demand.accelerator_type
+        amount = len(held[demand.id]) * demand.devices_per_replica
+        if queue == SERVING_QUEUE or amount <= EPS:
+            continue
+        ledger.add(queue, kind, -amount)
+        if not serving_quota_refusal(ledger, queue, kind, amount, _giveable(running, touched, queue, kind)):
+            reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, amount)
+            if reclaimed is not None:
+                reclaimed.commit(plan)
+        ledger.add(queue, kind, amount)
     for demand in demands:
         queue = _queue_of(demand, snapshot)
         missing = max(0, min(demand.replicas_wanted, demand.replicas_max) - runs[demand.id])
         for number in range(missing):
             if queue != SERVING_QUEUE:
-                giveable = sum(r.usage for r in running.values() if r.workload.cluster_queue == queue
-                               and r.accelerator_type == demand.accelerator_type and r.workload.preemptible
-                               and r.workload.id not in touched)
                 why = serving_quota_refusal(ledger, queue, demand.accelerator_type, demand.devices_per_replica,
-                                            giveable)
+                                            _giveable(running, touched, queue, demand.accelerator_type))
                 if why:
                     plan.waiting[demand.id] = f"{missing - number} wanted replica(s) wait for quota: {why}"
                     break
-                reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free)
+                reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, demand.devices_per_replica)
             else:
                 reclaimed = None
             placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan)
@@ -238,9 +248,16 @@ class _Reclaimed:
         self.log, self.decisions = [], []
 
 
+def _giveable(running: dict[str, Running], touched: set[str], queue: str, kind: str) -> float:
+    """What preemptible training of `queue` holds of `kind` (and is not already giving something back)."""
+    return sum(r.usage for r in running.values() if r.workload.cluster_queue == queue and r.accelerator_type == kind
+               and r.workload.preemptible and r.workload.id not in touched)
+
+
 def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, running: dict[str, Running],
-                   touched: set[str], free: _Free) -> _Reclaimed | None:
-    """Make the quota a wanted replica was allowed (`serving_quota_refusal`) true in the ledger, or change nothing.
+                   touched: set[str], free: _Free, amount: float) -> _Reclaimed | None:
+    """Make the quota `amount` devices of a deployment's replicas were allowed (`serving_quota_refusal`) true in the
+    ledger, or change nothing.
 
     The replica may count on two kinds of quota that training holds: the team's own preemptible training in its
     queue (it uses the quota on loan), and, within the queue's nominal quota, what other queues of the cohort
@@ -250,10 +267,12 @@ def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, runni
     stopped. All or none: unless the replica then fits the quota, nothing is given back (None; the replica still
     runs: within nominal quota serving always may, and the cohort stays over until those borrowers end). The
     caller commits the decisions once the replica is placed, or undoes them."""
-    kind, amount = demand.accelerator_type, demand.devices_per_replica
+    kind = demand.accelerator_type
     if ledger.check(queue, kind, amount).ok:
         return None
-    within_nominal = ledger.usage[(queue, kind)] + amount <= ledger.quota(queue, kind).nominal + EPS
+    # Within nominal once the queue's own preemptible training gave its share back: then the cohort's borrowers too.
+    own = _giveable(running, touched, queue, kind)
+    within_nominal = ledger.usage[(queue, kind)] - own + amount <= ledger.quota(queue, kind).nominal + EPS
     cohort = set(ledger.members(queue)) if within_nominal else {queue}
 
     def borrows(other: str) -> bool:
