@@ -280,6 +280,9 @@ def run_one(backend, *, name: str, router: str, engine: dict, replicas: int, mod
 
 def print_table(title: str, rows: list[dict], columns: list[tuple[str, str]]) -> None:
     print(f"\n{title}")
+    if not rows:  # e.g. --skip-routers: the routers' table has no run (a crash here lost a whole run's results)
+        print("  (no runs)")
+        return
     widths = [max(len(label), *(len(_fmt(row.get(key))) for row in rows)) for key, label in columns]
     print("  ".join(label.ljust(w) for (_, label), w in zip(columns, widths, strict=True)))
     for row in rows:

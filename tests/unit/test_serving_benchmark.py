@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.serving import RunResult, _pct, compare, parse_args
+from benchmarks.serving import ROUTER_COLUMNS, RunResult, _pct, compare, parse_args, print_table
 
 
 def result(name, *, cached, prompt, output, makespan, ttfts=(0.1, 0.2, 0.3)) -> dict:
@@ -23,6 +23,14 @@ def test_summary_reports_hit_rate_throughput_and_milliseconds():
     summary = result("prefix", cached=50, prompt=200, output=300, makespan=10.0)
     assert summary["cache_hit_rate"] == 0.25 and summary["output_tokens_per_s"] == 30.0
     assert summary["ttft_p50_ms"] == 200.0 and summary["tpot_p90_ms"] == 20.0
+
+
+def test_a_table_without_runs_prints_and_does_not_crash(capsys):
+    """`--skip-routers` leaves the routers' table empty; printing it crashed after the tier runs, losing them."""
+    print_table("Routers", [], ROUTER_COLUMNS)
+    assert "(no runs)" in capsys.readouterr().out
+    print_table("Routers", [RunResult(name="pow2", router="pow2", engine={}, requests=1).summary()], ROUTER_COLUMNS)
+    assert "pow2" in capsys.readouterr().out
 
 
 def test_compare_gives_ratios_against_each_baseline_and_says_met_or_missed():
