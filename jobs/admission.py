@@ -185,7 +185,8 @@ def pending_serving() -> list[ServingDemand]:
                                                 state_reason__startswith="waiting for capacity") \
             .select_related("local_queue__cluster_queue", "source_job").order_by("id"):
         replicas = max(1, deployment.replicas_min)
-        slug = next((slug for slug in deployment.accelerator_types if slug != "cpu" and not
+        slug = next((slug for slug in deployment.accelerator_types if slug != "cpu"
+                     and _nodes_could_hold(slug, float(deployment.devices_per_replica), replicas) and not
                      selectors.serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=replicas)),
                     None)
         if slug is None:
@@ -197,8 +198,15 @@ def pending_serving() -> list[ServingDemand]:
         demands.append(ServingDemand(id=str(deployment.pk), accelerator_type=slug,
                                      devices_per_replica=float(deployment.devices_per_replica),
                                      replicas_max=deployment.replicas_max, replicas_wanted=replicas,
-                                     replicas_running=0, cluster_queue=deployment.local_queue.cluster_queue.name))
+                                     replicas_running=0, cluster_queue=deployment.local_queue.cluster_queue.name,
+                                     all_or_none=True))
     return demands
+
+
+def _nodes_could_hold(slug: str, devices_per_replica: float, replicas: int) -> bool:
+    """Whether the type's live, uncordoned nodes could hold the replicas once training gave their devices back."""
+    nodes = Node.objects.filter(pool__accelerator_type__slug=slug, health=NodeHealth.HEALTHY, cordoned=False)
+    return sum(int(node.capacity_devices // devices_per_replica) for node in nodes) >= replicas
 
 
 def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:

@@ -1,6 +1,5 @@
 """Review of mixed load in the platform (commit 780eb27: deployments PENDING for capacity join the cycle).
-In-memory backend, as tests/api/test_mixed_load.py. Tests marked xfail(strict) fail on the code they were written
-against."""
+In-memory backend, as tests/api/test_mixed_load.py."""
 
 from __future__ import annotations
 
@@ -41,8 +40,6 @@ def job(client, name: str) -> int:
                                                    "accelerator_types": ["nvidia-h100"]})
 
 
-@pytest.mark.xfail(strict=True, reason="pending_serving: a PENDING deployment's replicas_min replicas are placed one "
-                                       "by one, so training gives back a node for a deployment that cannot deploy")
 def test_a_pending_deployment_that_cannot_get_all_its_replicas_makes_nobody_give_anything_back(
         api, backend, model_dir, world):
     """The H100 pool is two nodes of 8: one runs preemptible training, the other training that is never preempted.
@@ -77,8 +74,6 @@ def a100_job(client, name: str) -> int:
                                                    "accelerator_types": ["nvidia-a100"]})
 
 
-@pytest.mark.xfail(strict=True, reason="pending_serving: the demand goes to the first type whose quota passes, even "
-                                       "one without a node it could ever run on; training on the next type keeps it")
 def test_a_pending_deployment_gets_capacity_back_on_the_type_it_can_run_on(api, backend, model_dir):
     """The deployment accepts H100 then A100. Every H100 node is cordoned; preemptible training fills the A100
     pool. It waits for capacity, and only the A100 training could give it some. The demand went to H100 (its quota

@@ -1,9 +1,7 @@
 """Review of the mixed-load quota give-back (commits ee7681f, 780eb27): scenarios the hypothesis properties of
-tests/unit/test_mixed_load.py do not reach. Tests marked xfail(strict) fail on the code they were written against."""
+tests/unit/test_mixed_load.py do not reach."""
 
 from __future__ import annotations
-
-import pytest
 
 from controlplane.scheduling.mixed_load import ServingDemand, plan_mixed_load
 from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
@@ -36,8 +34,6 @@ def victims(plan) -> list[str]:
     return sorted([p.workload_id for p in plan.preempted] + [s.workload_id for s in plan.shrunk])
 
 
-@pytest.mark.xfail(strict=True, reason="mixed_load: a give-back for room on a node (_give_back) does not take the "
-                                       "victim's usage off the quota ledger, so _reclaim_quota preempts more")
 def test_a_victim_that_gave_back_a_node_is_not_counted_again_so_no_second_job_is_preempted_for_quota():
     """The first replica fits the quota but no node: job "a" gives back n0 (8 devices, for devices, not quota).
     The second replica fits on the 4 devices "a" left on n0, and the queue's quota (16) holds both replicas and
@@ -57,8 +53,6 @@ def test_a_victim_that_gave_back_a_node_is_not_counted_again_so_no_second_job_is
     assert usage(plan.snapshot)["serve"] == 12.0
 
 
-@pytest.mark.xfail(strict=True, reason="mixed_load: _reclaim_quota is all or none over the cohort, so the queue's own "
-                                       "training keeps its quota when a cohort borrower cannot give back")
 def test_the_queues_own_training_gives_back_even_when_a_cohort_borrower_cannot():
     """serve (nominal 4, no borrowing) runs its own preemptible job "own" (2); train (nominal 4) runs a
     non-preemptible job (6) that borrows 2 of serve's idle quota. A replica of 4 is allowed (within serve's nominal
@@ -75,8 +69,6 @@ def test_the_queues_own_training_gives_back_even_when_a_cohort_borrower_cannot()
     assert usage(plan.snapshot)["serve"] <= 4.0, usage(plan.snapshot)
 
 
-@pytest.mark.xfail(strict=True, reason="mixed_load: an elastic borrower shrunk for one replica's quota is 'touched' "
-                                       "and gives nothing more for the next replica, which runs anyway")
 def test_an_elastic_borrower_shrunk_for_one_replica_gives_back_more_for_the_next_so_the_cohort_stays_within():
     """serve and train (nominal 4 each) in one cohort; train's elastic job (4 workers of 2, min 1) borrows serve's
     idle 4. Two replicas of 2 are wanted, each within serve's nominal quota: the first has the job give back one

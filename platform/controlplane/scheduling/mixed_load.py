@@ -43,6 +43,7 @@ class ServingDemand:
     pool: str | None = None  # pinned to one pool, or any pool of the type
     replicas_running: int | None = None  # when more run than `replica_nodes` names (None: as many as it names)
     cluster_queue: str | None = None  # the ClusterQueue whose quota its replicas count against
+    all_or_none: bool = False  # deploys only once all wanted replicas fit (PENDING): nothing given back for fewer
 
     @property
     def reserved(self) -> float:
@@ -168,7 +169,6 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
             if placed is not None:
                 held[demand.id].append(placed)
     # 3. Wanted replicas not running yet, within their queue's quota: free devices, or what training gives back.
-    #    (What victims give back is not taken off the ledger until the next cycle: a replica may wait one more.)
     ledger = _quota_ledger(snapshot)
     for demand in demands:
         queue = _queue_of(demand, snapshot)
@@ -182,25 +182,28 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
         if queue == SERVING_QUEUE or amount <= EPS:
             continue
         ledger.add(queue, kind, -amount)
-        if not serving_quota_refusal(ledger, queue, kind, amount, _giveable(running, touched, queue, kind)):
-            reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, amount)
+        if not serving_quota_refusal(ledger, queue, kind, amount, _giveable(running, touched - _again(plan), queue,
+                                                                            kind)):
+            reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, amount, again=_again(plan))
             if reclaimed is not None:
                 reclaimed.commit(plan)
         ledger.add(queue, kind, amount)
     for demand in demands:
         queue = _queue_of(demand, snapshot)
         missing = max(0, min(demand.replicas_wanted, demand.replicas_max) - runs[demand.id])
+        saved = _save(free, running, touched, ledger, plan, held[demand.id]) if demand.all_or_none else None
         for number in range(missing):
             if queue != SERVING_QUEUE:
                 why = serving_quota_refusal(ledger, queue, demand.accelerator_type, demand.devices_per_replica,
-                                            _giveable(running, touched, queue, demand.accelerator_type))
+                                            _giveable(running, touched - _again(plan), queue, demand.accelerator_type))
                 if why:
                     plan.waiting[demand.id] = f"{missing - number} wanted replica(s) wait for quota: {why}"
                     break
-                reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, demand.devices_per_replica)
+                reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, demand.devices_per_replica,
+                                           again=_again(plan))
             else:
                 reclaimed = None
-            placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan)
+            placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan, ledger)
             if reclaimed is not None and placed is not None:
                 reclaimed.commit(plan)
             elif reclaimed is not None:
@@ -213,12 +216,33 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
             held[demand.id].append(placed)
             if queue != SERVING_QUEUE:
                 ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
+        if saved is not None and demand.id in plan.waiting:  # fewer than all: as if none had been tried
+            _restore(saved, free, running, touched, ledger, plan, held[demand.id])
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
                  for r in snapshot.running if r.workload.id in running)
     pseudo = tuple(_pseudo(d, tuple(held[d.id]), _queue_of(d, snapshot)) for d in demands if held[d.id])
     plan.snapshot = replace(snapshot, running=kept + pseudo)
     return plan
+
+
+def _save(free: _Free, running, touched, ledger: QuotaLedger, plan: MixedLoadPlan, held: list) -> tuple:
+    return ({n: list(s) for n, s in free.free.items()}, dict(running), set(touched), dict(ledger.usage),
+            list(plan.preempted), list(plan.shrunk), len(held))
+
+
+def _restore(saved: tuple, free: _Free, running, touched, ledger: QuotaLedger, plan: MixedLoadPlan,
+             held: list) -> None:
+    shares, before, was_touched, usage, preempted, shrunk, placed = saved
+    free.free = shares
+    running.clear()
+    running.update(before)
+    touched.clear()
+    touched.update(was_touched)
+    ledger.usage.clear()
+    ledger.usage.update(usage)
+    plan.preempted[:], plan.shrunk[:] = preempted, shrunk
+    del held[placed:]
 
 
 class _Reclaimed:
@@ -232,20 +256,32 @@ class _Reclaimed:
     def release(self, victim: Running, workers: tuple[WorkerPlacement, ...]) -> None:
         self.free.hold(workers, 1.0)
         self.ledger.add(victim.workload.cluster_queue, self.kind, -len(workers) * victim.workload.devices_per_worker)
-        self.log.append((victim, workers))
+        self.log.append((victim, workers, victim.workload.id in self.touched))
         self.touched.add(victim.workload.id)
 
     def commit(self, plan: MixedLoadPlan) -> None:
         for decision in self.decisions:
+            # A victim shrunk for an earlier replica's quota: one decision still, with everything it gives back.
+            earlier = next((s for s in plan.shrunk if s.workload_id == decision.workload_id), None)
+            if earlier is not None:
+                plan.shrunk.remove(earlier)
+                if isinstance(decision, Shrink):
+                    decision = replace(decision, released=earlier.released + decision.released)
             (plan.shrunk if isinstance(decision, Shrink) else plan.preempted).append(decision)
 
     def undo(self) -> None:
-        for before, workers in reversed(self.log):  # the earliest entry of a victim is its state before
+        for before, workers, was_touched in reversed(self.log):  # the earliest entry of a victim is its state before
             self.free.hold(workers, -1.0)
             self.ledger.add(before.workload.cluster_queue, self.kind, len(workers) * before.workload.devices_per_worker)
             self.running[before.workload.id] = before
-            self.touched.discard(before.workload.id)
+            if not was_touched:
+                self.touched.discard(before.workload.id)
         self.log, self.decisions = [], []
+
+
+def _again(plan: MixedLoadPlan) -> frozenset[str]:
+    """Victims shrunk for a replica's quota earlier in the cycle: they may give back more quota (not devices)."""
+    return frozenset(s.workload_id for s in plan.shrunk if gives_back_quota(s))
 
 
 def _giveable(running: dict[str, Running], touched: set[str], queue: str, kind: str) -> float:
@@ -255,7 +291,8 @@ def _giveable(running: dict[str, Running], touched: set[str], queue: str, kind: 
 
 
 def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, running: dict[str, Running],
-                   touched: set[str], free: _Free, amount: float) -> _Reclaimed | None:
+                   touched: set[str], free: _Free, amount: float, own_only: bool = False,
+                   again: frozenset[str] = frozenset()) -> _Reclaimed | None:
     """Make the quota `amount` devices of a deployment's replicas were allowed (`serving_quota_refusal`) true in the
     ledger, or change nothing.
 
@@ -271,18 +308,21 @@ def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, runni
     if ledger.check(queue, kind, amount).ok:
         return None
     # Within nominal once the queue's own preemptible training gave its share back: then the cohort's borrowers too.
-    own = _giveable(running, touched, queue, kind)
+    own = _giveable(running, touched - again, queue, kind)
     within_nominal = ledger.usage[(queue, kind)] - own + amount <= ledger.quota(queue, kind).nominal + EPS
-    cohort = set(ledger.members(queue)) if within_nominal else {queue}
+    cohort = set(ledger.members(queue)) if within_nominal and not own_only else {queue}
 
     def borrows(other: str) -> bool:
         return other == queue or ledger.usage[(other, kind)] > ledger.quota(other, kind).nominal + EPS
 
     def fits() -> bool:
+        if own_only:  # the queue itself back within its nominal quota
+            return ledger.usage[(queue, kind)] + amount <= ledger.quota(queue, kind).nominal + EPS
         return ledger.check(queue, kind, amount).ok
 
     candidates = sorted((r for r in running.values()
-                         if r.accelerator_type == kind and r.workload.preemptible and r.workload.id not in touched
+                         if r.accelerator_type == kind and r.workload.preemptible
+                         and (r.workload.id not in touched or r.workload.id in again)
                          and r.workload.cluster_queue in cohort and borrows(r.workload.cluster_queue)),
                         key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
     where = "its queue's quota" if cohort == {queue} else f"the nominal quota of {queue} that its cohort borrowed"
@@ -316,6 +356,10 @@ def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, runni
     if fits():
         return reclaimed
     reclaimed.undo()
+    if within_nominal and not own_only:
+        # The cohort's borrowers cannot all give back (not preemptible), yet the replica runs (within nominal serving
+        # always may): the queue's own training still gives back what would take the queue over its own quota.
+        return _reclaim_quota(ledger, queue, demand, running, touched, free, amount, own_only=True, again=again)
     return None
 
 
@@ -334,7 +378,7 @@ def _place_replica(free: _Free, demand: ServingDemand) -> WorkerPlacement | None
 
 
 def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], touched: set[str],
-               plan: MixedLoadPlan) -> WorkerPlacement | None:
+               plan: MixedLoadPlan, ledger: QuotaLedger) -> WorkerPlacement | None:
     """Free one node's devices for one wanted replica from the training on it, or None (and nothing changed) when
     no node can be freed. Nodes are tried with the most free devices first; on a node, victims go lowest priority
     first, then least work since their last checkpoint; an elastic victim gives up its workers on that node
@@ -362,7 +406,7 @@ def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], 
                                         f"{demand.id} reserved and now needs"))
                 placed = free.take(node, demand.devices_per_replica)
                 if placed is not None:
-                    return _commit(WorkerPlacement(node, placed), decisions, touched, plan)
+                    return _commit(WorkerPlacement(node, placed), decisions, touched, plan, undo, ledger)
                 if len(released) == len(on_node):
                     continue  # nothing of it is left on this node: stopping it would not help here
                 victim = narrowed
@@ -374,14 +418,18 @@ def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], 
                                      f"({victim.work_since_checkpoint_s:g} s since its last checkpoint)"))
             placed = free.take(node, demand.devices_per_replica)
             if placed is not None:
-                return _commit(WorkerPlacement(node, placed), decisions, touched, plan)
+                return _commit(WorkerPlacement(node, placed), decisions, touched, plan, undo, ledger)
         for workload_id, before, released in reversed(undo):  # this node cannot be freed: put everything back
             free.hold(released, -1.0)
             running[workload_id] = before
     return None
 
 
-def _commit(placed: WorkerPlacement, decisions, touched: set[str], plan: MixedLoadPlan) -> WorkerPlacement:
+def _commit(placed: WorkerPlacement, decisions, touched: set[str], plan: MixedLoadPlan, undo,
+            ledger: QuotaLedger) -> WorkerPlacement:
+    for _, before, released in undo:  # what the victims give back no longer counts against their queues
+        ledger.add(before.workload.cluster_queue, before.accelerator_type,
+                   -len(released) * before.workload.devices_per_worker)
     for decision in decisions:
         touched.add(decision.workload_id)
         (plan.shrunk if isinstance(decision, Shrink) else plan.preempted).append(decision)
