@@ -109,3 +109,49 @@ def test_a_borrowing_job_checkpoints_and_gives_its_node_back_to_a_scaling_deploy
           f"checkpointed at step {job.last_checkpoint_step} and waits in the queue")
     assert client.post(f"/api/v1/training-jobs/{job_id}/cancel/").status_code in (200, 202)
     assert client.delete(f"/api/v1/deployments/{pk}/").status_code == 204
+
+
+def test_a_new_deployment_gets_a_node_back_from_training_that_fills_the_pool(api, platform, tmp_path):
+    """Two jobs fill the H100 pool (2 nodes x 8 SIMULATED chips) in the team's queue; a one-replica deployment fits
+    the queue's quota once that preemptible training gives its share back, but no node has room: it waits for
+    capacity, the cycle asks one job to checkpoint and stop, and the reconciler deploys onto the node it gave back."""
+    from inference.models import Deployment
+    from jobs.models import TrainingJob
+
+    client = api("alpha", "member")
+    jobs = []
+    for name in ("first", "second"):
+        response = client.post("/api/v1/training-jobs/", {
+            "name": name, "queue": "default", "accelerator_types": ["nvidia-h100"], "workers_min": 1,
+            "workers_max": 1, "devices_per_worker": 8, "checkpoint": {"interval_steps": 1000, "keep_last": 2},
+            "hyperparameters": {"steps": 100000, "step_sleep_s": 0.05}}, format="json")
+        assert response.status_code == 201, response.json()
+        jobs.append(response.json()["id"])
+    for job_id in jobs:
+        wait_for(platform, lambda job_id=job_id: TrainingJob.objects.get(pk=job_id),
+                 lambda j: j.state == "RUNNING" and j.current_step >= 3, 120, "the jobs to train")
+
+    model = write_random_model_dir(tmp_path / "model", SHAPE, seed=4)
+    asked = time.monotonic()
+    response = client.post("/api/v1/deployments/", {
+        "name": "late", "queue": "default", "model_uri": str(model), "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 1, "sla": {"ttft_p95_ms": 5000,
+                                                                                "tpot_p95_ms": 1000},
+        "engine": {"slots": 2, "block_size": 8}}, format="json")
+    assert response.status_code == 201, response.json()
+    pk = response.json()["id"]
+    assert Deployment.objects.get(pk=pk).state_reason.startswith("waiting for capacity")
+    deployment = wait_for(platform, lambda: Deployment.objects.get(pk=pk),
+                          lambda d: d.state == "SERVING" and d.replicas_ready == 1, 180, "the deployment to serve")
+    assert deployment.accelerator_type == "nvidia-h100"
+    served = time.monotonic() - asked
+    states = sorted(TrainingJob.objects.get(pk=job_id).state for job_id in jobs)
+    assert states[0] in ("PREEMPTED", "QUEUED") and states[1] == "RUNNING", states
+    stopped = next(j for j in TrainingJob.objects.filter(pk__in=jobs) if j.state != "RUNNING")
+    assert f"deployment {pk}" in stopped.events.filter(to_state="PREEMPTED").last().reason
+    assert stopped.last_checkpoint_step is not None and stopped.last_checkpoint_step >= 3
+    print(f"\nmixed load on Ray: a new deployment served {served:.1f} s after it was created, on the node job "
+          f"{stopped.pk} gave back (checkpointed at step {stopped.last_checkpoint_step})")
+    for job_id in jobs:
+        assert client.post(f"/api/v1/training-jobs/{job_id}/cancel/").status_code in (200, 202)
+    assert client.delete(f"/api/v1/deployments/{pk}/").status_code == 204
