@@ -27,7 +27,6 @@ from controlplane.scheduling.quota import QuotaLedger
 
 SERVING_QUEUE = "(serving)"  # not a ClusterQueue: a demand without a queue is held outside every quota
 SERVING_PREFIX = "serving:"
-QUOTA_GIVE_BACK = "quota deployment"  # in the reason of a decision that gives quota back (`_reclaim_quota`)
 
 
 @dataclass(frozen=True)
@@ -341,8 +340,8 @@ def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, runni
             narrowed = replace(victim, workers=victim.workers[:width])
             running[workload.id] = narrowed
             reclaimed.decisions.append(Shrink(workload.id, width, victim.workers[width:], SERVING_PREFIX + demand.id,
-                                              f"shrunk to {width} workers: gives back {kind} {QUOTA_GIVE_BACK} "
-                                              f"{demand.id} needs within {where}"))
+                                              f"shrunk to {width} workers: gives back {kind} quota deployment "
+                                              f"{demand.id} needs within {where}", quota=True))
             if fits():
                 break
             victim = narrowed
@@ -350,9 +349,9 @@ def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, runni
         running.pop(workload.id)
         reclaimed.decisions = [d for d in reclaimed.decisions if d.workload_id != workload.id]
         reclaimed.decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
-                                           f"preempted: gives back {kind} {QUOTA_GIVE_BACK} {demand.id} needs within "
+                                           f"preempted: gives back {kind} quota deployment {demand.id} needs within "
                                            f"{where} ({victim.work_since_checkpoint_s:g} s since its last "
-                                           "checkpoint)"))
+                                           "checkpoint)", quota=True))
     if fits():
         return reclaimed
     reclaimed.undo()
@@ -438,7 +437,7 @@ def _commit(placed: WorkerPlacement, decisions, touched: set[str], plan: MixedLo
 
 def gives_back_quota(decision: Preempt | Shrink) -> bool:
     """Whether a give-back returns quota a deployment needs (`_reclaim_quota`), not devices on a node."""
-    return QUOTA_GIVE_BACK in decision.reason
+    return decision.quota
 
 
 def is_serving(workload: Workload) -> bool:

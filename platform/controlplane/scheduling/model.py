@@ -104,6 +104,7 @@ class Preempt:
     for_workload: str
     reason: str
     checkpoint_first: bool = True
+    quota: bool = False  # a give-back of quota a deployment needs (mixed load), not of devices on a node
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class Shrink:
     released: tuple[WorkerPlacement, ...]
     for_workload: str
     reason: str
+    quota: bool = False  # a give-back of quota a deployment needs (mixed load), not of devices on a node
 
 
 @dataclass(frozen=True)
