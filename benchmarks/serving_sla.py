@@ -116,6 +116,50 @@ def sla_goodput(runs: list[dict], slas: list[SLA], routers: list[str], candidate
     return rows
 
 
+def unbounded_hit_rate(requests, block_tokens: int) -> float:
+    """The token hit rate of an unbounded prefix cache shared by all replicas, over these prompts in arrival order:
+    the share of prompt tokens in full blocks whose whole prefix (this block and every one before it) was in an
+    earlier prompt. No router and no cache size can reuse more. 0.0 when there are no prompt tokens."""
+    chain: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent node, block) -> node: prefixes seen so far
+    total = hits = 0
+    for request in sorted(requests, key=lambda r: r.arrival_s):
+        tokens = request.prompt_tokens
+        total += len(tokens)
+        parent = -1
+        for end in range(block_tokens, len(tokens) + 1, block_tokens):
+            key = (parent, tuple(tokens[end - block_tokens:end]))
+            node = chain.get(key)
+            if node is None:
+                node = chain[key] = len(chain)
+            else:
+                hits += block_tokens
+            parent = node
+    return hits / total if total else 0.0
+
+
+def caching_gain_ceiling(baseline_hit_rate: float | None, best_hit_rate: float) -> float | None:
+    """The most a router can raise throughput over a baseline by caching alone: as if prefill were all the work and
+    the candidate reused every reusable token (`best_hit_rate`, from `unbounded_hit_rate`), work falls from
+    (1 - baseline hit rate) to (1 - best) of the prompt tokens. Decode work, the same under both, only lowers it."""
+    if baseline_hit_rate is None or best_hit_rate >= 1.0:
+        return None
+    return (1.0 - baseline_hit_rate) / (1.0 - best_hit_rate)
+
+
+def add_ceilings(rows: list[dict], runs: list[dict], routers: list[str], best_hit_rate: float,
+                 candidate: str = CANDIDATE) -> None:
+    """Per SLA row and baseline, `ceiling_vs_<baseline>`: `caching_gain_ceiling` from the baseline's measured hit
+    rate in the run its goodput came from (None when it met the SLA at no rate)."""
+    for row in rows:
+        for baseline in routers:
+            if baseline == candidate:
+                continue
+            run = next((r for r in runs if r["router"] == baseline and r["rate_rps"] == row[f"{baseline}_rate"]
+                        and r["output_tokens_per_s"] == row[f"{baseline}_goodput"]), None)
+            row[f"ceiling_vs_{baseline}"] = (caching_gain_ceiling(run.get("cache_hit_rate"), best_hit_rate)
+                                             if run else None)
+
+
 def _verdict(ratio: float | None, cand: float | None, base: float | None, cand_top: bool, base_top: bool) -> str:
     target = f">= {TARGET_THROUGHPUT_RATIO}x: "
     if cand is None and base is None:
@@ -216,7 +260,8 @@ def sla_columns(routers: list[str]) -> list[tuple[str, str]]:
         columns += [(f"{router}_goodput", f"{router} goodput tok/s"), (f"{router}_rate", "at rate")]
     for router in routers:
         if router != CANDIDATE and CANDIDATE in routers:
-            columns += [(f"ratio_vs_{router}", f"prefix/{router}"), (f"target_vs_{router}", "target")]
+            columns += [(f"ratio_vs_{router}", f"prefix/{router}"), (f"target_vs_{router}", "target"),
+                        (f"ceiling_vs_{router}", "caching ceiling")]
     return columns
 
 
@@ -234,10 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     requests_by_rate = {rate: build_requests(trace, scale) for rate, scale in scales.items()}
     reusable = reusable_block_fraction(trace)
     first = requests_by_rate[args.rate_grid[0]]
+    best_hit = unbounded_hit_rate(first, args.block_tokens)
     print(f"[serving-sla] {len(first)} requests from {args.trace} (lines {args.start}..{args.start + len(trace) - 1}, "
           f"{span_s:.0f} s of trace); unbounded-cache reusable blocks in this slice: {reusable:.1%}")
     print(f"[serving-sla] prompts: mean {statistics.mean(len(r.prompt_tokens) for r in first):.0f} tokens; "
           f"outputs: mean {statistics.mean(r.max_tokens for r in first):.1f} tokens")
+    print(f"[serving-sla] an unbounded shared prefix cache would reuse {best_hit:.1%} of the prompt tokens: no router "
+          f"can beat that hit rate", flush=True)
     print(f"[serving-sla] rates {args.rate_grid} req/s x routers {args.router_list}; SLAs: "
           + "; ".join(sla.label for sla in args.sla_list), flush=True)
 
@@ -252,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": f"{platform.node()}: {os.cpu_count()} CPU cores; accelerators SIMULATED (replicas compute on CPU)",
         "trace": str(args.trace), "trace_lines": [args.start, args.start + len(trace) - 1],
         "reusable_block_fraction_unbounded": round(reusable, 4),
+        "prompt_token_hit_rate_unbounded": round(best_hit, 4),
         "scaling": describe_scaling(scales[args.rate_grid[0]]).split(" Rate:")[0]
         + " Rate: arrival times were compressed so that the slice arrives at each grid rate on average"
         " (scaling_by_rate gives the factor for each).",
@@ -287,12 +336,15 @@ def main(argv: list[str] | None = None) -> int:
                     _write_json(json_path, report)
 
     report["sla_table"] = sla_goodput(runs, args.sla_list, args.router_list)
+    add_ceilings(report["sla_table"], runs, args.router_list, best_hit)
     report["finished_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     report["complete"] = True
     print_table(f"Runs ({args.replicas} replicas, {args.slots} slots each, cache 4096 device blocks; "
                 f"load1 = host 1-minute load average, {os.cpu_count()} CPU cores)", runs, RUN_COLUMNS)
     print_table(f"Goodput under each SLA (highest out tok/s among the rates whose run met it with zero errors; "
-                f"target prefix-aware >= {TARGET_THROUGHPUT_RATIO}x {ROUTER_LABELS.get('pow2')})",
+                f"target prefix-aware >= {TARGET_THROUGHPUT_RATIO}x {ROUTER_LABELS.get('pow2')}; caching ceiling = "
+                f"the most any router could gain over the baseline by caching, from the baseline's hit rate and the "
+                f"{best_hit:.1%} an unbounded cache reuses)",
                 report["sla_table"], sla_columns(args.router_list))
     if not args.no_write:
         _write_json(json_path, report)

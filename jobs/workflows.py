@@ -76,6 +76,7 @@ def build_launch(job: TrainingJob) -> TrainingLaunch:
         "trainer": job.trainer, "hyperparameters": dict(job.hyperparameters or {}), "entrypoint": job.entrypoint,
         "working_dir": job.working_dir, "envs": {**(job.envs or {}), **(job.secret_envs or {})},
         "dataset_path": dataset_path,
+        "attempt": job.attempt,  # recorded with the metrics a checkpoint carries (see worker.STEP_RECORD_FILE)
         "checkpoint_dir": str(checkpoint_dir(job)), "checkpoint_interval_steps": job.checkpoint_interval_steps,
         "checkpoint_keep_last": job.checkpoint_keep_last, "max_restarts": job.max_restarts,
         "detection": dict(settings.FLEETYARD_FAULT_DETECTION),
@@ -206,12 +207,18 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
         events = sorted((e for e in report.events if e["seq"] > job.events_cursor), key=lambda e: e["seq"])
         metrics, lines = [], []
         advisory: set[str] = set()
+        seen_steps = _recorded_steps(job, events)
         for event in events:
             kind = event["type"]
             at = _when(event.get("at"))
             if kind == "metric":
+                key = (event["step"], event["rank"])
+                if event.get("replayed") and key in seen_steps:
+                    continue  # a metric the checkpoint carried that the worker had reported before it died
+                seen_steps.add(key)
+                attempt = event.get("attempt") if event.get("replayed") and event.get("attempt") else job.attempt
                 metrics.append(TrainingMetric(
-                    job=job, attempt=job.attempt, step=event["step"], worker=event["rank"], loss=_finite(event["loss"]),
+                    job=job, attempt=attempt, step=event["step"], worker=event["rank"], loss=_finite(event["loss"]),
                     step_time_s=event.get("step_time"), compute_time_s=event.get("compute_time"),
                     tokens_per_s=event.get("tokens_per_s"), recorded_at=at))
             elif kind == "log":
@@ -246,6 +253,16 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
                                 "last_checkpoint_step", "recovery_exclude", "goodput"])
         job.advisory_exclude = sorted(advisory)  # slow nodes: move off them only if a better node is free
         return job
+
+
+def _recorded_steps(job: TrainingJob, events: list[dict]) -> set[tuple[int, int]]:
+    """(step, worker) pairs that already have a metric row, over the steps of the replayed metrics in `events`
+    (a resumed worker replays the metrics saved with its checkpoint; the control plane keeps only the missing)."""
+    steps = [e["step"] for e in events if e["type"] == "metric" and e.get("replayed")]
+    if not steps:
+        return set()
+    return set(TrainingMetric.objects.filter(job=job, step__gte=min(steps), step__lte=max(steps))
+               .values_list("step", "worker"))
 
 
 def _apply_state(job: TrainingJob, event: dict) -> TrainingJob:

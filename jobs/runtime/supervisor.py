@@ -296,7 +296,7 @@ class GangSupervisor:
         for event in result["events"]:
             if event["type"] == "checkpoint":
                 self.last_checkpoint_step = max(self.last_checkpoint_step, event["step"])
-            if event["type"] == "metric" and event["rank"] == 0:
+            if event["type"] == "metric" and event["rank"] == 0 and not event.get("replayed"):
                 self._step_times.append(event["compute_time"])
                 del self._step_times[:-200]
             self._event(event)

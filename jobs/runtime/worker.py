@@ -23,6 +23,7 @@ Two trainers:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -38,6 +39,11 @@ from pathlib import Path
 # Fault injection (tests and the fault benchmark): what a worker can be told to do to itself.
 INJECTABLE = ("crash", "hang", "slow", "nan")
 RECENT_STEP_TIMES = 20
+# Rank 0's metric events of its last steps, saved with each checkpoint and replayed on resume: a worker
+# that dies before the supervisor polls it takes the metrics of its last steps with it, while the run
+# goes on from the checkpoint it wrote after them (found by benchmarks/churn.py: steps with no metric).
+STEP_RECORD_FILE = "step_metrics.json"
+STEP_RECORD_STEPS = 512
 
 
 def free_port(host: str = "") -> int:
@@ -172,11 +178,19 @@ class TrainingWorker:
         self._emit(self._log(f"rank {self.rank}: {trainer.description}"))
         ckpt_root = Path(self.spec["checkpoint_dir"])
         start_step = 0
+        recent: deque[dict] = deque(maxlen=STEP_RECORD_STEPS)  # rank 0's metric events, for the next checkpoint
         latest = checkpoints.load_latest(ckpt_root)
         if latest is not None:
             info, files = latest
             start_step = trainer.resume(files)  # steps completed
+            recorded = read_step_record(files) if self.rank == 0 else []
             self._emit(self._log(f"rank {self.rank}: resumed from checkpoint step {info.step}"))
+            if recorded:
+                self._emit(self._log(f"rank {self.rank}: replaying the {len(recorded)} step metric(s) recorded with "
+                                     f"checkpoint step {info.step}; the control plane keeps those it has not seen"))
+            for event in recorded:  # the control plane keeps those it has not seen
+                recent.append(event)
+                self._emit({**event, "replayed": True})
         with self._lock:
             self._resumed_from = start_step - 1
             self._step = start_step - 1
@@ -207,13 +221,16 @@ class TrainingWorker:
             compute = max(0.0, elapsed - timer.waited)
             self._phase = "idle"
             finished = step == hp.steps - 1
+            metric = {"type": "metric", "at": time.time(), "rank": self.rank, "step": step, "loss": loss,
+                      "step_time": elapsed, "compute_time": compute,
+                      "tokens_per_s": tokens_per_step / elapsed if elapsed > 0 else None}
+            if self.rank == 0:
+                recent.append({**metric, "attempt": self.spec.get("attempt")})
             with self._lock:
                 self._step = step
                 self._last_loss = loss
                 self._compute_times.append(compute)
-                self._events.append({"type": "metric", "at": time.time(), "rank": self.rank, "step": step,
-                                     "loss": loss, "step_time": elapsed, "compute_time": compute,
-                                     "tokens_per_s": tokens_per_step / elapsed if elapsed > 0 else None})
+                self._events.append(metric)
             if not math.isfinite(loss):
                 self._phase = "stopped"
                 self._emit(self._log(f"rank {self.rank}: loss is {loss} at step {step}; stopping for recovery"))
@@ -227,6 +244,7 @@ class TrainingWorker:
                 blocked = time.perf_counter()
                 files = trainer.state_files(step + 1)  # a copy in memory; None on ranks that write nothing
                 if files is not None:
+                    files[STEP_RECORD_FILE] = step_record_bytes(recent)
                     writer.submit(step=step, files=files, requested=wanted,
                                   blocked_s=time.perf_counter() - blocked,
                                   metadata={"job_id": self.spec.get("job_id"), "world_size": self.world_size,
@@ -433,6 +451,27 @@ class AsyncCheckpointWriter:
         self.emit({"type": "checkpoint", "at": time.time(), "rank": 0, "step": step, "size_bytes": info.size_bytes,
                    "path": str(info.path), "save_s": time.perf_counter() - started, "blocked_s": blocked_s,
                    "requested": requested})
+
+
+def step_record_bytes(events) -> bytes:
+    """Rank 0's recent metric events as saved with a checkpoint (JSON; a NaN loss stays NaN)."""
+    return json.dumps(list(events)).encode("utf-8")
+
+
+def read_step_record(files: dict[str, bytes]) -> list[dict]:
+    """The metric events saved with a checkpoint; [] for a checkpoint without them or with a damaged record (the
+    model state verified; losing the record loses only metrics the control plane may already have)."""
+    raw = files.get(STEP_RECORD_FILE)
+    if not raw:
+        return []
+    try:
+        events = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return []
+    if not isinstance(events, list):
+        return []
+    return [e for e in events if isinstance(e, dict) and e.get("type") == "metric"
+            and isinstance(e.get("step"), int) and isinstance(e.get("rank"), int)]
 
 
 def parse_progress_line(line: str) -> dict[str, float]:

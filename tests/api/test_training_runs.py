@@ -70,6 +70,28 @@ def test_applying_the_same_events_twice_records_them_once(api, backend):
     assert TrainingMetric.objects.filter(job=job).count() == 80
 
 
+def test_replayed_metrics_fill_only_the_steps_with_no_row(api, backend):
+    """A resumed worker replays the metrics its checkpoint carries; the control plane keeps the ones it never got
+    (under the attempt they were measured in), whether the originals came in an earlier report or the same one."""
+    from controlplane.compute.base import TrainingReport
+
+    job = submit(api("alpha", "member"))
+    workflows._apply_report(job.pk, backend.observe_training(job.compute_handle, since=0))  # steps 0-39, 2 workers
+    job.refresh_from_db()
+    cursor = job.events_cursor
+
+    def metric(seq, step, **extra):
+        return {"seq": seq, "type": "metric", "rank": 0, "step": step, "loss": 1.0, "at": 1.0e9, **extra}
+
+    events = ([metric(cursor + 1, 40)]  # reported by the worker that then died: arrives before its replay
+              + [metric(cursor + 2 + i, step, replayed=True, attempt=7) for i, step in enumerate(range(36, 44))])
+    workflows._apply_report(job.pk, TrainingReport(handle=job.compute_handle, state="running", step=43,
+                                                   events=tuple(events)))
+    rows = TrainingMetric.objects.filter(job=job, worker=0, step__gte=36).order_by("step")
+    assert [(m.step, m.attempt) for m in rows] == [(36, 1), (37, 1), (38, 1), (39, 1), (40, 1),
+                                                    (41, 7), (42, 7), (43, 7)]
+
+
 def test_a_crash_restarts_in_place_and_is_accounted(api, backend):
     client = api("alpha", "member")
     job = sync(submit(client), backend)

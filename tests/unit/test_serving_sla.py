@@ -7,8 +7,16 @@ import sys
 
 import pytest
 
+from benchmarks.mooncake import BenchRequest
 from benchmarks.serving import REPO_ROOT, RunResult
-from benchmarks.serving_sla import SLA, parse_args, sla_goodput
+from benchmarks.serving_sla import (
+    SLA,
+    add_ceilings,
+    caching_gain_ceiling,
+    parse_args,
+    sla_goodput,
+    unbounded_hit_rate,
+)
 
 TIGHT, LOOSE = SLA(1000, 150), SLA(4000, 150)
 
@@ -131,3 +139,37 @@ def test_cli_refuses_bad_grids_with_exit_2_and_no_traceback(argv):
     assert done.returncode == 2
     assert "error: --" in done.stderr and "Traceback" not in done.stderr
     assert "Ray cluster" not in done.stdout  # refused before anything started
+
+
+def request(at, tokens) -> BenchRequest:
+    return BenchRequest(arrival_s=at, prompt_tokens=list(tokens), max_tokens=4, hash_ids=())
+
+
+def test_the_unbounded_hit_rate_counts_full_blocks_whose_whole_prefix_came_before():
+    a, b, c = [1, 2], [3, 4], [5, 6]
+    prompts = [request(0.0, a + b + [9]),  # nothing before it: 0 of 5
+               request(2.0, c + b),  # b again, but after another prefix: 0 of 4
+               request(1.0, a + b + c)]  # arrives second: a and b reused, 4 of 6
+    assert unbounded_hit_rate(prompts, block_tokens=2) == 4 / 15
+    assert unbounded_hit_rate(prompts, block_tokens=4) == 4 / 15  # [1,2,3,4] is one block and is reused
+    assert unbounded_hit_rate([], block_tokens=2) == 0.0
+
+
+def test_the_caching_ceiling_bounds_the_gain_from_the_baselines_hit_rate():
+    assert caching_gain_ceiling(0.10, 0.25) == (0.90 / 0.75)
+    assert caching_gain_ceiling(0.25, 0.25) == 1.0
+    assert caching_gain_ceiling(None, 0.25) is None and caching_gain_ceiling(0.1, 1.0) is None
+
+
+def test_each_sla_row_gets_the_ceiling_of_the_baselines_goodput_run():
+    runs = [{**run("pow2", 8, ttft95=500, tps=100.0), "cache_hit_rate": 0.12},
+            {**run("pow2", 12, ttft95=3000, tps=150.0), "cache_hit_rate": 0.08},
+            {**run("prefix", 12, ttft95=900, tps=160.0), "cache_hit_rate": 0.2}]
+    table = rows(runs)
+    add_ceilings(table, runs, ["pow2", "prefix"], best_hit_rate=0.2)
+    tight, loose = table
+    assert tight["ceiling_vs_pow2"] == (1 - 0.12) / 0.8  # pow-2's tight-SLA goodput came from its 8/s run
+    assert loose["ceiling_vs_pow2"] == (1 - 0.08) / 0.8
+    table = rows([runs[2]])
+    add_ceilings(table, [runs[2]], ["pow2", "prefix"], best_hit_rate=0.2)
+    assert table[0]["ceiling_vs_pow2"] is None  # the baseline met no SLA: nothing to bound
