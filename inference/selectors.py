@@ -53,16 +53,26 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
     """How many replicas fit now on the live, uncordoned nodes of each pool of the type: {pool: replicas}.
 
     A replica sits on one node; a CPU replica needs only CPUs, an accelerator replica its devices (and a
-    little CPU for the server process)."""
+    little CPU for the server process). Free is what the cluster last reported, but never more than the node's
+    capacity less what admitted training gangs hold on it (`held_units_by_node`): a gang the scheduler placed
+    has not reserved its devices in Ray until its run starts, and a replica must not take them meanwhile."""
+    from jobs.selectors import held_units_by_node
+
     fits: dict[str, int] = defaultdict(int)
     nodes = Node.objects.filter(pool__accelerator_type__slug=accelerator_type, health=NodeHealth.HEALTHY,
                                 cordoned=False).select_related("pool").order_by("pool__name", "name")
+    held = held_units_by_node()
     for node in nodes:
-        by_cpu = math.floor(node.free_cpus / cpus_per_replica + 1e-9) if cpus_per_replica > 0 else 10**6
+        if accelerator_type == "cpu":  # training on the CPU pool holds cores
+            free_cpus = min(node.free_cpus, node.capacity_cpus - held.get(node.name, 0.0))
+        else:
+            free_cpus = node.free_cpus
+        by_cpu = math.floor(free_cpus / cpus_per_replica + 1e-9) if cpus_per_replica > 0 else 10**6
         if accelerator_type == "cpu" or devices_per_replica <= 0:
             count = by_cpu
         else:
-            count = min(by_cpu, math.floor(node.free_devices / devices_per_replica + 1e-9))
+            free_devices = min(node.free_devices, node.capacity_devices - held.get(node.name, 0.0))
+            count = min(by_cpu, math.floor(free_devices / devices_per_replica + 1e-9))
         fits[node.pool.name] += max(0, count)
     return dict(fits)
 

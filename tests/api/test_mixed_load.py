@@ -13,6 +13,7 @@ from controlplane.quotas.models import PriorityClass
 from inference import tasks as inference_tasks
 from inference import workflows
 from inference.models import Deployment
+from inference.selectors import replica_capacity
 from jobs.admission import load_serving, run_cycle
 from jobs.models import TrainingJob
 from tests.conftest import DEPLOYMENT_BODY, JOB_BODY
@@ -202,7 +203,13 @@ def test_a_deployment_pending_for_capacity_gets_it_back_from_training_then_deplo
         run_cycle()  # the node stays held for the replica: the victim is not admitted again
     assert body(client, victim)["status"]["state"] == "QUEUED"
 
-    Node.objects.filter(pool__accelerator_type__slug="nvidia-h100", name__endswith="-1").update(free_devices=8)
+    survivor = TrainingJob.objects.get(pk=({first, second} - {victim}).pop())
+    assert survivor.state == "ADMITTED" and len(survivor.placement) == 1
+    # Ray reports every node free (the victim stopped; the survivor's run has not reserved its node yet): the
+    # replica must still not go where the survivor was placed, so the deploy waits for the victim's node only.
+    Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").update(free_devices=8)
+    assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=8, cpus_per_replica=0.5) == \
+        {"h100-pool": 1}
     with TestCase.captureOnCommitCallbacks(execute=True):
         tasks.sync_deployments()
     deployment = Deployment.objects.get(pk=deployment_id)
@@ -224,3 +231,27 @@ def test_a_pending_deployment_whose_model_is_gone_makes_nobody_give_anything_bac
     assert load_serving() == []
     with TestCase.captureOnCommitCallbacks(execute=True):
         assert not run_cycle().preempted
+
+
+def test_replica_capacity_leaves_out_what_admitted_training_holds_before_ray_reports_it(api, backend):
+    """A gang the scheduler placed reserves nothing in Ray until its run starts: between the two, Ray's free
+    figures still show its devices (or the CPU pool's cores), and a replica must not be placed on them."""
+    from controlplane.cluster.models import Node
+
+    client = api("alpha", "member")
+    Node.objects.update(free_devices=8, free_cpus=2)  # what Ray reports: nothing reserved yet
+    assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=8, cpus_per_replica=0.25) == \
+        {"h100-pool": 2}
+    assert replica_capacity(accelerator_type="cpu", devices_per_replica=0, cpus_per_replica=0.25) == {"cpu-pool": 8}
+    h100 = job(client, "on-h100")
+    cpu = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "on-cpu", "workers_min": 1, "workers_max": 1,
+                                                  "accelerator_types": ["cpu"], "devices_per_worker": 0,
+                                                  "cpus_per_worker": 1})
+    assert {body(client, i)["status"]["state"] for i in (h100, cpu)} == {"ADMITTED"}
+    assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=8, cpus_per_replica=0.25) == \
+        {"h100-pool": 1}
+    assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=4, cpus_per_replica=0.25) == \
+        {"h100-pool": 2}  # two of 4 devices, both on the node the job was not placed on
+    assert replica_capacity(accelerator_type="cpu", devices_per_replica=0, cpus_per_replica=0.25) == {"cpu-pool": 4}
+    Node.objects.filter(pool__name="cpu-pool").update(free_cpus=0.5)  # Ray lower still: Ray wins
+    assert replica_capacity(accelerator_type="cpu", devices_per_replica=0, cpus_per_replica=0.25) == {"cpu-pool": 2}
