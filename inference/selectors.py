@@ -61,7 +61,9 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
     fits: dict[str, int] = defaultdict(int)
     nodes = Node.objects.filter(pool__accelerator_type__slug=accelerator_type, health=NodeHealth.HEALTHY,
                                 cordoned=False).select_related("pool").order_by("pool__name", "name")
-    held = held_units_by_node()
+    held = dict(held_units_by_node())
+    for name, units in serving_units_by_node(accelerator_type).items():
+        held[name] = held.get(name, 0.0) + units
     for node in nodes:
         if accelerator_type == "cpu":  # training on the CPU pool holds cores
             free_cpus = min(node.free_cpus, node.capacity_cpus - held.get(node.name, 0.0))
@@ -75,6 +77,19 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
             count = min(by_cpu, math.floor(free_devices / devices_per_replica + 1e-9))
         fits[node.pool.name] += max(0, count)
     return dict(fits)
+
+
+def serving_units_by_node(accelerator_type: str) -> dict[str, float]:
+    """Units (devices; CPU cores on `cpu`) the running replicas of live deployments on the type hold on each node,
+    from where the deployment sync last saw them (`observed["node_names"]`, as mixed load reads it)."""
+    from inference.workflows import CPUS_PER_REPLICA, LIVE_STATES
+
+    held: dict[str, float] = defaultdict(float)
+    for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES), accelerator_type=accelerator_type):
+        per_replica = CPUS_PER_REPLICA if accelerator_type == "cpu" else float(deployment.devices_per_replica)
+        for name in [str(n) for n in (deployment.observed or {}).get("node_names") or ()][:deployment.replicas_ready]:
+            held[name] += per_replica
+    return dict(held)
 
 
 def serving_quota_usage(*, exclude_id: int | None = None) -> dict[tuple[str, str], float]:

@@ -258,10 +258,12 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
 def _recorded_steps(job: TrainingJob, events: list[dict]) -> set[tuple[int, int]]:
     """(step, worker) pairs that already have a metric row, over the steps of the replayed metrics in `events`
     (a resumed worker replays the metrics saved with its checkpoint; the control plane keeps only the missing)."""
-    steps = [e["step"] for e in events if e["type"] == "metric" and e.get("replayed")]
-    if not steps:
+    replayed = [e for e in events if e["type"] == "metric" and e.get("replayed")]
+    if not replayed:
         return set()
-    return set(TrainingMetric.objects.filter(job=job, step__gte=min(steps), step__lte=max(steps))
+    steps = [e["step"] for e in replayed]
+    return set(TrainingMetric.objects.filter(job=job, step__gte=min(steps), step__lte=max(steps),
+                                             worker__in={e["rank"] for e in replayed})
                .values_list("step", "worker"))
 
 

@@ -255,3 +255,49 @@ def test_replica_capacity_leaves_out_what_admitted_training_holds_before_ray_rep
     assert replica_capacity(accelerator_type="cpu", devices_per_replica=0, cpus_per_replica=0.25) == {"cpu-pool": 4}
     Node.objects.filter(pool__name="cpu-pool").update(free_cpus=0.5)  # Ray lower still: Ray wins
     assert replica_capacity(accelerator_type="cpu", devices_per_replica=0, cpus_per_replica=0.25) == {"cpu-pool": 2}
+
+
+def test_replica_capacity_counts_serving_and_admitted_training_on_the_same_node(api, backend, model_dir):
+    client = api("alpha", "member")
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 4, "replicas_min": 1, "replicas_max": 1})
+    # its one replica runs on h100-pool-0 (what the deployment sync records from Serve)
+    Deployment.objects.filter(pk=deployment_id).update(replicas_ready=1, observed={"node_names": ["h100-pool-0"]})
+    jobs = [post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": f"j{i}", "workers_min": 1, "workers_max": 1,
+                                                   "accelerator_types": ["nvidia-h100"], "devices_per_worker": 4})
+            for i in range(3)]
+    assert {body(client, j)["status"]["state"] for j in jobs} == {"ADMITTED"}
+    on_node0 = [j for j in TrainingJob.objects.filter(pk__in=jobs) if j.placement[0]["node"] == "h100-pool-0"]
+    assert len(on_node0) == 1  # the scheduler put one 4-device gang beside the replica
+
+    from controlplane.cluster.models import Node
+    # What Ray reports: the replica's 4 devices reserved on node 0; no training run has reserved anything yet.
+    Node.objects.filter(name="h100-pool-0").update(free_devices=4)
+    Node.objects.filter(name="h100-pool-1").update(free_devices=8)
+    # Every H100 device is taken (4 serving + 3 x 4 training): no 4-device replica fits anywhere.
+    assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=4, cpus_per_replica=0.5) \
+        in ({}, {"h100-pool": 0})
+
+
+def test_cpu_pool_capacity_counts_cpu_replicas_and_admitted_cpu_training(api, backend, model_dir):
+    """The CPU pool branch has the same hole: a CPU replica's cores are out of Ray's free figure but not in
+    held_units_by_node, so min(Ray free, capacity - held) forgets one of them."""
+    from controlplane.cluster.models import Node
+    from inference.workflows import CPUS_PER_REPLICA
+
+    client = api("alpha", "member")
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["cpu"],
+        "replicas_min": 1, "replicas_max": 1})
+    node = Node.objects.get(pool__accelerator_type__slug="cpu")
+    Deployment.objects.filter(pk=deployment_id).update(replicas_ready=1, observed={"node_names": [node.name]})
+    cpu_job = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "on-cpu", "workers_min": 1,
+                                                      "workers_max": 1, "accelerator_types": ["cpu"],
+                                                      "devices_per_worker": 0, "cpus_per_worker": 1})
+    assert body(client, cpu_job)["status"]["state"] == "ADMITTED"
+    # Ray: the replica's cores reserved, the job's not yet
+    Node.objects.filter(pk=node.pk).update(free_cpus=node.capacity_cpus - CPUS_PER_REPLICA)
+    truly_free = node.capacity_cpus - CPUS_PER_REPLICA - 1
+    assert replica_capacity(accelerator_type="cpu", devices_per_replica=0, cpus_per_replica=CPUS_PER_REPLICA) == \
+        {node.pool.name: int(truly_free // CPUS_PER_REPLICA)}
