@@ -54,42 +54,47 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
 
     A replica sits on one node; a CPU replica needs only CPUs, an accelerator replica its devices (and a
     little CPU for the server process). Free is what the cluster last reported, but never more than the node's
-    capacity less what admitted training gangs hold on it (`held_units_by_node`): a gang the scheduler placed
-    has not reserved its devices in Ray until its run starts, and a replica must not take them meanwhile."""
-    from jobs.selectors import held_units_by_node
+    capacity less what the control plane knows is held there: admitted training gangs (their devices, or cores on
+    the CPU pool, and the cores of their workers) and running replicas. A gang the scheduler placed has not
+    reserved anything in Ray until its run starts, and a replica must not take it meanwhile."""
+    from jobs.selectors import held_cpus_by_node, held_units_by_node
 
     fits: dict[str, int] = defaultdict(int)
     nodes = Node.objects.filter(pool__accelerator_type__slug=accelerator_type, health=NodeHealth.HEALTHY,
                                 cordoned=False).select_related("pool").order_by("pool__name", "name")
-    held = dict(held_units_by_node())
-    for name, units in serving_units_by_node(accelerator_type).items():
-        held[name] = held.get(name, 0.0) + units
+    training_units = held_units_by_node()  # devices; cores on the CPU pool
+    training_cpus = held_cpus_by_node()  # cores of workers on accelerator nodes
+    serving = serving_held_by_node(accelerator_type)
     for node in nodes:
-        if accelerator_type == "cpu":  # training on the CPU pool holds cores
-            free_cpus = min(node.free_cpus, node.capacity_cpus - held.get(node.name, 0.0))
+        serving_devices, serving_cpus = serving.get(node.name, (0.0, 0.0))
+        if accelerator_type == "cpu":
+            held_cpus = training_units.get(node.name, 0.0) + serving_cpus
         else:
-            free_cpus = node.free_cpus
+            held_cpus = training_cpus.get(node.name, 0.0) + serving_cpus
+        free_cpus = min(node.free_cpus, node.capacity_cpus - held_cpus)
         by_cpu = math.floor(free_cpus / cpus_per_replica + 1e-9) if cpus_per_replica > 0 else 10**6
         if accelerator_type == "cpu" or devices_per_replica <= 0:
             count = by_cpu
         else:
-            free_devices = min(node.free_devices, node.capacity_devices - held.get(node.name, 0.0))
+            held_devices = training_units.get(node.name, 0.0) + serving_devices
+            free_devices = min(node.free_devices, node.capacity_devices - held_devices)
             count = min(by_cpu, math.floor(free_devices / devices_per_replica + 1e-9))
         fits[node.pool.name] += max(0, count)
     return dict(fits)
 
 
-def serving_units_by_node(accelerator_type: str) -> dict[str, float]:
-    """Units (devices; CPU cores on `cpu`) the running replicas of live deployments on the type hold on each node,
-    from where the deployment sync last saw them (`observed["node_names"]`, as mixed load reads it)."""
+def serving_held_by_node(accelerator_type: str) -> dict[str, tuple[float, float]]:
+    """(devices, CPU cores) the running replicas of live deployments on the type hold on each node, from where the
+    deployment sync last saw them (`observed["node_names"]`, as mixed load reads it)."""
     from inference.workflows import CPUS_PER_REPLICA, LIVE_STATES
 
-    held: dict[str, float] = defaultdict(float)
+    held: dict[str, tuple[float, float]] = {}
     for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES), accelerator_type=accelerator_type):
-        per_replica = CPUS_PER_REPLICA if accelerator_type == "cpu" else float(deployment.devices_per_replica)
+        devices_each = 0.0 if accelerator_type == "cpu" else float(deployment.devices_per_replica)
         for name in [str(n) for n in (deployment.observed or {}).get("node_names") or ()][:deployment.replicas_ready]:
-            held[name] += per_replica
-    return dict(held)
+            devices, cpus = held.get(name, (0.0, 0.0))
+            held[name] = (devices + devices_each, cpus + CPUS_PER_REPLICA)
+    return held
 
 
 def serving_quota_usage(*, exclude_id: int | None = None) -> dict[tuple[str, str], float]:

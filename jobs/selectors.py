@@ -87,6 +87,17 @@ def held_units_by_node() -> dict[str, float]:
     return held
 
 
+def held_cpus_by_node() -> dict[str, float]:
+    """CPU cores the workers of admitted training gangs on accelerator nodes reserve on each node when their run
+    starts ({node name: cores}); on the CPU pool the cores are the units `held_units_by_node` counts."""
+    held: dict[str, float] = {}
+    for placement, cpus in TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(
+            admitted_accelerator_type__in=["", "cpu"]).values_list("placement", "cpus_per_worker"):
+        for worker in placement or []:
+            held[worker["node"]] = held.get(worker["node"], 0.0) + float(cpus)
+    return held
+
+
 def queue_depth() -> dict[str, int]:
     """Training jobs waiting for admission per cluster queue name, all teams together (a count only)."""
     rows = (TrainingJob.objects.filter(state="QUEUED").order_by()

@@ -301,3 +301,21 @@ def test_cpu_pool_capacity_counts_cpu_replicas_and_admitted_cpu_training(api, ba
     truly_free = node.capacity_cpus - CPUS_PER_REPLICA - 1
     assert replica_capacity(accelerator_type="cpu", devices_per_replica=0, cpus_per_replica=CPUS_PER_REPLICA) == \
         {node.pool.name: int(truly_free // CPUS_PER_REPLICA)}
+
+
+def test_replica_capacity_leaves_out_the_cores_an_admitted_gang_reserves_on_an_accelerator_node(api, backend):
+    """A worker reserves its CPU cores with its devices when its run starts: a replica's server process must not
+    take the last core of a node a gang was admitted to (the gang could not reserve its bundle then)."""
+    from controlplane.cluster.models import Node
+
+    client = api("alpha", "member")
+    gang = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "half", "workers_min": 1, "workers_max": 1,
+                                                   "accelerator_types": ["nvidia-h100"], "devices_per_worker": 4,
+                                                   "cpus_per_worker": 1})
+    assert body(client, gang)["status"]["state"] == "ADMITTED"
+    [placed] = [worker["node"] for worker in TrainingJob.objects.get(pk=gang).placement]
+    Node.objects.filter(pool__name="h100-pool").update(free_devices=8, free_cpus=1)  # Ray: nothing reserved yet
+    assert Node.objects.get(name=placed).capacity_cpus == 1
+    # 1-device replicas at 0.25 core: 4 on the other node (its one core), none beside the gang (its core is taken)
+    assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=1, cpus_per_replica=0.25) == \
+        {"h100-pool": 4}
