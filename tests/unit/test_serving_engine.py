@@ -260,3 +260,20 @@ def test_cancelling_finished_requests_leaves_nothing_behind(model, tmp_path):
         assert engine._cancelled == set()
     finally:
         engine.stop()
+
+
+def test_a_started_engine_keeps_its_temporaries_on_the_heap_and_says_so(model, tmp_path):
+    import platform
+
+    from inference.runtime.engine import tune_host_allocator
+
+    engine = make_engine(model, tmp_path)
+    try:
+        said = engine.stats()["allocator"]
+        if platform.libc_ver()[0] == "glibc":
+            assert said.startswith("glibc: mmap threshold 32 MiB"), said
+        else:
+            assert said.startswith("default"), said
+        assert tune_host_allocator() == said  # idempotent: a second replica in the process sets the same
+    finally:
+        engine.stop()
