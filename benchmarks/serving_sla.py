@@ -1,6 +1,6 @@
 """Serving benchmark, SLA sweep: each router's goodput (output tok/s while its latency SLA holds) over a rate grid.
 
-    .venv/bin/python -m benchmarks.serving_sla [--requests 1000] [--replicas 4] [--rates 6,8,10,12,14,16,20,24]
+    .venv/bin/python -m benchmarks.serving_sla [--requests 1000] [--replicas 4] [--rates 6,8,...,40,48]
                                                [--routers pow2,prefix] [--slas 1000:150,2000:150,4000:150]
                                                [--trace PATH] [--start N] [--json PATH] [--csv PATH] [--no-write]
 
@@ -57,7 +57,7 @@ from benchmarks.serving import (
     trace_span_s,
 )
 
-DEFAULT_RATES = "6,8,10,12,14,16,20,24"
+DEFAULT_RATES = "6,8,10,12,14,16,20,24,28,32,36,40,48"  # up to past saturation (about 600 tok/s, 2026-11-25)
 DEFAULT_ROUTERS = "pow2,prefix"
 DEFAULT_SLAS = "1000:150,2000:150,4000:150"
 CANDIDATE = "prefix"
