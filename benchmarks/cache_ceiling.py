@@ -60,6 +60,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.start < 0:
         parser.error("--start must be 0 or more")
+    window = MODEL_SHAPE["context"] - 1  # the longest prompt the engine accepts
+    if args.block_tokens * args.max_prompt_blocks > window:
+        longest = args.block_tokens * args.max_prompt_blocks
+        parser.error(f"--block-tokens x --max-prompt-blocks: prompts of up to {longest} tokens; the model accepts at "
+                     f"most {window}")
+    from inference.runtime.engine_config import EngineConfig
+
+    try:  # the engine's own limits (slots, block size, queue length), checked before the model is built
+        EngineConfig.from_dict({"slots": args.slots, "block_size": args.block_tokens, "max_waiting": args.requests})
+    except ValueError as exc:
+        parser.error(f"{exc} (from --slots, --block-tokens or --requests)")
     return args
 
 

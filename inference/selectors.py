@@ -84,13 +84,16 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
 
 
 def serving_held_by_node(accelerator_type: str) -> dict[str, tuple[float, float]]:
-    """(devices, CPU cores) the running replicas of live deployments on the type hold on each node, from where the
-    deployment sync last saw them (`observed["node_names"]`, as mixed load reads it)."""
+    """(devices of `accelerator_type`, CPU cores) the running replicas of live deployments hold on each node, from
+    where the deployment sync last saw them (`observed["node_names"]`, as mixed load reads it). Cores count for
+    replicas of every type: a CPU deployment spread over pools has no node selector, and Ray may run its replicas
+    on accelerator nodes."""
     from inference.workflows import CPUS_PER_REPLICA, LIVE_STATES
 
     held: dict[str, tuple[float, float]] = {}
-    for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES), accelerator_type=accelerator_type):
-        devices_each = 0.0 if accelerator_type == "cpu" else float(deployment.devices_per_replica)
+    for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES)):
+        same_type = deployment.accelerator_type == accelerator_type and accelerator_type != "cpu"
+        devices_each = float(deployment.devices_per_replica) if same_type else 0.0
         for name in [str(n) for n in (deployment.observed or {}).get("node_names") or ()][:deployment.replicas_ready]:
             devices, cpus = held.get(name, (0.0, 0.0))
             held[name] = (devices + devices_each, cpus + CPUS_PER_REPLICA)

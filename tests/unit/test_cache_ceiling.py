@@ -51,3 +51,11 @@ def test_bad_arguments_are_refused_with_a_clear_message_and_exit_2():
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--slots must be positive" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--block-tokens", "256"], ["--max-prompt-blocks", "64"], ["--slots", "300"],
+                                  ["--requests", "200000"], ["--block-tokens", "2000"]])
+def test_arguments_the_engine_would_refuse_are_refused_up_front(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2 and "error:" in capsys.readouterr().err

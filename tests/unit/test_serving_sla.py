@@ -104,7 +104,8 @@ def test_works_on_real_run_summaries():
 
 def test_arguments_defaults_and_parsing():
     args = parse_args([])
-    assert args.rate_grid == [6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 36, 40, 48] and args.router_list == ["pow2", "prefix"]
+    assert args.rate_grid == [6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 36, 40, 48]
+    assert args.router_list == ["pow2", "prefix"]
     assert args.sla_list == [SLA(1000, 150), SLA(2000, 150), SLA(4000, 150)]
     assert args.requests == 1000 and args.replicas == 4
     args = parse_args(["--rates", "12, 6.5", "--slas", "500:100", "--routers", "round_robin,prefix"])
