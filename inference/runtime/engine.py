@@ -277,6 +277,11 @@ class LLMEngine:
         self._accept_token(seq, self._sample(seq, logits))
 
     def _decode(self, seqs: list[_Sequence]) -> None:
+        # In slot order: when the batch holds a contiguous run of slots (always, once every slot is busy), each
+        # layer reads its keys and values as a view of the slot cache instead of gathering a copy of them.
+        seqs = sorted(seqs, key=lambda s: s.slot)
+        first, count = seqs[0].slot, len(seqs)
+        run = slice(first, first + count) if seqs[-1].slot - first + 1 == count else None
         slots = torch.tensor([s.slot for s in seqs])
         positions = torch.tensor([s.length for s in seqs])
         tokens = torch.tensor([[s.last_token] for s in seqs])
@@ -290,8 +295,10 @@ class LLMEngine:
             q, k, v = self._heads(blk.attn.qkv(h))
             self._k[layer][slots, :, positions] = k[:, :, 0]
             self._v[layer][slots, :, positions] = v[:, :, 0]
-            keys = self._k[layer][slots, :, :span]
-            values = self._v[layer][slots, :, :span]
+            if run is not None:
+                keys, values = self._k[layer][run, :, :span], self._v[layer][run, :, :span]
+            else:
+                keys, values = self._k[layer][slots, :, :span], self._v[layer][slots, :, :span]
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + blk.attn.proj(y.transpose(1, 2).reshape(x.shape))
             x = x + blk.fc_proj(F.gelu(blk.fc(blk.ln2(x))))
