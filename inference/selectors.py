@@ -57,13 +57,12 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
     capacity less what the control plane knows is held there: admitted training gangs (their devices, or cores on
     the CPU pool, and the cores of their workers) and running replicas. A gang the scheduler placed has not
     reserved anything in Ray until its run starts, and a replica must not take it meanwhile."""
-    from jobs.selectors import held_cpus_by_node, held_units_by_node
+    from jobs.selectors import training_held_by_node
 
     fits: dict[str, int] = defaultdict(int)
     nodes = Node.objects.filter(pool__accelerator_type__slug=accelerator_type, health=NodeHealth.HEALTHY,
                                 cordoned=False).select_related("pool").order_by("pool__name", "name")
-    training_units = held_units_by_node()  # devices; cores on the CPU pool
-    training_cpus = held_cpus_by_node()  # cores of workers on accelerator nodes
+    training_units, training_cpus = training_held_by_node()  # devices (cores on the CPU pool); workers' cores
     serving = serving_held_by_node(accelerator_type)
     for node in nodes:
         serving_devices, serving_cpus = serving.get(node.name, (0.0, 0.0))

@@ -79,23 +79,23 @@ def quota_usage_by_local_queue(*, team_ids: list[int]) -> dict[tuple[int, str], 
 def held_units_by_node() -> dict[str, float]:
     """Units (devices; CPU cores on `cpu`) that admitted training gangs hold on each node, all teams
     together, from the scheduler's placements: {node name: units}."""
-    held: dict[str, float] = {}
-    for placement in TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(
-            admitted_accelerator_type="").values_list("placement", flat=True):
-        for worker in placement or []:
-            held[worker["node"]] = held.get(worker["node"], 0.0) + sum(float(share) for _, share in worker["taken"])
-    return held
+    return training_held_by_node()[0]
 
 
-def held_cpus_by_node() -> dict[str, float]:
-    """CPU cores the workers of admitted training gangs on accelerator nodes reserve on each node when their run
-    starts ({node name: cores}); on the CPU pool the cores are the units `held_units_by_node` counts."""
-    held: dict[str, float] = {}
-    for placement, cpus in TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(
-            admitted_accelerator_type__in=["", "cpu"]).values_list("placement", "cpus_per_worker"):
+def training_held_by_node() -> tuple[dict[str, float], dict[str, float]]:
+    """What admitted training gangs hold on each node, from the scheduler's placements, in one query:
+    ({node: units (devices; CPU cores on `cpu`)}, {node: CPU cores their workers reserve on accelerator nodes,
+    with their devices, when their run starts}; on the CPU pool the cores are the units)."""
+    units: dict[str, float] = {}
+    cpus: dict[str, float] = {}
+    for placement, slug, cpus_per_worker in TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(
+            admitted_accelerator_type="").values_list("placement", "admitted_accelerator_type", "cpus_per_worker"):
         for worker in placement or []:
-            held[worker["node"]] = held.get(worker["node"], 0.0) + float(cpus)
-    return held
+            node = worker["node"]
+            units[node] = units.get(node, 0.0) + sum(float(share) for _, share in worker["taken"])
+            if slug != "cpu":
+                cpus[node] = cpus.get(node, 0.0) + float(cpus_per_worker)
+    return units, cpus
 
 
 def queue_depth() -> dict[str, int]:

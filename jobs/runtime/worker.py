@@ -188,7 +188,7 @@ class TrainingWorker:
             if recorded:
                 self._emit(self._log(f"rank {self.rank}: replaying the {len(recorded)} step metric(s) recorded with "
                                      f"checkpoint step {info.step}; the control plane keeps those it has not seen"))
-            for event in recorded:  # the control plane keeps those it has not seen
+            for event in recorded:
                 recent.append(event)
                 self._emit({**event, "replayed": True})
         with self._lock:

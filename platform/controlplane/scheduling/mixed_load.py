@@ -181,9 +181,9 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
         if queue == SERVING_QUEUE or amount <= EPS:
             continue
         ledger.add(queue, kind, -amount)
-        if not serving_quota_refusal(ledger, queue, kind, amount, _giveable(running, touched - _again(plan), queue,
-                                                                            kind)):
-            reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, amount, again=_again(plan))
+        again = _again(plan)
+        if not serving_quota_refusal(ledger, queue, kind, amount, _giveable(running, touched - again, queue, kind)):
+            reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, amount, again=again)
             if reclaimed is not None:
                 reclaimed.commit(plan)
         ledger.add(queue, kind, amount)
@@ -193,13 +193,14 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
         saved = _save(free, running, touched, ledger, plan, held[demand.id]) if demand.all_or_none else None
         for number in range(missing):
             if queue != SERVING_QUEUE:
+                again = _again(plan)
                 why = serving_quota_refusal(ledger, queue, demand.accelerator_type, demand.devices_per_replica,
-                                            _giveable(running, touched - _again(plan), queue, demand.accelerator_type))
+                                            _giveable(running, touched - again, queue, demand.accelerator_type))
                 if why:
                     plan.waiting[demand.id] = f"{missing - number} wanted replica(s) wait for quota: {why}"
                     break
                 reclaimed = _reclaim_quota(ledger, queue, demand, running, touched, free, demand.devices_per_replica,
-                                           again=_again(plan))
+                                           again=again)
             else:
                 reclaimed = None
             placed = _place_replica(free, demand) or _give_back(free, demand, running, touched, plan, ledger)
