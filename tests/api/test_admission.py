@@ -78,6 +78,27 @@ def test_quota_is_never_exceeded(api, cluster, world):
     assert "position 2" in reason and "needs to borrow 8 nvidia-a100" in reason
 
 
+def test_a_job_of_a_non_preemptible_priority_class_waits_rather_than_borrow(api, cluster, world):
+    """Only preemption gives borrowed quota back, so a job that cannot be preempted runs within its queue's
+    nominal quota; the same job in a preemptible class borrows from the cohort."""
+    from controlplane.quotas.services import cluster_queue_create, cluster_queue_update, priority_class_create
+
+    cluster_queue_update(actor=world["ops"], queue=world["cluster_queue"],
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+    cluster_queue_create(actor=world["ops"], name="lender", cohort="all",
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+    priority_class_create(actor=world["ops"], name="critical", value=900, preemptible=False)
+    client = api("alpha", "member")
+    fixed = submit(client, name="fixed", priority="critical", workers_min=2, workers_max=2,
+                   accelerator_types=["nvidia-h100"])
+    waiting = status(client, fixed)
+    assert waiting["state"] == "QUEUED", waiting
+    assert "non-preemptible" in waiting["reason"] and "borrow 8 nvidia-h100" in waiting["reason"]
+    loose = submit(client, name="loose", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    assert status(client, loose)["state"] == "ADMITTED"
+    assert status(client, fixed)["state"] == "QUEUED"
+
+
 def test_cycle_is_idempotent(cluster, world, api):
     client = api("alpha", "member")
     submit(client, workers_min=1, workers_max=1)

@@ -1,8 +1,8 @@
 """The scheduling core: behaviour on small hand-made clusters, and its invariants under hypothesis.
 
 Invariants (issue 3): usage never exceeds nominal + borrowing; no device over-committed; gangs all
-or none; preemption only when it makes the preemptor fit, each victim once; same input, same
-decisions.
+or none; a non-preemptible workload never borrows; preemption only when it makes the preemptor fit, each
+victim once; same input, same decisions.
 """
 
 from __future__ import annotations
@@ -110,6 +110,36 @@ def test_quota_limits_and_borrowing_from_the_cohort():
     assert "nominal" in result.waiting[0].reason and result.waiting[0].workload_id == "a2"
 
 
+def test_a_non_preemptible_workload_runs_only_within_its_nominal_quota():
+    """Borrowed quota goes back to its lender only by preemption, so a workload that cannot be preempted does not
+    borrow (before, it kept the lender's quota, and its cohort over its nominal total, until it ended)."""
+    queues = (queue("a", nvidia_h100=Quota(8)), queue("b", nvidia_h100=Quota(24)))
+    pending = (job("fits", arrival=-1, preemptible=False), job("fixed", workers=2, preemptible=False),
+               job("loose", workers=2, arrival=1))
+    result = schedule(Snapshot(nodes(count=4), queues, pending=pending))
+    assert [(a.workload_id, a.borrowed) for a in result.admitted] == [("fits", 0.0), ("loose", 16.0)]
+    [wait] = result.waiting
+    assert wait.workload_id == "fixed" and "non-preemptible" in wait.reason and "borrow 16" in wait.reason
+    # The lender asks for its quota back: the preemptible borrower gives it.
+    running = running_from(Snapshot(nodes(count=4), queues, pending=pending), result)
+    again = schedule(Snapshot(nodes(count=4), queues, running=running, pending=(job("b1", "b", workers=3),)))
+    assert [p.workload_id for p in again.preempted] == ["loose"]
+
+
+def test_a_non_preemptible_elastic_workload_grows_only_within_nominal():
+    queues = (queue("a", nvidia_h100=Quota(16)), queue("b", nvidia_h100=Quota(16)))
+    pending = (job("fixed", devices=4, workers=1, workers_max=8, preemptible=False),
+               job("loose", devices=4, workers=1, workers_max=8, arrival=1))
+    snap = Snapshot(nodes(count=5), queues, pending=pending)
+    result = schedule(snap)
+    widths = {a.workload_id: len(a.workers) for a in result.admitted}
+    assert widths == {"fixed": 3, "loose": 5}  # a's nominal 16 holds fixed's 3 and loose's first; loose borrows 16
+    # Once loose has ended, fixed grows back to a's nominal quota, and no further, with b's quota idle.
+    fixed = [r for r in running_from(snap, result) if r.workload.id == "fixed"]
+    [grow] = schedule(Snapshot(nodes(count=5), queues, running=tuple(fixed))).grown
+    assert (grow.workload_id, grow.to_workers) == ("fixed", 4)
+
+
 def test_lending_limit_keeps_part_of_the_idle_quota():
     queues = (queue("a", nvidia_h100=Quota(0)), queue("b", nvidia_h100=Quota(32, lending_limit=8)))
     result = schedule(Snapshot(nodes(count=4), queues, pending=(job("a1", workers=2),)))
@@ -174,7 +204,7 @@ def _full(node):
 
 
 def test_a_queue_within_its_nominal_quota_keeps_its_work_against_higher_priorities_elsewhere():
-    """Cross-queue preemption takes only from queues above their nominal quota (rule 6, as Kueue)."""
+    """Cross-queue preemption takes only from queues above their nominal quota (rule 7, as Kueue)."""
     queues = (queue("a", nvidia_h100=Quota(8, 8)), queue("b", nvidia_h100=Quota(8)))
     snap = Snapshot(nodes(count=2, per_group=2), queues,
                     running=(Running(job("a-low", queue="a"), H100, _full("h0")),
@@ -305,7 +335,7 @@ def snapshots(draw):
             f"w{i:02d}", draw(st.sampled_from([q.name for q in queues])),
             tuple(draw(st.lists(st.sampled_from(types), min_size=1, max_size=len(types), unique=True))),
             draw(st.sampled_from([0.25, 0.5, 1, 2, 4, 8])), workers, workers + draw(st.integers(0, 2)),
-            draw(st.integers(0, 3)), float(draw(st.integers(0, 20))),
+            draw(st.integers(0, 3)), float(draw(st.integers(0, 20))), preemptible=draw(st.integers(0, 5)) > 0,
         ))
     return Snapshot(tuple(cluster_nodes), tuple(queues), pending=tuple(pending))
 
@@ -316,7 +346,7 @@ def two_cycles(snapshot):
     running = running_from(snapshot, first)
     rng = random.Random(len(running))
     newcomers = tuple(Workload(f"v{w.id}", w.cluster_queue, w.accepted_types, w.devices_per_worker, w.workers_min,
-                               w.workers_max, w.priority + rng.randint(0, 4), 100.0 + i)
+                               w.workers_max, w.priority + rng.randint(0, 4), 100.0 + i, preemptible=w.preemptible)
                       for i, w in enumerate(snapshot.pending))
     second = Snapshot(snapshot.nodes, snapshot.cluster_queues, running=running, pending=newcomers)
     return first, second, schedule(second)
@@ -346,6 +376,7 @@ def check_usage_and_devices(snapshot, result):
     for admit in [*result.admitted, *held]:
         workload = by_id[admit.workload_id]
         assert workload.workers_min <= len(admit.workers) <= workload.workers_max  # gang: all of the minimum
+        assert workload.preemptible or admit.borrowed == 0.0, admit  # a non-preemptible workload never borrows
         for worker in admit.workers:
             whole = sum(1 for _, share in worker.taken if share == 1.0)
             if workload.devices_per_worker >= 1:

@@ -28,6 +28,16 @@ class QuotaCheck:
 WITHIN_NOMINAL = QuotaCheck(True, 0.0, "within nominal quota")  # the most frequent answer, made once
 
 
+def without_borrowing(check: QuotaCheck, queue: str, accelerator_type: str) -> QuotaCheck:
+    """`check` for a workload that cannot be preempted: it never borrows. Borrowed quota must go back when its
+    lender needs it, and only preemption gives it back, so a non-preemptible borrower would keep the lender's quota
+    (and its cohort over its nominal total) until it ended."""
+    if check.ok and check.borrowed > EPS:
+        return QuotaCheck(False, 0.0, f"{queue} would borrow {check.borrowed:g} {accelerator_type} from its cohort, "
+                                      "and a non-preemptible workload runs only within its queue's nominal quota")
+    return check
+
+
 class QuotaLedger:
     def __init__(self, queues: Iterable[ClusterQueueSpec]):
         self.queues = {queue.name: queue for queue in queues}

@@ -3,12 +3,14 @@
 Rules (issue 3), in the order applied:
 1. Order: priority (high first), then arrival, then id: best-effort FIFO.
 2. Gangs: a workload is admitted with all `workers_min` workers placed, or not at all.
-3. Type choice: the workload's accepted types in its preference order (cheapest per unit of work
+3. Quota: nominal, then borrowed from the cohort (quota.QuotaLedger); a non-preemptible workload never borrows
+   (quota.without_borrowing): only preemption gives borrowed quota back to its lender.
+4. Type choice: the workload's accepted types in its preference order (cheapest per unit of work
    first, from the efficiency matrix); the next type is tried when the best is full or out of quota.
-4. Placement: packed into as few leaf groups as possible (placement.place_gang).
-5. Backfill with a reservation: the first workload that cannot start reserves the free devices it
+5. Placement: packed into as few leaf groups as possible (placement.place_gang).
+6. Backfill with a reservation: the first workload that cannot start reserves the free devices it
    will need, and later workloads may only use what is left, so it is not starved.
-6. Preemption: a workload that still cannot start may take the devices of lower-priority workloads,
+7. Preemption: a workload that still cannot start may take the devices of lower-priority workloads,
    or (within its nominal quota) of workloads borrowing in its cohort. A victim in another cluster
    queue is taken only while that queue uses more than its nominal quota (as Kueue does): a queue
    within its nominal quota keeps what it runs, whatever the priorities. Without this, a borrowing
@@ -18,7 +20,7 @@ Rules (issue 3), in the order applied:
    their last checkpoint; an elastic victim is shrunk before it is stopped; each victim at most once;
    nothing happens unless the preemptor then fits. Victims checkpoint first; the preemptor's devices
    and quota stay reserved until they are free.
-7. Elastic growth: running workloads below `workers_max` grow into capacity nobody waits for.
+8. Elastic growth: running workloads below `workers_max` grow into capacity nobody waits for.
 The cycle is a pure function of the snapshot: the same snapshot gives the same decisions.
 
 Speed (decisions are those of the straightforward algorithm, checked in tests/unit/test_scheduler_speedups.py):
@@ -58,7 +60,7 @@ from controlplane.scheduling.model import (
     Workload,
 )
 from controlplane.scheduling.placement import EPS, WorkerPlacement
-from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger
+from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger, without_borrowing
 
 _WHOLE = 1.0 - EPS
 _EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
@@ -768,8 +770,9 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
     positions: dict[str, int] = defaultdict(int)
     waiting_types: set[str] = set()
     # Workloads that could neither start nor preempt, by what that depends on (queue, types in order, shape,
-    # priority) -> (state.versions(types) then, the reasons). Failing changes nothing (trials are undone), so
-    # while the versions are the same the next such workload fails for the same reasons: no need to try again.
+    # priority, preemptible) -> (state.versions(types) then, the reasons). Failing changes nothing (trials are
+    # undone), so while the versions are the same the next such workload fails for the same reasons: no need to try
+    # again.
     failed: dict[tuple, tuple[tuple, list[str]]] = {}
 
     for workload in order:
@@ -779,7 +782,8 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
                                        f"cluster queue {workload.cluster_queue} does not exist"))
             continue
         types = tuple(snapshot.type_preference.get(workload.id, workload.accepted_types))
-        kind = (workload.cluster_queue, types, workload.devices_per_worker, workload.workers_min, workload.priority)
+        kind = (workload.cluster_queue, types, workload.devices_per_worker, workload.workers_min, workload.priority,
+                workload.preemptible)
         seen = failed.get(kind)
         if seen is not None and seen[0] == state.versions(types):
             plan, reasons = None, seen[1]
@@ -834,6 +838,8 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
     ledger, queue, demand = state.ledger, workload.cluster_queue, workload.demand()
     for accelerator_type in types:
         check = ledger.check(queue, accelerator_type, demand)
+        if check.borrowed and not workload.preemptible:
+            check = without_borrowing(check, queue, accelerator_type)
         if not check.ok:
             reasons.append(check.reason)
             continue
@@ -905,7 +911,7 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
             if queue != workload.cluster_queue and queue in known and usage[(queue, accelerator_type)] \
                     - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
                 live.discard(queue)  # and, being no longer borrowing, the rest of it
-                continue  # another queue within its nominal quota keeps it (see rule 6)
+                continue  # another queue within its nominal quota keeps it (see rule 7)
             gone.append(running)
             kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
             if len(running.workers) > victim.workers_min:  # shrink an elastic victim before stopping it
@@ -970,7 +976,7 @@ def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims
     after = ledger.what_if
     after.usage = _UsageAfter(base, {(queue, accelerator_type): base[(queue, accelerator_type)] - amount - 1e-6
                                      for queue, amount in usage.items()})
-    return QuotaLedger.check(after, workload.cluster_queue, accelerator_type, workload.demand()).ok
+    return _allowed(workload, QuotaLedger.check(after, workload.cluster_queue, accelerator_type, workload.demand()))
 
 
 class _UsageAfter(dict):
@@ -996,13 +1002,19 @@ def _fits(state: _State, workload: Workload, accelerator_type: str) -> bool:
     if workload.workers_min > 0 and state.pool(accelerator_type).slots(workload.devices_per_worker) \
             < workload.workers_min:
         return False
-    return state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()).ok
+    return _allowed(workload, state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()))
+
+
+def _allowed(workload: Workload, check: QuotaCheck) -> bool:
+    """Whether the quota takes `workload`: `check` passed, and a non-preemptible workload does not borrow
+    (quota.without_borrowing)."""
+    return check.ok and (workload.preemptible or check.borrowed <= EPS)
 
 
 def _reserve(state: _State, workload: Workload, types) -> bool:
     """Set aside the free devices the blocked head workload will need on its first feasible type."""
     for accelerator_type in types:
-        if not state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()).ok:
+        if not _allowed(workload, state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand())):
             continue
         pool = state.pool(accelerator_type)
         capacity = sum(node.capacity for node in pool.sched)
@@ -1050,7 +1062,7 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
         pool = state.pool(accelerator_type)
         devices = workload.devices_per_worker
         while len(running.workers) + len(added) < workload.workers_max:
-            if not state.ledger.check(workload.cluster_queue, accelerator_type, devices).ok:
+            if not _allowed(workload, state.ledger.check(workload.cluster_queue, accelerator_type, devices)):
                 break
             if pool.slots(devices) < 1:
                 break
