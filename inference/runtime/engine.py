@@ -313,8 +313,11 @@ class LLMEngine:
         idx = torch.tensor([list(tokens)])
         x = m.tok_emb(idx) + m.pos_emb(torch.arange(start, start + t))
         end = start + t
-        # causal over the new tokens, full view of the cached prefix
-        mask = torch.ones(t, end, dtype=torch.bool).tril(diagonal=start)
+        # Causal over the new tokens, full view of the cached prefix. With nothing cached that is plain causal
+        # attention, and SDPA's is_causal skips the masked half instead of reading a (t, t) mask: a cold
+        # 16,384-token prefill of the serving benchmarks' model took 18.3-18.9 s with the mask, 6.5-6.7 s without
+        # it (one thread, 2026-11-26; same tokens), and no 256 MiB mask is built.
+        mask = None if start == 0 else torch.ones(t, end, dtype=torch.bool).tril(diagonal=start)
         for layer, blk in enumerate(m.blocks):
             h = blk.ln1(x)
             q, k, v = self._heads(blk.attn.qkv(h))
@@ -322,7 +325,7 @@ class LLMEngine:
             self._v[layer][slot, :, start:end] = v[0]
             keys = self._k[layer][slot: slot + 1, :, :end]
             values = self._v[layer][slot: slot + 1, :, :end]
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None)
             x = x + blk.attn.proj(y.transpose(1, 2).reshape(x.shape))
             x = x + blk.fc_proj(F.gelu(blk.fc(blk.ln2(x))))
         return F.linear(m.ln_f(x[:, -1]), m.tok_emb.weight)[0]

@@ -81,11 +81,17 @@ _SHAPE_BOUNDS = {
     "n_layers": (1, 128),
     "d_ff": (1, 16384),
 }
+# The window is the model's shape, not a limit of the architecture: positions are a learned table of `context`
+# rows. A model may declare up to 32,768 tokens (the long-prompt benchmark serves 16K prompts with random
+# weights); a training job stays at 4,096 (TrainHyperparameters: the trainer's activations grow with the window,
+# and nothing longer has been trained here).
+MAX_MODEL_CONTEXT = 32_768
+_MODEL_BOUNDS = {**_SHAPE_BOUNDS, "context": (1, MAX_MODEL_CONTEXT)}
 
 
-def _check_shape(obj: Any, names: Sequence[str]) -> None:
+def _check_shape(obj: Any, names: Sequence[str], bounds: Mapping[str, tuple[int, int]] = _SHAPE_BOUNDS) -> None:
     for name in names:
-        lo, hi = _SHAPE_BOUNDS[name]
+        lo, hi = bounds[name]
         _check_int(name, getattr(obj, name), lo, hi)
     if obj.d_model % obj.n_heads:
         raise ValueError(f"d_model: must be divisible by n_heads ({obj.d_model} % {obj.n_heads} != 0)")
@@ -103,7 +109,7 @@ class LMConfig:
     d_ff: int = 256
 
     def __post_init__(self) -> None:
-        _check_shape(self, list(_SHAPE_BOUNDS))
+        _check_shape(self, list(_MODEL_BOUNDS), _MODEL_BOUNDS)
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -150,6 +150,20 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth():
 # --------------------------------------------------------------------------------------------------- model
 
 
+def test_a_model_may_declare_a_longer_window_than_training_accepts():
+    """Positions are a learned table of `context` rows: a served model's window (e.g. 16K tokens for the
+    long-prompt benchmark) may reach 32,768; a training job's stays at 4,096."""
+    assert LMConfig.from_dict({"context": 16_456}).context == 16_456
+    assert LMConfig(context=32_768).context == 32_768
+    with pytest.raises(ValueError, match="context: must be between 1 and 32768"):
+        LMConfig(context=32_769)
+    with pytest.raises(ValueError, match="context: must be between 1 and 4096"):
+        TrainHyperparameters(context=4097)
+    model = build_model(LMConfig(context=5000, d_model=8, n_heads=2, n_layers=1, d_ff=16), seed=0)
+    assert model.pos_emb.weight.shape == (5000, 8)
+    with torch.no_grad():
+        assert model(torch.zeros(1, 5000, dtype=torch.long)).shape == (1, 5000, 258)
+
 def test_model_shapes_tied_head_and_deterministic_init():
     config = LMConfig(context=16, d_model=32, n_heads=4, n_layers=2, d_ff=64)
     torch.manual_seed(123)

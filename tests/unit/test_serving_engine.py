@@ -165,6 +165,52 @@ def test_output_stops_at_the_model_window(model, tmp_path):
         engine.stop()
 
 
+def test_a_prompt_beyond_4096_tokens_is_served_exactly_cold_and_from_each_tier(tmp_path):
+    """A model whose window is longer than 4,096 tokens (the old limit); the cold prefill (plain causal attention,
+    no mask) and prefills after a hit in each tier give the greedy tokens of the model's own forward pass. Sharp
+    weights, so that reading a wrong key or value, or attending to a later token, changes the output."""
+    model = build_model(LMConfig.from_dict({**SHAPE, "context": 4_200}), seed=5).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(8.0)
+    story = TOK.encode("".join(f"Chapter {i}: the robot counted {i * 7 % 13} cups of tea. " for i in range(200)))
+    story = story[:4_100]
+    follow_up = story + TOK.encode(" And then?")
+
+    def greedy(ids: list[int], n: int) -> list[int]:
+        with torch.no_grad():
+            for _ in range(n):
+                ids = ids + [int(torch.argmax(model(torch.tensor([ids]))[0, -1, :256]))]
+        return ids[-n:]
+
+    expected = {"story": greedy(story, 6), "follow_up": greedy(follow_up, 6)}
+    assert len(set(expected["story"] + expected["follow_up"])) > 3
+    engine = make_engine(model, tmp_path, block_size=64, device_cache_blocks=64, host_cache_blocks=64,
+                         disk_cache_blocks=256)
+    generated: list[int] = []
+    accept = engine._accept_token  # every token, also those the stream holds back as part of a character
+    engine.__dict__["_accept_token"] = lambda seq, token: (generated.append(token), accept(seq, token))
+
+    def serve(prompt: list[int], max_tokens: int) -> tuple[list[int], dict]:
+        generated.clear()
+        events = list(engine.generate(GenerationRequest(prompt_tokens=prompt, max_tokens=max_tokens), timeout_s=30))
+        assert events[-1]["type"] == "done", events[-1]
+        return list(generated), events[-1]["metrics"]
+
+    try:
+        ids, metrics = serve(story, 6)
+        assert ids == expected["story"] and metrics["cached_tokens"] == 0
+        for tier in ("device", "host", "disk"):
+            if tier != "device":  # unrelated prompts push the story's 64 blocks to host DRAM, then to disk
+                for i in range(2 if tier == "host" else 4):
+                    serve(TOK.encode(chr(65 + i) * 2_100 + tier), 1)
+                engine.cache.flush()
+            ids, metrics = serve(follow_up, 6)
+            assert metrics["cached_blocks_by_tier"][tier] == 64, (tier, metrics)
+            assert ids == expected["follow_up"], tier
+    finally:
+        engine.stop()
+
 def test_full_engine_refuses_instead_of_queueing_forever(model, tmp_path):
     engine = LLMEngine(model, EngineConfig.from_dict({"slots": 1, "max_waiting": 1, "block_size": 8}))
     try:  # not started: nothing is admitted, so the queue fills
