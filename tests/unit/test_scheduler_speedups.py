@@ -538,3 +538,62 @@ def test_stable_sorts_order_as_the_tuple_key(keys):
     running = [Running(w, "t", ()) for w in workloads]
     expected = sorted(running, key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id))
     assert [id(r) for r in _by_priority_arrival_id(running, "workload.")] == [id(r) for r in expected]
+
+
+def test_a_preemption_trial_that_could_not_free_a_whole_node_is_not_run():
+    """Each node runs a low-priority 4-device job beside a high-priority one: stopping every low-priority job frees
+    4 devices per node, never the 8 an 8-device worker needs. The walk without changes (_room_after_all) says so,
+    and the cycle preempts nothing; with one node holding two low-priority jobs, the walk lets the trial run."""
+    from controlplane.scheduling.scheduler import _room_after_all, _State
+
+    nodes = tuple(NodeSpec(f"n{i}", "p", "nvidia-h100", "lg", 8) for i in range(3))
+    queues = (ClusterQueueSpec("q", {"nvidia-h100": Quota(64)}),)
+
+    def worker(node, first):
+        return (WorkerPlacement(node, tuple((d, 1.0) for d in range(first, first + 4))),)
+
+    def job(name, priority, node, first):
+        return Running(Workload(name, "q", ("nvidia-h100",), 4.0, priority=priority), "nvidia-h100",
+                       worker(node, first))
+
+    running = [job(f"low{i}", 0, f"n{i}", 0) for i in range(3)] + [job(f"high{i}", 5, f"n{i}", 4) for i in range(3)]
+    big = Workload("big", "q", ("nvidia-h100",), 8.0, priority=3)
+    snap = Snapshot(nodes, queues, tuple(running), (big,))
+
+    def walk(snap):
+        state = _State(snap)
+        victims = state.victims("nvidia-h100")
+        return _room_after_all(state, big, "nvidia-h100", victims, set(), set(), {"q"})
+
+    assert walk(snap) is False
+    result = schedule(snap)
+    assert result.preempted == [] and result.admitted == [] and result == reference_schedule(snap)
+    running[3] = job("low3", 0, "n0", 4)  # n0: two low-priority jobs, so stopping both frees it
+    snap = Snapshot(nodes, queues, tuple(running), (big,))
+    assert walk(snap) is True
+    result = schedule(snap)
+    [wait] = result.waiting
+    assert wait.held is not None and wait.held.workers[0].node == "n0"  # victims in victim order, up to low3
+    assert [p.workload_id for p in result.preempted] == ["low0", "low1", "low2", "low3"]
+    assert result == reference_schedule(snap)
+
+
+def test_a_failed_walk_is_walked_again_once_a_trial_freed_devices():
+    """w1 cannot free 4 devices on one node (its victims hold 2 on each of n1 and n2); w2, of another queue, then
+    stops z on n1 and keeps 1 of its 4 devices; w3, shaped as w1, now fits by stopping y. A remembered failed walk
+    of w1 would have kept w3 waiting."""
+    def placed(name, queue, priority, node, first, count):
+        return Running(Workload(name, queue, ("nvidia-h100",), float(count), priority=priority), "nvidia-h100",
+                       (WorkerPlacement(node, tuple((d, 1.0) for d in range(first, first + count))),))
+
+    nodes = tuple(NodeSpec(f"n{i}", "p", "nvidia-h100", "lg", 8) for i in range(3))
+    queues = (ClusterQueueSpec("q1", {"nvidia-h100": Quota(32)}), ClusterQueueSpec("q2", {"nvidia-h100": Quota(32)}))
+    running = (placed("h", "q1", 9, "n0", 0, 8), placed("y", "q1", 0, "n1", 0, 2), placed("z", "q2", 0, "n1", 2, 4),
+               placed("g", "q1", 9, "n1", 6, 2), placed("y2", "q1", 0, "n2", 0, 2), placed("g2", "q1", 9, "n2", 2, 6))
+    pending = (Workload("w1", "q1", ("nvidia-h100",), 4.0, priority=3, arrival=0),
+               Workload("w2", "q2", ("nvidia-h100",), 1.0, priority=3, arrival=1),
+               Workload("w3", "q1", ("nvidia-h100",), 4.0, priority=3, arrival=2))
+    snap = Snapshot(nodes, queues, running, pending)
+    result = schedule(snap)
+    assert [(p.workload_id, p.for_workload) for p in result.preempted] == [("z", "w2"), ("y", "w3")]
+    assert result == reference_schedule(snap)

@@ -525,6 +525,26 @@ class _Victims:
             total[2] += amount[2]
         self.unknown = frozenset(queue for queue in self.positions if queue not in known_queues)  # no quota
         self.cache: dict[tuple, tuple[dict[str, float], float, float, float]] = {}
+        self.released: dict[str, tuple[float, float, list]] = {}  # id -> release_of(...), made when first needed
+        self.taken = 0  # victims taken so far (by successful trials)
+        self.walks: dict[tuple, tuple[int, tuple, int]] = {}  # _room_after_all's failed walks
+
+    def release_of(self, running: Running, nodes: dict[str, _Node]) -> tuple[float, float, list]:
+        """What a trial taking `running` subtracts from its queue's usage, in the trial's steps (shrunk to its
+        minimum first when elastic, then stopped), and the device entries it frees per schedulable node."""
+        victim = running.workload
+        if len(running.workers) > victim.workers_min:
+            steps = (-(len(running.workers) - victim.workers_min) * victim.devices_per_worker,
+                     -(victim.workers_min * victim.devices_per_worker))
+        else:
+            steps = (-running.usage, 0.0)
+        per_node: dict[_Node, int] = {}
+        for worker in running.workers:
+            node = nodes[worker.node]
+            if node.schedulable:
+                per_node[node] = per_node.get(node, 0) + len(worker.taken)
+        entry = self.released[victim.id] = (steps[0], steps[1], list(per_node.items()))
+        return entry
 
     def eligible(self, own: str, borrowing: frozenset[str]) -> frozenset[str]:
         """The queues a preemptor of queue `own` may take victims from: its own, and those above their nominal
@@ -537,6 +557,7 @@ class _Victims:
         return hit
 
     def gone(self, running: Running) -> None:
+        self.taken += 1
         usage, shares, entries = self.amounts[running.workload.id]
         total = self.totals[running.workload.priority][running.workload.cluster_queue]
         total[3] -= 1.0
@@ -895,6 +916,8 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         if not _could_fit(state, workload, accelerator_type, pool_victims, reclaim, queues):
             continue  # no candidates, or even every candidate would not make room: preempt nothing
         live = set(queues | reclaim)
+        if not _room_after_all(state, workload, accelerator_type, pool_victims, reclaim, already, set(live)):
+            continue  # the trial below would take every victim it may and still not make room: it preempts nothing
         candidates = pool_victims.candidates(workload.priority, reclaim, already, live)
         first = next(candidates, None)
         if first is None:
@@ -977,6 +1000,66 @@ def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims
     after.usage = _UsageAfter(base, {(queue, accelerator_type): base[(queue, accelerator_type)] - amount - 1e-6
                                      for queue, amount in usage.items()})
     return _allowed(workload, QuotaLedger.check(after, workload.cluster_queue, accelerator_type, workload.demand()))
+
+
+def _room_after_all(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
+                    reclaim: set[str], already: set[str], live: set[str]) -> bool:
+    """False only when the preemption trial would take every victim it may and still not have room for the gang
+    (the trial then undoes everything: decisions do not change, only the time it takes). For whole-device workers,
+    the trial is walked without changing anything: the same victims in the same order, the same queues left alone
+    once within their nominal quota (usage subtracted as the trial subtracts it, so equal to the last bit), and per
+    node at most one more whole device per device entry a victim releases there: an upper bound on the slots the
+    trial would find. (A trial that fails at capacity releases every victim, each changing its nodes' indexes and
+    then changing them back: on a busy cluster most of the cycle's time before.)"""
+    devices = workload.devices_per_worker
+    if devices < _WHOLE:
+        return True  # fractional workers: the trial decides
+    pool = state.pool(accelerator_type)
+    divisor = max(1, round(devices))
+    need = workload.workers_min
+    have = pool.slots(devices)
+    if have >= need:
+        return True  # room enough now: the trial is about quota
+    own = workload.cluster_queue
+    known, usage = state.ledger.queues, state.ledger.usage
+    # A walk that failed stays failed for as long as nothing could raise its bound: no victim was taken since (only
+    # a successful trial frees devices of the type or takes candidates) and the queues it may stop drawing from use
+    # what they used then (an admission there lets a walk draw more of their victims before they are within
+    # nominal). Admissions since only lowered the bound. Kept per (priority, queues, shape): the bound it reached.
+    key = (workload.priority, frozenset(reclaim), frozenset(live), own, divisor)
+    usages = tuple([usage[(queue, accelerator_type)] for queue in sorted(live) if queue != own])
+    walked = victims.walks.get(key)
+    if walked is not None and walked[0] == victims.taken and walked[1] == usages and need > walked[2]:
+        return False
+    left: dict[str, float] = {}  # a queue's usage of the type as the trial would leave it
+    extra: dict[_Node, int] = {}  # node -> device entries released there
+    released = victims.released
+    for running in victims.candidates(workload.priority, reclaim, already, live):
+        victim = running.workload
+        queue = victim.cluster_queue
+        used = left[queue] if queue in left else usage[(queue, accelerator_type)]
+        if queue != own and queue in known \
+                and used - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
+            live.discard(queue)
+            continue
+        entries = released.get(victim.id)
+        if entries is None:
+            entries = victims.release_of(running, state.nodes)
+        first, then, per_node = entries
+        used = used + first
+        if then:
+            used = used + then
+        left[queue] = used
+        for node, count in per_node:
+            before = extra.get(node, 0)
+            after = extra[node] = before + count
+            capacity, whole = len(node.device_free), node.whole
+            if whole + before < capacity:
+                have += min(capacity, whole + after) // divisor - (whole + before) // divisor
+        if have >= need:
+            return True
+    victims.walks[key] = (victims.taken, usages, have)
+    return False
 
 
 class _UsageAfter(dict):
