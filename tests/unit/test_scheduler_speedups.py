@@ -597,3 +597,28 @@ def test_a_failed_walk_is_walked_again_once_a_trial_freed_devices():
     result = schedule(snap)
     assert [(p.workload_id, p.for_workload) for p in result.preempted] == [("z", "w2"), ("y", "w3")]
     assert result == reference_schedule(snap)
+
+
+def test_the_walk_counts_a_shared_device_whole_only_when_every_fraction_on_it_goes():
+    """Device 7 of the only node holds two half-device jobs, the other seven a high-priority job. A one-device worker
+    fits once both halves go; if one half is high priority, stopping the other frees no whole device."""
+    from controlplane.scheduling.scheduler import _room_after_all, _State
+
+    nodes = (NodeSpec("n0", "p", "nvidia-h100", "lg", 8),)
+    queues = (ClusterQueueSpec("q", {"nvidia-h100": Quota(64)}),)
+
+    def placed(name, priority, taken):
+        devices = sum(share for _, share in taken)
+        return Running(Workload(name, "q", ("nvidia-h100",), devices, priority=priority), "nvidia-h100",
+                       (WorkerPlacement("n0", taken),))
+
+    one = Workload("one", "q", ("nvidia-h100",), 1.0, priority=3)
+    for other_priority, fits in ((0, True), (5, False)):
+        running = (placed("big", 9, tuple((d, 1.0) for d in range(7))), placed("half-a", 0, ((7, 0.5),)),
+                   placed("half-b", other_priority, ((7, 0.5),)))
+        snap = Snapshot(nodes, queues, running, (one,))
+        state = _State(snap)
+        assert _room_after_all(state, one, "nvidia-h100", state.victims("nvidia-h100"), set(), set(), {"q"}) is fits
+        result = schedule(snap)
+        assert sorted(p.workload_id for p in result.preempted) == (["half-a", "half-b"] if fits else [])
+        assert result == reference_schedule(snap)

@@ -63,6 +63,7 @@ from controlplane.scheduling.placement import EPS, WorkerPlacement
 from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger, without_borrowing
 
 _WHOLE = 1.0 - EPS
+_SLACK = _WHOLE - 1e-6  # a device whose free share reaches this may be whole in the trial (sums in another order)
 _EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
 
 
@@ -538,12 +539,19 @@ class _Victims:
                      -(victim.workers_min * victim.devices_per_worker))
         else:
             steps = (-running.usage, 0.0)
-        per_node: dict[_Node, int] = {}
+        per_node: dict[_Node, list] = {}  # node -> [whole devices, [(index, share) of the fractional ones]]
         for worker in running.workers:
             node = nodes[worker.node]
             if node.schedulable:
-                per_node[node] = per_node.get(node, 0) + len(worker.taken)
-        entry = self.released[victim.id] = (steps[0], steps[1], list(per_node.items()))
+                freed = per_node.get(node)
+                if freed is None:
+                    freed = per_node[node] = [0, []]
+                for index, share in worker.taken:
+                    if share >= 1.0:
+                        freed[0] += 1
+                    else:
+                        freed[1].append((index, share))
+        entry = self.released[victim.id] = (steps[0], steps[1], [(n, w, f) for n, (w, f) in per_node.items()])
         return entry
 
     def eligible(self, own: str, borrowing: frozenset[str]) -> frozenset[str]:
@@ -1008,8 +1016,9 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
     (the trial then undoes everything: decisions do not change, only the time it takes). For whole-device workers,
     the trial is walked without changing anything: the same victims in the same order, the same queues left alone
     once within their nominal quota (usage subtracted as the trial subtracts it, so equal to the last bit), and per
-    node at most one more whole device per device entry a victim releases there: an upper bound on the slots the
-    trial would find. (A trial that fails at capacity releases every victim, each changing its nodes' indexes and
+    node the devices the victims would leave whole (one a victim holds whole, or one whose free share and the
+    fractions victims hold there add up to one, with slack for the order of the sums): an upper bound on the slots
+    the trial would find. (A trial that fails at capacity releases every victim, each changing its nodes' indexes and
     then changing them back: on a busy cluster most of the cycle's time before.)"""
     devices = workload.devices_per_worker
     if devices < _WHOLE:
@@ -1032,7 +1041,8 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
     if walked is not None and walked[0] == victims.taken and walked[1] == usages and need > walked[2]:
         return False
     left: dict[str, float] = {}  # a queue's usage of the type as the trial would leave it
-    extra: dict[_Node, int] = {}  # node -> device entries released there
+    extra: dict[_Node, int] = {}  # node -> whole devices the victims so far free there
+    shared: dict[tuple, float] = {}  # (node, index) -> free share of a device victims so far hold a fraction of
     released = victims.released
     for running in victims.candidates(workload.priority, reclaim, already, live):
         victim = running.workload
@@ -1050,7 +1060,16 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
         if then:
             used = used + then
         left[queue] = used
-        for node, count in per_node:
+        for node, count, fractions in per_node:
+            for index, share in fractions:  # whole once the fractions freed on it and its free share add up to 1
+                free = shared.get((node, index))
+                if free is None:
+                    free = node.device_free[index] if index < len(node.device_free) else 1.0
+                shared[(node, index)] = after = free + share
+                if free < _SLACK <= after:
+                    count += 1
+            if not count:
+                continue
             before = extra.get(node, 0)
             after = extra[node] = before + count
             capacity, whole = len(node.device_free), node.whole
