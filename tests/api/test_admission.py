@@ -93,7 +93,7 @@ def test_a_job_of_a_non_preemptible_priority_class_waits_rather_than_borrow(api,
                    accelerator_types=["nvidia-h100"])
     waiting = status(client, fixed)
     assert waiting["state"] == "QUEUED", waiting
-    assert "non-preemptible" in waiting["reason"] and "borrow 8 nvidia-h100" in waiting["reason"]
+    assert "non-preemptible workloads would use 16 nvidia-h100, beyond its nominal quota of 8" in waiting["reason"]
     loose = submit(client, name="loose", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
     assert status(client, loose)["state"] == "ADMITTED"
     assert status(client, fixed)["state"] == "QUEUED"

@@ -31,7 +31,7 @@ from controlplane.scheduling.model import (
     Workload,
 )
 from controlplane.scheduling.placement import EPS, NodeState, WorkerPlacement, place_gang
-from controlplane.scheduling.quota import QuotaLedger, without_borrowing
+from controlplane.scheduling.quota import QuotaCheck, QuotaLedger, non_preemptible_refusal
 from controlplane.scheduling.scheduler import schedule
 from tests.unit.test_scheduler_core import running_from
 from tests.unit.test_scheduler_core import snapshots as core_snapshots
@@ -117,11 +117,18 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
     return result
 
 
-def ref_check(state, wl, t, amount):
-    """The quota check; a non-preemptible workload may not borrow."""
+def ref_check(state, wl, t, amount, growing=0.0):
+    """The quota check; a queue's non-preemptible workloads stay within its nominal quota (`growing`: what a
+    non-preemptible workload already grew by in this step, not yet in state.running)."""
     check = state.ledger.check(wl.cluster_queue, t, amount)
-    if check.ok and check.borrowed > EPS and not wl.preemptible:
-        return without_borrowing(check, wl.cluster_queue, t)
+    if not wl.preemptible:
+        fixed = sum(len(r.workers) * r.workload.devices_per_worker for r in state.running.values()
+                    if r.workload.cluster_queue == wl.cluster_queue and r.accelerator_type == t
+                    and not r.workload.preemptible) + growing
+        nominal = state.ledger.quota(wl.cluster_queue, t).nominal
+        why = non_preemptible_refusal(wl.cluster_queue, t, fixed, amount, nominal)
+        if why:
+            return QuotaCheck(False, 0.0, why)
     return check
 
 
@@ -206,7 +213,7 @@ def ref_grow(state, result, preempted, waiting_types):
         if t in waiting_types:
             continue
         while len(r.workers) + len(added) < wl.workers_max and \
-                ref_check(state, wl, t, wl.devices_per_worker).ok:
+                ref_check(state, wl, t, wl.devices_per_worker, len(added) * wl.devices_per_worker).ok:
             placement = place_gang(state.nodes_of(t), workers=1, devices=wl.devices_per_worker,
                                    leaf_group_aware=False)
             if placement is None:

@@ -28,14 +28,16 @@ class QuotaCheck:
 WITHIN_NOMINAL = QuotaCheck(True, 0.0, "within nominal quota")  # the most frequent answer, made once
 
 
-def without_borrowing(check: QuotaCheck, queue: str, accelerator_type: str) -> QuotaCheck:
-    """`check` for a workload that cannot be preempted: it never borrows. Borrowed quota must go back when its
-    lender needs it, and only preemption gives it back, so a non-preemptible borrower would keep the lender's quota
-    (and its cohort over its nominal total) until it ended."""
-    if check.ok and check.borrowed > EPS:
-        return QuotaCheck(False, 0.0, f"{queue} would borrow {check.borrowed:g} {accelerator_type} from its cohort, "
-                                      "and a non-preemptible workload runs only within its queue's nominal quota")
-    return check
+def non_preemptible_refusal(queue: str, accelerator_type: str, fixed: float, amount: float, nominal: float) -> str:
+    """Why a non-preemptible workload may not take `amount` more of the type in `queue`, or "". `fixed`: what the
+    queue's non-preemptible workloads use now. Borrowed quota goes back to its lender only by preemption, so the
+    queue's non-preemptible usage stays within its nominal quota: whatever the queue borrows is then held by work
+    that can give it back (a non-preemptible workload never borrows; before, it kept the lender's quota, and its
+    cohort over its nominal total, until it ended)."""
+    if fixed + amount <= nominal + EPS:
+        return ""
+    return (f"{queue}'s non-preemptible workloads would use {fixed + amount:g} {accelerator_type}, beyond its "
+            f"nominal quota of {nominal:g}: a non-preemptible workload does not borrow from its cohort")
 
 
 class QuotaLedger:

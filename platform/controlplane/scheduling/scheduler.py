@@ -3,8 +3,8 @@
 Rules (issue 3), in the order applied:
 1. Order: priority (high first), then arrival, then id: best-effort FIFO.
 2. Gangs: a workload is admitted with all `workers_min` workers placed, or not at all.
-3. Quota: nominal, then borrowed from the cohort (quota.QuotaLedger); a non-preemptible workload never borrows
-   (quota.without_borrowing): only preemption gives borrowed quota back to its lender.
+3. Quota: nominal, then borrowed from the cohort (quota.QuotaLedger); a queue's non-preemptible workloads stay within
+   its nominal quota (quota.non_preemptible_refusal): only preemption gives borrowed quota back to its lender.
 4. Type choice: the workload's accepted types in its preference order (cheapest per unit of work
    first, from the efficiency matrix); the next type is tried when the best is full or out of quota.
 5. Placement: packed into as few leaf groups as possible (placement.place_gang).
@@ -60,7 +60,7 @@ from controlplane.scheduling.model import (
     Workload,
 )
 from controlplane.scheduling.placement import EPS, WorkerPlacement
-from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger, without_borrowing
+from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger, non_preemptible_refusal
 
 _WHOLE = 1.0 - EPS
 _SLACK = _WHOLE - 1e-6  # a device whose free share reaches this may be whole in the trial (sums in another order)
@@ -151,6 +151,7 @@ class _Pool:
         self.part_shapes: list[tuple] = []  # fractions: (devices, per_one, per_zero, group_slots, dirty)
         self.total: dict[float, int] = {}
         self.version = 0  # bumped by every refresh: any change to the devices of the type
+        self.freed = 0  # bumped by every refresh that gave a node more free share or whole devices
         self.free_sum = 0.0  # over schedulable nodes, exact while `inexact` is 0 and not `stale`
         self.inexact = 0
         self.stale = False
@@ -217,6 +218,8 @@ class _Pool:
         node.simple = simple = ones + shares.count(0.0) == capacity
         node.free = free = sum(shares)
         node.whole = whole = ones if simple else len([share for share in shares if share >= _WHOLE])
+        if free > old_free or whole > old_whole:
+            self.freed += 1
         if not node.schedulable:
             return
         # A simple node's free total is a whole number, exact; only the others need the test.
@@ -429,6 +432,9 @@ class _State:
         # entries), for _could_fit's bounds (which leave room for the rounding of the shares' sums).
         self.amounts: dict[str, tuple[float, float, int]] = {}
         amounts = self.amounts
+        # What non-preemptible workloads use per (queue, type): it stays within nominal (rule 3).
+        self.fixed: dict[tuple[str, str], float] = {}
+        fixed = self.fixed
         for running in sorted(snapshot.running, key=attrgetter("workload.id")):
             workload = running.workload
             shares = 0.0
@@ -452,6 +458,8 @@ class _State:
             amounts[workload.id] = (used, shares, entries)
             key = (workload.cluster_queue, running.accelerator_type)
             usage[key] = usage.get(key, 0.0) + used
+            if not workload.preemptible:
+                fixed[key] = fixed.get(key, 0.0) + used
             running_by_id[workload.id] = running
             if len(running.workers) < workload.workers_max:
                 elastic.add(workload.id)
@@ -473,6 +481,10 @@ class _State:
 
     def pool(self, accelerator_type: str) -> _Pool:
         return self.pools.get(accelerator_type, self._empty)
+
+    def hold_fixed(self, workload: Workload, accelerator_type: str, amount: float) -> None:
+        key = (workload.cluster_queue, accelerator_type)
+        self.fixed[key] = self.fixed.get(key, 0.0) + amount
 
     def versions(self, types) -> tuple:
         """What changes whenever anything a workload's admission or preemption depends on changes, for its types:
@@ -527,7 +539,6 @@ class _Victims:
         self.unknown = frozenset(queue for queue in self.positions if queue not in known_queues)  # no quota
         self.cache: dict[tuple, tuple[dict[str, float], float, float, float]] = {}
         self.released: dict[str, tuple[float, float, list]] = {}  # id -> release_of(...), made when first needed
-        self.taken = 0  # victims taken so far (by successful trials)
         self.walks: dict[tuple, tuple[int, tuple, int]] = {}  # _room_after_all's failed walks
 
     def release_of(self, running: Running, nodes: dict[str, _Node]) -> tuple[float, float, list]:
@@ -541,8 +552,8 @@ class _Victims:
             steps = (-running.usage, 0.0)
         per_node: dict[_Node, list] = {}  # node -> [whole devices, [(index, share) of the fractional ones]]
         for worker in running.workers:
-            node = nodes[worker.node]
-            if node.schedulable:
+            node = nodes.get(worker.node)  # (a node the snapshot no longer lists frees nothing)
+            if node is not None and node.schedulable:
                 freed = per_node.get(node)
                 if freed is None:
                     freed = per_node[node] = [0, []]
@@ -565,7 +576,6 @@ class _Victims:
         return hit
 
     def gone(self, running: Running) -> None:
-        self.taken += 1
         usage, shares, entries = self.amounts[running.workload.id]
         total = self.totals[running.workload.priority][running.workload.cluster_queue]
         total[3] -= 1.0
@@ -665,9 +675,11 @@ class _Undo:
             free = node.device_free
             if node.name not in saved:
                 saved[node.name] = free[:]
+            size = len(free)
             for index, share in worker.taken:
-                # (a share >= 1 gives 1.0, as min(1.0, free + share) does: free is never below 0.0)
-                free[index] = 1.0 if share >= 1.0 else min(1.0, free[index] + share)
+                if index < size:  # a node that shrank since: its lost devices hold nothing (as in _State)
+                    # (a share >= 1 gives 1.0, as min(1.0, free + share) does: free is never below 0.0)
+                    free[index] = 1.0 if share >= 1.0 else min(1.0, free[index] + share)
             node.pool.refresh(node)
 
     def add(self, queue: str, accelerator_type: str, amount: float) -> None:
@@ -867,8 +879,11 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
     ledger, queue, demand = state.ledger, workload.cluster_queue, workload.demand()
     for accelerator_type in types:
         check = ledger.check(queue, accelerator_type, demand)
-        if check.borrowed and not workload.preemptible:
-            check = without_borrowing(check, queue, accelerator_type)
+        if not workload.preemptible:
+            why = non_preemptible_refusal(queue, accelerator_type, state.fixed.get((queue, accelerator_type), 0.0),
+                                          demand, ledger.quota(queue, accelerator_type).nominal)
+            if why:  # (said even when the cohort lends too little: more lending would not help it)
+                check = QuotaCheck(False, 0.0, why)
         if not check.ok:
             reasons.append(check.reason)
             continue
@@ -877,6 +892,8 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
             reasons.append(_capacity_reason(state, workload, accelerator_type))
             continue
         ledger.add(queue, accelerator_type, demand)
+        if not workload.preemptible:
+            state.hold_fixed(workload, accelerator_type, demand)
         state.running[workload.id] = Running(workload, accelerator_type, workers)
         if len(workers) < workload.workers_max:
             state.elastic.add(workload.id)
@@ -974,6 +991,8 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         # Hold the freed devices and quota for the preemptor until the victims are gone.
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
+        if not workload.preemptible:
+            state.hold_fixed(workload, accelerator_type, workload.demand())
         state.running[workload.id] = Running(workload, accelerator_type, workers)
         if len(workers) < workload.workers_max:
             state.elastic.add(workload.id)
@@ -1007,7 +1026,8 @@ def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims
     after = ledger.what_if
     after.usage = _UsageAfter(base, {(queue, accelerator_type): base[(queue, accelerator_type)] - amount - 1e-6
                                      for queue, amount in usage.items()})
-    return _allowed(workload, QuotaLedger.check(after, workload.cluster_queue, accelerator_type, workload.demand()))
+    return _allowed(state, workload, accelerator_type, workload.demand(),
+                    QuotaLedger.check(after, workload.cluster_queue, accelerator_type, workload.demand()))
 
 
 def _room_after_all(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
@@ -1031,14 +1051,15 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
         return True  # room enough now: the trial is about quota
     own = workload.cluster_queue
     known, usage = state.ledger.queues, state.ledger.usage
-    # A walk that failed stays failed for as long as nothing could raise its bound: no victim was taken since (only
-    # a successful trial frees devices of the type or takes candidates) and the queues it may stop drawing from use
-    # what they used then (an admission there lets a walk draw more of their victims before they are within
-    # nominal). Admissions since only lowered the bound. Kept per (priority, queues, shape): the bound it reached.
+    # A walk that failed stays failed for as long as nothing could raise its bound: no device of the type's nodes
+    # gained free share since (pool.freed: a trial's release, kept or undone) and the queues it may stop drawing
+    # from use what they used then (an admission there lets a walk draw more of their victims before they are
+    # within nominal). Admissions, reservations and victims taken since only lowered the bound. Kept per
+    # (priority, queues, shape): the bound it reached.
     key = (workload.priority, frozenset(reclaim), frozenset(live), own, divisor)
     usages = tuple([usage[(queue, accelerator_type)] for queue in sorted(live) if queue != own])
     walked = victims.walks.get(key)
-    if walked is not None and walked[0] == victims.taken and walked[1] == usages and need > walked[2]:
+    if walked is not None and walked[0] == pool.freed and walked[1] == usages and need > walked[2]:
         return False
     left: dict[str, float] = {}  # a queue's usage of the type as the trial would leave it
     extra: dict[_Node, int] = {}  # node -> whole devices the victims so far free there
@@ -1077,7 +1098,7 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
                 have += min(capacity, whole + after) // divisor - (whole + before) // divisor
         if have >= need:
             return True
-    victims.walks[key] = (victims.taken, usages, have)
+    victims.walks[key] = (pool.freed, usages, have)
     return False
 
 
@@ -1104,19 +1125,27 @@ def _fits(state: _State, workload: Workload, accelerator_type: str) -> bool:
     if workload.workers_min > 0 and state.pool(accelerator_type).slots(workload.devices_per_worker) \
             < workload.workers_min:
         return False
-    return _allowed(workload, state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()))
+    return _allowed(state, workload, accelerator_type, workload.demand(),
+                    state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand()))
 
 
-def _allowed(workload: Workload, check: QuotaCheck) -> bool:
-    """Whether the quota takes `workload`: `check` passed, and a non-preemptible workload does not borrow
-    (quota.without_borrowing)."""
-    return check.ok and (workload.preemptible or check.borrowed <= EPS)
+def _allowed(state: _State, workload: Workload, accelerator_type: str, amount: float, check: QuotaCheck) -> bool:
+    """Whether the quota takes `amount` more of `workload`: `check` passed, and a non-preemptible workload keeps its
+    queue's non-preemptible usage within nominal (quota.non_preemptible_refusal)."""
+    if not check.ok:
+        return False
+    if workload.preemptible:
+        return True
+    queue = workload.cluster_queue
+    return state.fixed.get((queue, accelerator_type), 0.0) + amount \
+        <= state.ledger.quota(queue, accelerator_type).nominal + EPS
 
 
 def _reserve(state: _State, workload: Workload, types) -> bool:
     """Set aside the free devices the blocked head workload will need on its first feasible type."""
     for accelerator_type in types:
-        if not _allowed(workload, state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand())):
+        if not _allowed(state, workload, accelerator_type, workload.demand(),
+                        state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand())):
             continue
         pool = state.pool(accelerator_type)
         capacity = sum(node.capacity for node in pool.sched)
@@ -1164,7 +1193,8 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
         pool = state.pool(accelerator_type)
         devices = workload.devices_per_worker
         while len(running.workers) + len(added) < workload.workers_max:
-            if not _allowed(workload, state.ledger.check(workload.cluster_queue, accelerator_type, devices)):
+            if not _allowed(state, workload, accelerator_type, devices,
+                            state.ledger.check(workload.cluster_queue, accelerator_type, devices)):
                 break
             if pool.slots(devices) < 1:
                 break
@@ -1182,6 +1212,8 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
                     break
                 heapq.heappop(heap)
             state.ledger.add(workload.cluster_queue, accelerator_type, devices)
+            if not workload.preemptible:
+                state.hold_fixed(workload, accelerator_type, devices)
             added.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
             free = node.free
             for shape, shape_heap in pool_heaps.items():

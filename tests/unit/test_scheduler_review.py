@@ -1,0 +1,70 @@
+"""Cases a review found against the preemption walk (_room_after_all: it must decide as running the trial would)
+and the trial's release, each failing on the code before its fix."""
+from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
+from controlplane.scheduling.placement import WorkerPlacement
+from controlplane.scheduling.scheduler import schedule
+from tests.unit.test_scheduler_speedups import reference_schedule
+
+H = "nvidia-h100"
+
+
+def whole(node, first, count):
+    return WorkerPlacement(node, tuple((d, 1.0) for d in range(first, first + count)))
+
+
+def test_elastic_victim_with_a_worker_on_a_node_unknown_to_the_state():
+    """The trial only shrinks v (releases its worker on a0) and fits; it never touches v's first worker, which is
+    on a node the snapshot no longer lists (_State tolerates that). The walk's release_of looks up every worker's
+    node: KeyError. Before 3657204 (and in the reference) v is shrunk for p."""
+    nodes = (NodeSpec("a0", "p", H, "lg", 8), NodeSpec("a1", "p", H, "lg", 8))
+    queues = (ClusterQueueSpec("q", {H: Quota(64)}),)
+    v = Running(Workload("v", "q", (H,), 8.0, workers_min=1, workers_max=2, priority=0), H,
+                (whole("gone", 0, 8), whole("a0", 0, 8)))
+    h = Running(Workload("h", "q", (H,), 8.0, priority=9), H, (whole("a1", 0, 8),))
+    p = Workload("p", "q", (H,), 8.0, priority=5)
+    snap = Snapshot(nodes, queues, (v, h), (p,))
+    expected = reference_schedule(snap)
+    assert [s.workload_id for s in expected.shrunk] == ["v"]
+    assert schedule(snap) == expected  # KeyError: 'gone' in _Victims.release_of
+
+
+def test_memo_stale_after_another_types_trial_frees_this_types_nodes():
+    """x runs as type B but its workers sit on a0, a node of type A (a malformed snapshot: the platform builds
+    Running from the admitted type, so this needs a node moved between types). w1 (A, 2 x 8) walks and fails
+    (bound 1); wb (B) then preempts x and v, which frees a0 (type A) without any A victim being taken; w3 (shaped
+    as w1) would now fit by preempting y1, y2, but the remembered walk (same taken count, same usages) skips it."""
+    A, B = "type-a", "type-b"
+    nodes = (NodeSpec("a0", "pa", A, "lga", 8), NodeSpec("a1", "pa", A, "lga", 8), NodeSpec("a2", "pa", A, "lga", 8),
+             NodeSpec("a3", "pa", A, "lga", 8), NodeSpec("b0", "pb", B, "lgb", 8))
+    queues = (ClusterQueueSpec("q", {A: Quota(1000), B: Quota(1000)}),)
+
+    def run(name, t, node, first, count, priority, work=0.0):
+        return Running(Workload(name, "q", (t,), float(count), priority=priority), t, (whole(node, first, count),),
+                       work)
+
+    running = (
+        run("x", B, "a0", 0, 8, 0, 0.0),  # type B, on an A node
+        run("v", B, "b0", 0, 8, 0, 10.0),
+        run("y1", A, "a1", 0, 4, 0), run("z1", A, "a1", 4, 4, 9),
+        run("y2", A, "a2", 0, 8, 0),
+        run("y3", A, "a3", 0, 4, 0), run("z3", A, "a3", 4, 4, 9),
+    )
+    pending = (Workload("w1", "q", (A,), 8.0, workers_min=2, workers_max=2, priority=5, arrival=0),
+               Workload("wb", "q", (B,), 8.0, priority=5, arrival=1),
+               Workload("w3", "q", (A,), 8.0, workers_min=2, workers_max=2, priority=5, arrival=2))
+    snap = Snapshot(nodes, queues, running, pending)
+    expected = reference_schedule(snap)
+    assert any(p.for_workload == "w3" for p in expected.preempted)
+    assert schedule(snap) == expected
+
+
+def test_a_victim_placed_on_devices_its_node_no_longer_has_is_released_without_a_crash():
+    """_State ignores a placement's device indexes beyond its node's current size (a node that shrank since); a
+    trial releasing that victim wrote to them (IndexError)."""
+    nodes = (NodeSpec("a0", "p", H, "lg", 4),)  # 8 devices when v was placed, 4 now
+    v = Running(Workload("v", "q", (H,), 8.0, priority=0), H, (whole("a0", 0, 8),))
+    queues = (ClusterQueueSpec("q", {H: Quota(64)}),)
+    snap = Snapshot(nodes, queues, (v,), (Workload("p", "q", (H,), 4.0, priority=5),))
+    result = schedule(snap)
+    assert [p.workload_id for p in result.preempted] == ["v"]
+    assert result.waiting[0].held.workers == (whole("a0", 0, 4),)
