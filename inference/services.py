@@ -79,6 +79,18 @@ def validate_model_uri(model_uri: str) -> str:
     return model_uri
 
 
+def _check_model(model_uri: str, engine: dict) -> None:
+    """A model_uri whose config.json is already there is checked now (a 400), not only at deploy: its shape must be
+    a built-in LM's, and with the engine settings its replicas' keys and values must fit a replica."""
+    from inference.workflows import model_refusal, model_uri_path
+
+    path = model_uri_path(model_uri) if model_uri else None
+    refused = model_refusal(path, engine) if path is not None else None
+    if refused:
+        field, why = refused
+        raise ValidationFailed(why, field=field)
+
+
 def _validate_replicas(replicas_min: int, replicas_max: int) -> None:
     if replicas_min < 0:
         raise ValidationFailed("must be at least 0", field="replicas_min")
@@ -106,6 +118,7 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
     validate_model_uri(model_uri)
     engine = validate_engine(engine)
+    _check_model(model_uri, engine)
     router = validate_router(router)
     if Deployment.objects.filter(team=team, name=name).exclude(
         state__in=[DeploymentState.DELETED, DeploymentState.FAILED]
@@ -208,6 +221,8 @@ def _validated_changes(deployment: Deployment, changes: dict) -> dict:
         values["model_uri"] = validate_model_uri(values["model_uri"] or "")
     if "engine" in values:
         values["engine"] = validate_engine(values["engine"])
+    if "model_uri" in values or "engine" in values:
+        _check_model(values.get("model_uri", deployment.model_uri), values.get("engine", deployment.engine))
     if "router" in values:
         values["router"] = validate_router(values["router"])
     if "accelerator_types" in values:

@@ -60,6 +60,35 @@ class ModelNotReady(ModelNotFound):
     """The source job is still live and has not written a complete checkpoint yet: wait, do not fail."""
 
 
+def model_refusal(model_dir: Path, engine: dict | None) -> tuple[str, str] | None:
+    """(field, why) when the built-in LM in `model_dir` cannot be served with these engine settings, else None:
+    its shape must be valid ("model_uri"), and a replica's keys and values must fit FLEETYARD_REPLICA_KV_LIMIT_GIB
+    ("engine"). A config.json that is not there yet, or not a built-in LM's that the control plane can read, is left
+    to the replica, which says what is wrong when it loads it. Read without torch (the weights are never loaded
+    here)."""
+    import json
+
+    from inference.runtime.engine_config import EngineConfig, kv_memory_refusal, replica_kv_limit_bytes
+    from jobs.runtime.lm_config import STATE_FORMAT, LMConfig
+
+    path = model_dir / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_bytes()[:1024 * 1024].decode("utf-8"))
+    except (OSError, ValueError):  # (json and UnicodeDecodeError are ValueErrors)
+        return None
+    if not isinstance(config, dict) or config.get("format") != STATE_FORMAT or not isinstance(config.get("model"),
+                                                                                               dict):
+        return None
+    try:
+        model = LMConfig.from_dict(config["model"]).to_dict()
+    except (ValueError, TypeError) as exc:
+        return "model_uri", f"{path}: model {exc}"
+    why = kv_memory_refusal(model, EngineConfig.from_dict(engine), replica_kv_limit_bytes())
+    return ("engine", why) if why else None
+
+
 def service_handle(deployment: Deployment) -> str:
     return f"{SERVICE_PREFIX}{deployment.pk}"
 
@@ -128,6 +157,9 @@ def resolve_model_dir(deployment: Deployment) -> str:
         if missing:
             raise ModelNotFound(f"checkpoint {info.path} of training job {job.pk} has no {', '.join(missing)} "
                                 f"(only built-in LM checkpoints can be served)")
+        refused = model_refusal(Path(info.path), deployment.engine)
+        if refused:
+            raise ModelNotFound(refused[1])
         return str(info.path)
     path = model_uri_path(deployment.model_uri)
     if path is None:
@@ -140,6 +172,9 @@ def resolve_model_dir(deployment: Deployment) -> str:
     missing = [name for name in (CONFIG_FILE, MODEL_FILE) if not (path / name).is_file()]
     if missing:
         raise ModelNotFound(f"model directory {path} has no {', '.join(missing)}")
+    refused = model_refusal(path, deployment.engine)
+    if refused:
+        raise ModelNotFound(refused[1])
     return str(path)
 
 

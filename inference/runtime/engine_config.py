@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,3 +48,46 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def replica_kv_limit_bytes() -> int:
+    """What one replica may hold in keys and values: FLEETYARD_REPLICA_KV_LIMIT_GIB (default 8), read where it is
+    used (the control plane at deploy, the engine when a replica starts)."""
+    raw = os.environ.get("FLEETYARD_REPLICA_KV_LIMIT_GIB", "8")
+    try:
+        gib = float(raw)
+    except ValueError:
+        raise ValueError(f"FLEETYARD_REPLICA_KV_LIMIT_GIB={raw!r} is not a number of GiB") from None
+    if not gib > 0:
+        raise ValueError(f"FLEETYARD_REPLICA_KV_LIMIT_GIB={raw!r} must be more than 0")
+    return int(gib * 1024 ** 3)
+
+
+def kv_memory_bytes(model: Mapping[str, Any], config: EngineConfig) -> int:
+    """Bytes of keys and values (float32) a replica of the built-in LM with shape `model` (LMConfig's fields:
+    n_layers, d_model, context) holds in memory: every slot's whole window, plus the device and host tiers of the
+    prefix cache (the disk tier is on disk)."""
+    per_token = 2 * int(model["n_layers"]) * int(model["d_model"]) * 4
+    cached = (config.device_cache_blocks + config.host_cache_blocks) * config.block_size
+    return per_token * (config.slots * int(model["context"]) + cached)
+
+
+def kv_memory_refusal(model: Mapping[str, Any], config: EngineConfig, limit_bytes: int) -> str:
+    """Why a replica of `model` with these engine settings would hold too much KV memory, or "": an engine
+    allocates its slots' caches when the replica starts, so a window of 32,768 tokens with 256 slots asks for tens of
+    GiB from a model file of a few MB, and would fail there (out of memory), not as a clear refusal here."""
+    need = kv_memory_bytes(model, config)
+    if need <= limit_bytes:
+        return ""
+    return (f"a replica would hold {_size(need)} of keys and values ({model['n_layers']} layers x d_model "
+            f"{model['d_model']} x ({config.slots} slots x {model['context']}-token window + "
+            f"{(config.device_cache_blocks + config.host_cache_blocks) * config.block_size} cached tokens) x 8 "
+            f"bytes), over the {_size(limit_bytes)} a replica may hold (FLEETYARD_REPLICA_KV_LIMIT_GIB): lower "
+            "engine.slots or the cache tiers, or serve a model with a shorter window")
+
+
+def _size(size: float) -> str:
+    for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size:.0f} bytes"

@@ -274,6 +274,15 @@ FLEETYARD_FETCH_ALLOW_HOSTS = env_list("FLEETYARD_FETCH_ALLOW_HOSTS", [])
 # platform's hosts (another team's checkpoints, the database, system files) is refused; a team deploys its
 # own training job's checkpoint by naming the job instead.
 FLEETYARD_MODEL_DIRS = env_list("FLEETYARD_MODEL_DIRS", [str(DATA_DIR / "models")])
+# FLEETYARD_REPLICA_KV_LIMIT_GIB (default 8): the keys and values one serving replica may hold. Read where it is
+# used (inference/runtime/engine_config.py: the deploy check here, the engine in each replica); checked now so that
+# a bad value fails at start-up.
+try:
+    from inference.runtime.engine_config import replica_kv_limit_bytes
+
+    replica_kv_limit_bytes()
+except ValueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False

@@ -16,6 +16,7 @@ from controlplane.compute.memory import InMemoryComputeBackend
 from controlplane.compute.topology import load_topology
 from inference import tasks, workflows
 from inference.models import Deployment, InferenceRequest
+from jobs.models import TrainingJob
 from jobs.runtime.checkpoints import save_checkpoint
 from jobs.workflows import checkpoint_dir
 from tests.conftest import DEPLOYMENT_BODY, JOB_BODY
@@ -221,6 +222,26 @@ def test_a_missing_model_directory_fails(api, backend, tmp_path):
     assert half.state == "FAILED" and "has no model.pt" in half.state_reason
 
 
+def test_a_checkpoint_whose_replicas_would_not_fit_their_kv_memory_fails_at_deploy_with_the_arithmetic(
+        api, backend):
+    """A training checkpoint is only read at deploy: a 48-layer d=2048 model (4,096-token window) with 16 slots
+    needs about 63 GiB of keys and values per replica; the deployment fails saying so instead of a replica dying
+    out of memory."""
+    import json
+
+    client = api("alpha", "member")
+    job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
+    model = {"vocab_size": 258, "context": 4096, "d_model": 2048, "n_heads": 16, "n_layers": 48, "d_ff": 8192}
+    save_checkpoint(checkpoint_dir(TrainingJob.objects.get(pk=job["id"])), step=10,
+                    files={"config.json": json.dumps({"format": 1, "model": model, "step": 10}).encode(),
+                           "model.pt": b"w" * 64})
+    deployment = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"],
+                                                  engine={"slots": 16})["id"])
+    assert deployment.state == "FAILED", deployment.state_reason
+    assert deployment.state_reason.startswith("cannot serve: a replica would hold 63.0 GiB") and "16 slots" in \
+        deployment.state_reason
+
+
 def test_an_update_to_a_missing_model_degrades_and_keeps_the_old_revision(api, backend, model_dir, tmp_path):
     client = api("alpha", "member")
     created = create(client, model_dir)
@@ -374,7 +395,6 @@ def test_accelerator_replicas_count_against_the_queue_quota_with_training(api, b
     """Deployments are admitted within their ClusterQueue's quota, counted with the training jobs there that cannot
     be preempted (preemptible training of the queue gives its quota back: tests/api/test_mixed_load.py)."""
     from controlplane.quotas.models import PriorityClass
-    from jobs.models import TrainingJob
     from jobs.selectors import quota_usage
 
     client = api("alpha", "member")

@@ -67,3 +67,37 @@ def test_viewer_cannot_create_or_delete(api):
     assert create(api("alpha", "viewer")).status_code == 403
     created = create(api("alpha", "member")).json()
     assert api("alpha", "viewer").delete(f"/api/v1/deployments/{created['id']}/").status_code == 403
+
+
+def _lm_folder(tmp_path, **shape):
+    """A model folder whose config.json is a built-in LM's (format 1) of the given shape."""
+    import json
+
+    model = {"vocab_size": 258, "context": 256, "d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128, **shape}
+    folder = tmp_path / "lm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"format": 1, "model": model, "step": 1}))
+    (folder / "model.pt").write_bytes(b"weights")
+    return f"file://{folder}"
+
+
+def test_a_model_whose_replicas_would_not_fit_their_kv_memory_is_refused_with_the_arithmetic(api, tmp_path):
+    """32K window x 256 slots of a 4-layer d=192 model: about 48 GiB of keys and values per replica, which would
+    fail at replica start (out of memory); refused at submit instead, naming the engine settings."""
+    client = api("alpha", "member")
+    uri = _lm_folder(tmp_path, context=32768, d_model=192, n_layers=4)
+    response = create(client, model_uri=uri, engine={"slots": 256})
+    assert response.status_code == 400, response.json()
+    why = response.json()["engine"][0]
+    assert "48.1 GiB" in why and "over the 8.0 GiB a replica may hold" in why and "lower engine.slots" in why
+    assert not Deployment.objects.exists()
+    ok = create(client, model_uri=uri, engine={"slots": 2})  # about 0.4 GiB
+    assert ok.status_code == 201, ok.json()
+    bigger = client.patch(f"/api/v1/deployments/{ok.json()['id']}/", {"engine": {"slots": 200}}, format="json")
+    assert bigger.status_code == 400 and "GiB" in bigger.json()["engine"][0]
+    assert Deployment.objects.get().engine == {"slots": 2}  # nothing half-written
+
+
+def test_a_model_shape_out_of_bounds_is_refused_naming_the_model_uri(api, tmp_path):
+    response = create(api("alpha", "member"), model_uri=_lm_folder(tmp_path, context=10**6))
+    assert response.status_code == 400 and "context" in response.json()["model_uri"][0], response.json()

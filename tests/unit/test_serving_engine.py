@@ -363,3 +363,21 @@ def test_decoding_is_exact_whether_the_batchs_slots_are_contiguous_or_not(tmp_pa
         assert "".join(outputs[i]) == expected
         assert max_tokens < 24 or len(set(expected)) > 5  # varied output: a wrong key or value shows
     assert (0, 1, 2) in batches and (0, 2) in batches
+
+
+def test_the_kv_memory_of_a_replica_is_counted_and_an_engine_over_the_limit_is_refused_before_allocating(
+        model, tmp_path, monkeypatch):
+    from inference.runtime.engine_config import kv_memory_bytes, kv_memory_refusal
+
+    shape = model.config.to_dict()
+    config = EngineConfig(slots=3, block_size=8, device_cache_blocks=10, host_cache_blocks=20)
+    per_token = 2 * shape["n_layers"] * shape["d_model"] * 4  # keys and values, float32
+    assert kv_memory_bytes(shape, config) == per_token * (3 * shape["context"] + 30 * 8)
+    assert kv_memory_refusal(shape, config, kv_memory_bytes(shape, config)) == ""
+    assert "312.0 KiB of keys and values" in kv_memory_refusal(shape, config, kv_memory_bytes(shape, config) - 1)
+    monkeypatch.setenv("FLEETYARD_REPLICA_KV_LIMIT_GIB", "0.000001")  # about 1 KiB
+    with pytest.raises(ValueError, match="a replica would hold .* over the 1.0 KiB a replica may hold"):
+        make_engine(model, tmp_path)
+    monkeypatch.setenv("FLEETYARD_REPLICA_KV_LIMIT_GIB", "lots")
+    with pytest.raises(ValueError, match="FLEETYARD_REPLICA_KV_LIMIT_GIB='lots' is not a number"):
+        make_engine(model, tmp_path)

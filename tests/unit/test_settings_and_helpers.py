@@ -58,3 +58,17 @@ def test_settings_module_fails_at_import_on_a_bad_backend(tmp_path):
     result = subprocess.run([sys.executable, "-c", "import controlplane.settings"], env=env, capture_output=True,
                             text=True, cwd=root, check=False)
     assert result.returncode != 0 and "FLEETYARD_SECRET_KEY is required" in result.stderr
+
+
+def test_settings_module_fails_at_import_on_a_bad_replica_kv_limit(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for value, message in (("lots", "is not a number of GiB"), ("0", "must be more than 0")):
+        env = dict(os.environ, FLEETYARD_REPLICA_KV_LIMIT_GIB=value, FLEETYARD_DATA_DIR=str(tmp_path),
+                   PYTHONPATH=f"{root}:{root / 'platform'}")
+        result = subprocess.run([sys.executable, "-c", "import controlplane.settings"], env=env, capture_output=True,
+                                text=True, cwd=root, check=False)
+        assert result.returncode != 0 and f"FLEETYARD_REPLICA_KV_LIMIT_GIB={value!r} {message}" in result.stderr
