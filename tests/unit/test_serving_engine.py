@@ -381,3 +381,49 @@ def test_the_kv_memory_of_a_replica_is_counted_and_an_engine_over_the_limit_is_r
     monkeypatch.setenv("FLEETYARD_REPLICA_KV_LIMIT_GIB", "lots")
     with pytest.raises(ValueError, match="FLEETYARD_REPLICA_KV_LIMIT_GIB='lots' is not a number"):
         make_engine(model, tmp_path)
+
+
+def test_a_long_new_part_after_a_cached_prefix_is_attended_in_two_merged_halves_exactly(tmp_path):
+    """After a cached prefix, a new part of SPLIT_PREFILL_FROM tokens or more is attended as the cached half (all
+    visible) and the new half (causal), merged by log-sum-exp: the same attention as one masked SDPA, and the same
+    greedy tokens as the model's own forward pass (sharp weights: attending to a later token would show)."""
+    import torch.nn.functional as F
+
+    from inference.runtime import engine as engine_module
+
+    q, keys, values = torch.randn(1, 4, 300, 8), torch.randn(1, 4, 364, 8), torch.randn(1, 4, 364, 8)
+    mask = torch.ones(300, 364, dtype=torch.bool).tril(diagonal=64)
+    merged = engine_module._attend_after_prefix(q, keys, values, 64)
+    assert torch.allclose(merged, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), atol=1e-5)
+
+    model = build_model(LMConfig.from_dict({**SHAPE, "context": 1_024}), seed=3).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(8.0)
+    head = TOK.encode("The robot poured tea for the cat. " * 3)[:64]
+    tail = TOK.encode("".join(f"Then it counted {i * 5 % 11} spoons. " for i in range(40)))[:400]
+
+    def greedy(ids: list[int], n: int) -> list[int]:
+        with torch.no_grad():
+            for _ in range(n):
+                ids = ids + [int(torch.argmax(model(torch.tensor([ids]))[0, -1, :256]))]
+        return ids[-n:]
+
+    expected = greedy(head + tail, 5)
+    engine = make_engine(model, tmp_path, block_size=64, device_cache_blocks=16)
+    generated: list[int] = []
+    accept = engine._accept_token
+    engine.__dict__["_accept_token"] = lambda seq, token: (generated.append(token), accept(seq, token))
+    calls = []
+    split = engine_module._attend_after_prefix
+    engine_module._attend_after_prefix = lambda *a: (calls.append(a[3]), split(*a))[1]
+    try:
+        list(engine.generate(GenerationRequest(prompt_tokens=head + TOK.encode("!"), max_tokens=1), timeout_s=30))
+        generated.clear()
+        events = list(engine.generate(GenerationRequest(prompt_tokens=head + tail, max_tokens=5), timeout_s=30))
+        assert events[-1]["metrics"]["cached_tokens"] == 64
+        assert calls and set(calls) == {64}  # the split path ran, after the 64 cached tokens
+        assert generated == expected
+    finally:
+        engine_module._attend_after_prefix = split
+        engine.stop()
