@@ -113,7 +113,7 @@ def _attend_after_prefix(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     the cached part all visible, the new part causal. Each half runs on the CPU flash kernel, which returns each
     query's log-sum-exp; the two are merged by it, exactly the softmax over both (to float rounding). With one
     (t, start + t) mask instead, SDPA takes its slow path: a 16K prompt sharing only a short prefix with the cache
-    took about 2.7x a cold one (review, 2026-11-26)."""
+    took about 2.5x a cold one (2026-11-26)."""
     new, new_lse = _FLASH_CPU(q, keys[:, :, start:], values[:, :, start:], 0.0, True)
     old, old_lse = _FLASH_CPU(q, keys[:, :, :start], values[:, :, :start], 0.0, False)
     top = torch.maximum(new_lse, old_lse)

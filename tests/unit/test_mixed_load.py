@@ -87,7 +87,7 @@ def test_an_elastic_victim_is_shrunk_before_it_is_stopped_and_not_touched_again_
     assert plan.preempted == []
     assert [(s.workload_id, s.to_workers) for s in plan.shrunk] == [("elastic", 1)]
     narrowed = next(r for r in plan.snapshot.running if r.workload.id == "elastic")
-    assert not narrowed.workload.preemptible and narrowed.workload.workers_max == 1
+    assert narrowed.settled and narrowed.workload.workers_max == 1
     result = schedule(plan.snapshot)  # the 2 devices the shrink freed beyond the replica's go to "urgent"
     assert [a.workload_id for a in result.admitted] == ["urgent"]
     assert not result.preempted and not result.grown and not result.shrunk

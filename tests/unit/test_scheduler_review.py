@@ -68,3 +68,28 @@ def test_a_victim_placed_on_devices_its_node_no_longer_has_is_released_without_a
     result = schedule(snap)
     assert [p.workload_id for p in result.preempted] == ["v"]
     assert result.waiting[0].held.workers == (whole("a0", 0, 4),)
+
+
+def test_a_training_job_mixed_load_shrank_does_not_count_as_its_queues_non_preemptible_usage():
+    """Mixed load shrinks J (queue A) for a deployment's replicas and leaves it alone for the rest of the cycle; it
+    used to do so by marking J non-preemptible, which made A's non-preemptible usage 8 and refused N (2, non-
+    preemptible, within A's nominal 8) for usage A does not have. Found by review."""
+    from controlplane.scheduling.mixed_load import ServingDemand, plan_mixed_load
+
+    t = "h"
+    nodes = (NodeSpec("p1-0", "p1", t, "lg1", 8), NodeSpec("p1-1", "p1", t, "lg1", 8),
+             NodeSpec("p2-0", "p2", t, "lg2", 8))
+    queues = tuple(ClusterQueueSpec(name, {t: Quota(nominal)}, cohort="co") for name, nominal in
+                   (("A", 8), ("B", 8), ("C", 16)))
+    j = Workload("J", "A", (t,), 1.0, workers_min=1, workers_max=16, priority=0)
+    workers = tuple(WorkerPlacement(node, ((i, 1.0),)) for node in ("p1-0", "p1-1") for i in range(8))
+    n = Workload("N", "A", (t,), 1.0, workers_min=2, workers_max=2, priority=10, arrival=1.0, preemptible=False)
+    snap = Snapshot(nodes, queues, (Running(j, t, workers, 1.0),), (n,))
+    serving = [ServingDemand(id="s1", accelerator_type=t, devices_per_replica=1.0, replicas_max=2, replicas_wanted=2,
+                             pool="p1", cluster_queue="B")]
+    plan = plan_mixed_load(snap, serving)
+    assert [s.workload_id for s in plan.shrunk] == ["J"]
+    result = schedule(plan.snapshot)
+    assert [a.workload_id for a in result.admitted] == ["N"], result.waiting
+    assert not any(p.workload_id == "J" for p in result.preempted)  # still left alone in this cycle
+    assert result == reference_schedule(plan.snapshot)

@@ -142,7 +142,7 @@ def ref_preemption(state, wl, types, already):
     for t in types:
         within = ledger.usage[(wl.cluster_queue, t)] + wl.demand() <= ledger.quota(wl.cluster_queue, t).nominal + EPS
         candidates = sorted((r for r in state.running.values() if r.accelerator_type == t
-                             and r.workload.id not in already and r.workload.preemptible
+                             and r.workload.id not in already and r.workload.preemptible and not r.settled
                              and r.workload.id in state.started_before
                              and (r.workload.priority < wl.priority
                                   or (r.workload.cluster_queue != wl.cluster_queue

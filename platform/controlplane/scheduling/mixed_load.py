@@ -364,9 +364,10 @@ def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, runni
 
 
 def _settled(running: Running) -> Running:
-    """A victim shrunk here is left alone by the rest of the cycle: not preempted or grown again."""
+    """A victim shrunk here is left alone by the rest of the cycle: not preempted or shrunk again (settled), and not
+    grown (its maximum is its width). It stays preemptible: its queue's non-preemptible usage does not include it."""
     width = len(running.workers)
-    return replace(running, workload=replace(running.workload, preemptible=False, workers_max=width))
+    return replace(running, workload=replace(running.workload, workers_max=width), settled=True)
 
 
 def _place_replica(free: _Free, demand: ServingDemand) -> WorkerPlacement | None:

@@ -57,6 +57,7 @@ class Running:
     accelerator_type: str
     workers: tuple[WorkerPlacement, ...]
     work_since_checkpoint_s: float = 0.0  # what preempting it now would throw away
+    settled: bool = False  # already shrunk before this cycle (mixed load): not preempted or shrunk again in it
 
     @property
     def usage(self) -> float:

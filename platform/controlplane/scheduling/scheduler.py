@@ -470,7 +470,7 @@ class _State:
         # nothing changes the running workloads of that type that started before the cycle.
         self.preemptible: dict[str, list[Running]] = {}
         for running in running_by_id.values():
-            if running.workload.preemptible:
+            if running.workload.preemptible and not running.settled:
                 self.preemptible.setdefault(running.accelerator_type, []).append(running)
         by_type: dict[str, list[_Node]] = {}
         for node in nodes.values():
