@@ -7,6 +7,8 @@ after the commit.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.db import transaction
 
 from controlplane.common import references
@@ -23,6 +25,8 @@ from inference.models import Deployment, DeploymentEvent, DeploymentRevision
 from inference.runtime.engine_config import EngineConfig
 from inference.states import DeploymentState
 from jobs.models import TrainingJob
+from jobs.runtime.checkpoints import latest_checkpoint
+from jobs.workflows import checkpoint_dir
 
 SPEC_FIELDS = ("model_uri", "accelerator_types", "devices_per_replica", "replicas_min", "replicas_max",
                "sla_ttft_p95_ms", "sla_tpot_p95_ms", "sla_min_throughput_tps", "engine", "router")
@@ -79,12 +83,18 @@ def validate_model_uri(model_uri: str) -> str:
     return model_uri
 
 
-def _check_model(model_uri: str, engine: dict) -> None:
-    """A model_uri whose config.json is already there is checked now (a 400), not only at deploy: its shape must be
-    a built-in LM's, and with the engine settings its replicas' keys and values must fit a replica."""
+def _check_model(model_uri: str, engine: dict, source_job: TrainingJob | None = None) -> None:
+    """The model to serve is checked now (a 400), not only at deploy, when its config.json is already there (a
+    model_uri's directory, or the source job's latest complete checkpoint): its shape must be a built-in LM's, and
+    with the engine settings its replicas' keys and values must fit a replica."""
     from inference.workflows import model_refusal, model_uri_path
 
-    path = model_uri_path(model_uri) if model_uri else None
+    path = None
+    if model_uri:
+        path = model_uri_path(model_uri)
+    elif source_job is not None:
+        info = latest_checkpoint(checkpoint_dir(source_job))
+        path = Path(info.path) if info is not None else None
     refused = model_refusal(path, engine) if path is not None else None
     if refused:
         field, why = refused
@@ -118,7 +128,7 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
     validate_model_uri(model_uri)
     engine = validate_engine(engine)
-    _check_model(model_uri, engine)
+    _check_model(model_uri, engine, source_job)
     router = validate_router(router)
     if Deployment.objects.filter(team=team, name=name).exclude(
         state__in=[DeploymentState.DELETED, DeploymentState.FAILED]
@@ -221,8 +231,15 @@ def _validated_changes(deployment: Deployment, changes: dict) -> dict:
         values["model_uri"] = validate_model_uri(values["model_uri"] or "")
     if "engine" in values:
         values["engine"] = validate_engine(values["engine"])
-    if "model_uri" in values or "engine" in values:
-        _check_model(values.get("model_uri", deployment.model_uri), values.get("engine", deployment.engine))
+    if {"model_uri", "engine", "source_job"} & set(values):
+        # the model the deployment will serve after the change (as deployment_update settles it)
+        if "model_uri" in values:
+            model_uri = values["model_uri"]
+        else:
+            model_uri = "" if values.get("source_job") is not None else deployment.model_uri
+        source_job = values["source_job"] if "source_job" in values else (
+            None if values.get("model_uri") else deployment.source_job)
+        _check_model(model_uri, values.get("engine", deployment.engine), source_job)
     if "router" in values:
         values["router"] = validate_router(values["router"])
     if "accelerator_types" in values:

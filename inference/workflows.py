@@ -60,6 +60,14 @@ class ModelNotReady(ModelNotFound):
     """The source job is still live and has not written a complete checkpoint yet: wait, do not fail."""
 
 
+class ModelRefused(ModelNotFound):
+    """The model is there but cannot be served with these settings (model_refusal): fail, whether or not there is
+    room for it."""
+
+
+CONFIG_READ_LIMIT = 1024 * 1024  # bytes of a model's config.json the control plane reads at most
+
+
 def model_refusal(model_dir: Path, engine: dict | None) -> tuple[str, str] | None:
     """(field, why) when the built-in LM in `model_dir` cannot be served with these engine settings, else None:
     its shape must be valid ("model_uri"), and a replica's keys and values must fit FLEETYARD_REPLICA_KV_LIMIT_GIB
@@ -75,7 +83,11 @@ def model_refusal(model_dir: Path, engine: dict | None) -> tuple[str, str] | Non
     if not path.is_file():
         return None
     try:
-        config = json.loads(path.read_bytes()[:1024 * 1024].decode("utf-8"))
+        with open(path, "rb") as fh:
+            raw = fh.read(CONFIG_READ_LIMIT + 1)
+        if len(raw) > CONFIG_READ_LIMIT:  # no built-in LM's config is this big; read no more of it
+            return None
+        config = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError):  # (json and UnicodeDecodeError are ValueErrors)
         return None
     if not isinstance(config, dict) or config.get("format") != STATE_FORMAT or not isinstance(config.get("model"),
@@ -159,7 +171,7 @@ def resolve_model_dir(deployment: Deployment) -> str:
                                 f"(only built-in LM checkpoints can be served)")
         refused = model_refusal(Path(info.path), deployment.engine)
         if refused:
-            raise ModelNotFound(refused[1])
+            raise ModelRefused(refused[1])
         return str(info.path)
     path = model_uri_path(deployment.model_uri)
     if path is None:
@@ -174,7 +186,7 @@ def resolve_model_dir(deployment: Deployment) -> str:
         raise ModelNotFound(f"model directory {path} has no {', '.join(missing)}")
     refused = model_refusal(path, deployment.engine)
     if refused:
-        raise ModelNotFound(refused[1])
+        raise ModelRefused(refused[1])
     return str(path)
 
 
@@ -247,6 +259,13 @@ def deployment_deploy(*, deployment_id: int, backend) -> Deployment | None:
             return deployment
         placement, why = choose_placement(deployment)
         if placement is None:
+            try:
+                resolve_model_dir(deployment)
+            except ModelRefused as exc:  # no room would ever make it servable
+                return transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent,
+                                  to=S.FAILED, reason=f"cannot serve: {exc}", system=SYSTEM)
+            except ModelNotFound:
+                pass  # missing or not ready yet: said once there is room
             if deployment.state_reason != why:
                 Deployment.objects.filter(pk=deployment.pk).update(state_reason=why)
                 record_event(obj=deployment, event_model=DeploymentEvent, from_state=S.PENDING, to_state=S.PENDING,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from inference.runtime.engine_config import EngineConfig, kv_memory_refusal, replica_kv_limit_bytes
+from inference.runtime.engine_config import EngineConfig
 from inference.runtime.kv_cache import TieredPrefixCache
 from jobs.runtime.lm import TinyTransformerLM
 
@@ -136,9 +136,6 @@ class LLMEngine:
         self.head_dim = mc.d_model // mc.n_heads
         self.max_prompt_tokens = config.max_prompt_tokens or (self.context - 1)
         self.max_prompt_tokens = min(self.max_prompt_tokens, self.context - 1)
-        refusal = kv_memory_refusal(mc.to_dict(), config, replica_kv_limit_bytes())
-        if refusal:  # before allocating it (the control plane checks this at deploy too)
-            raise ValueError(refusal)
         shape = (config.slots, self.n_heads, self.context, self.head_dim)
         self._k = [torch.zeros(shape) for _ in range(self.n_layers)]
         self._v = [torch.zeros(shape) for _ in range(self.n_layers)]

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,22 +52,23 @@ class EngineConfig:
 
 
 def replica_kv_limit_bytes() -> int:
-    """What one replica may hold in keys and values: FLEETYARD_REPLICA_KV_LIMIT_GIB (default 8), read where it is
-    used (the control plane at deploy, the engine when a replica starts)."""
+    """What one replica may hold in keys and values: FLEETYARD_REPLICA_KV_LIMIT_GIB (default 8), the control plane's
+    setting (its deploy check; settings checks it at start-up)."""
     raw = os.environ.get("FLEETYARD_REPLICA_KV_LIMIT_GIB", "8")
     try:
         gib = float(raw)
     except ValueError:
         raise ValueError(f"FLEETYARD_REPLICA_KV_LIMIT_GIB={raw!r} is not a number of GiB") from None
-    if not gib > 0:
-        raise ValueError(f"FLEETYARD_REPLICA_KV_LIMIT_GIB={raw!r} must be more than 0")
+    if not (math.isfinite(gib) and gib * 1024 ** 3 >= 1):
+        raise ValueError(f"FLEETYARD_REPLICA_KV_LIMIT_GIB={raw!r} must be a finite number of GiB, more than 0")
     return int(gib * 1024 ** 3)
 
 
 def kv_memory_bytes(model: Mapping[str, Any], config: EngineConfig) -> int:
     """Bytes of keys and values (float32) a replica of the built-in LM with shape `model` (LMConfig's fields:
     n_layers, d_model, context) holds in memory: every slot's whole window, plus the device and host tiers of the
-    prefix cache (the disk tier is on disk)."""
+    prefix cache full (the disk tier is on disk; blocks on their way there, in memory until written, are not
+    counted)."""
     per_token = 2 * int(model["n_layers"]) * int(model["d_model"]) * 4
     cached = (config.device_cache_blocks + config.host_cache_blocks) * config.block_size
     return per_token * (config.slots * int(model["context"]) + cached)

@@ -222,24 +222,40 @@ def test_a_missing_model_directory_fails(api, backend, tmp_path):
     assert half.state == "FAILED" and "has no model.pt" in half.state_reason
 
 
-def test_a_checkpoint_whose_replicas_would_not_fit_their_kv_memory_fails_at_deploy_with_the_arithmetic(
-        api, backend):
-    """A training checkpoint is only read at deploy: a 48-layer d=2048 model (4,096-token window) with 16 slots
-    needs about 63 GiB of keys and values per replica; the deployment fails saying so instead of a replica dying
-    out of memory."""
+def test_a_checkpoint_whose_replicas_would_not_fit_their_kv_memory_is_refused_with_the_arithmetic(api, backend):
+    """A 48-layer d=2048 model (4,096-token window) with 16 slots needs about 63 GiB of keys and values per replica.
+    Its checkpoint written after the deployment was created: FAILED at deploy, with room or without (no room makes
+    it servable). Written before: a 400 on engine at submit, and on an update of the engine."""
     import json
+
+    from controlplane.cluster.models import Node
 
     client = api("alpha", "member")
     job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
+    waiting = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"],
+                                               engine={"slots": 16})["id"])
+    assert waiting.state == "PENDING" and "first complete checkpoint" in waiting.state_reason
     model = {"vocab_size": 258, "context": 4096, "d_model": 2048, "n_heads": 16, "n_layers": 48, "d_ff": 8192}
     save_checkpoint(checkpoint_dir(TrainingJob.objects.get(pk=job["id"])), step=10,
                     files={"config.json": json.dumps({"format": 1, "model": model, "step": 10}).encode(),
                            "model.pt": b"w" * 64})
-    deployment = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"],
-                                                  engine={"slots": 16})["id"])
-    assert deployment.state == "FAILED", deployment.state_reason
-    assert deployment.state_reason.startswith("cannot serve: a replica would hold 63.0 GiB") and "16 slots" in \
-        deployment.state_reason
+    Node.objects.update(cordoned=True)  # no room anywhere
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        workflows.deployment_deploy(deployment_id=waiting.pk, backend=backend)
+    failed = Deployment.objects.get(pk=waiting.pk)
+    assert failed.state == "FAILED", failed.state_reason
+    assert failed.state_reason.startswith("cannot serve: a replica would hold 63.0 GiB") and "16 slots" in \
+        failed.state_reason
+    Node.objects.update(cordoned=False)
+
+    refused = client.post("/api/v1/deployments/", {**DEPLOYMENT_BODY, "name": "again", "model_uri": "",
+                                                   "source_job": job["id"], "engine": {"slots": 16}}, format="json")
+    assert refused.status_code == 400 and "63.0 GiB" in refused.json()["engine"][0], refused.json()
+    small = create(client, model_uri="", source_job=job["id"], name="small",
+                   engine={"slots": 1, "host_cache_blocks": 0})
+    patched = client.patch(f"/api/v1/deployments/{small['id']}/", {"engine": {"slots": 16}}, format="json")
+    assert patched.status_code == 400 and "GiB" in patched.json()["engine"][0]
+    assert Deployment.objects.get(pk=small["id"]).revision == 1  # nothing half-written
 
 
 def test_an_update_to_a_missing_model_degrades_and_keeps_the_old_revision(api, backend, model_dir, tmp_path):

@@ -365,22 +365,24 @@ def test_decoding_is_exact_whether_the_batchs_slots_are_contiguous_or_not(tmp_pa
     assert (0, 1, 2) in batches and (0, 2) in batches
 
 
-def test_the_kv_memory_of_a_replica_is_counted_and_an_engine_over_the_limit_is_refused_before_allocating(
-        model, tmp_path, monkeypatch):
-    from inference.runtime.engine_config import kv_memory_bytes, kv_memory_refusal
+def test_the_kv_memory_of_a_replica_is_counted_as_the_engine_allocates_it(model, tmp_path, monkeypatch):
+    from inference.runtime.engine_config import kv_memory_bytes, kv_memory_refusal, replica_kv_limit_bytes
 
     shape = model.config.to_dict()
     config = EngineConfig(slots=3, block_size=8, device_cache_blocks=10, host_cache_blocks=20)
     per_token = 2 * shape["n_layers"] * shape["d_model"] * 4  # keys and values, float32
     assert kv_memory_bytes(shape, config) == per_token * (3 * shape["context"] + 30 * 8)
+    engine = LLMEngine(model, config, cache_dir=str(tmp_path / "kv"))  # its slot caches: the first term exactly
+    assert sum(t.numel() * t.element_size() for t in engine._k + engine._v) == per_token * 3 * shape["context"]
     assert kv_memory_refusal(shape, config, kv_memory_bytes(shape, config)) == ""
     assert "312.0 KiB of keys and values" in kv_memory_refusal(shape, config, kv_memory_bytes(shape, config) - 1)
-    monkeypatch.setenv("FLEETYARD_REPLICA_KV_LIMIT_GIB", "0.000001")  # about 1 KiB
-    with pytest.raises(ValueError, match="a replica would hold .* over the 1.0 KiB a replica may hold"):
-        make_engine(model, tmp_path)
-    monkeypatch.setenv("FLEETYARD_REPLICA_KV_LIMIT_GIB", "lots")
-    with pytest.raises(ValueError, match="FLEETYARD_REPLICA_KV_LIMIT_GIB='lots' is not a number"):
-        make_engine(model, tmp_path)
+    for bad, message in (("lots", "is not a number of GiB"), ("inf", "must be a finite number"),
+                         ("1e-12", "must be a finite number"), ("-1", "must be a finite number")):
+        monkeypatch.setenv("FLEETYARD_REPLICA_KV_LIMIT_GIB", bad)
+        with pytest.raises(ValueError, match=f"FLEETYARD_REPLICA_KV_LIMIT_GIB={bad!r} {message}"):
+            replica_kv_limit_bytes()
+    monkeypatch.setenv("FLEETYARD_REPLICA_KV_LIMIT_GIB", "0.5")
+    assert replica_kv_limit_bytes() == 512 * 1024 ** 2
 
 
 def test_a_long_new_part_after_a_cached_prefix_is_attended_in_two_merged_halves_exactly(tmp_path):
