@@ -328,10 +328,9 @@ def _write_positions(jobs: list[TrainingJob]) -> None:
         for start in range(0, len(jobs), WAIT_WRITE_BATCH):
             batch = jobs[start:start + WAIT_WRITE_BATCH]
             rows = ", ".join(["(CAST(%s AS INTEGER), CAST(%s AS INTEGER), CAST(%s AS TEXT))"] * len(batch))
-            cursor.execute(
-                f"UPDATE {table} SET {position} = v.column2, {reason} = v.column3 "  # noqa: S608 (names from _meta)
-                f"FROM (VALUES {rows}) AS v WHERE {table}.{key} = v.column1",
-                [value for job in batch for value in (job.pk, job.queue_position, job.state_reason)])
+            names = f"{table} SET {position} = v.column2, {reason} = v.column3"
+            sql = f"UPDATE {names} FROM (VALUES {rows}) AS v WHERE {table}.{key} = v.column1"  # noqa: S608 - names from _meta, values are parameters  # nosec B608
+            cursor.execute(sql, [value for job in batch for value in (job.pk, job.queue_position, job.state_reason)])
 
 
 def _devices_of_stopping_runs(preempted_now: list[TrainingJob]) -> dict[tuple[str, int], int]:
