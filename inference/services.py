@@ -93,7 +93,10 @@ def _check_model(model_uri: str, engine: dict, source_job: TrainingJob | None = 
     if model_uri:
         path = model_uri_path(model_uri)
     elif source_job is not None:
-        info = latest_checkpoint(checkpoint_dir(source_job))
+        try:
+            info = latest_checkpoint(checkpoint_dir(source_job))
+        except OSError:  # an unreadable checkpoint folder: the deploy reports it
+            info = None
         path = Path(info.path) if info is not None else None
     refused = model_refusal(path, engine) if path is not None else None
     if refused:
@@ -191,6 +194,8 @@ def deployment_update(*, actor, deployment: Deployment, changes: dict, reason: s
         deployment.source_job = None
     if not deployment.model_uri and deployment.source_job_id is None:
         raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
+    if {"model_uri", "source_job", "engine"} & set(changed):  # the model it will serve, as settled just above
+        _check_model(deployment.model_uri, deployment.engine, deployment.source_job)
     deployment.revision += 1
     deployment.full_clean()
     deployment.save()
@@ -231,15 +236,6 @@ def _validated_changes(deployment: Deployment, changes: dict) -> dict:
         values["model_uri"] = validate_model_uri(values["model_uri"] or "")
     if "engine" in values:
         values["engine"] = validate_engine(values["engine"])
-    if {"model_uri", "engine", "source_job"} & set(values):
-        # the model the deployment will serve after the change (as deployment_update settles it)
-        if "model_uri" in values:
-            model_uri = values["model_uri"]
-        else:
-            model_uri = "" if values.get("source_job") is not None else deployment.model_uri
-        source_job = values["source_job"] if "source_job" in values else (
-            None if values.get("model_uri") else deployment.source_job)
-        _check_model(model_uri, values.get("engine", deployment.engine), source_job)
     if "router" in values:
         values["router"] = validate_router(values["router"])
     if "accelerator_types" in values:

@@ -9,6 +9,7 @@ so it changes in the same transaction as the state change that causes it.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import replace
 
 from django.db import connection, transaction
@@ -318,8 +319,13 @@ def run_cycle() -> CycleResult:
 
 def _write_positions(jobs: list[TrainingJob]) -> None:
     """Each job's queue_position and state_reason, WAIT_WRITE_BATCH jobs per UPDATE ... FROM (VALUES ...) (SQL that
-    PostgreSQL and SQLite both run). Django's bulk_update builds a CASE per row and per field: 5,000 waiting jobs
-    took about 3 s of Python to write, as long as one UPDATE each."""
+    PostgreSQL and SQLite 3.33+ run; ids are bigint). Django's bulk_update builds a CASE per row and per field: 5,000
+    waiting jobs took about 3 s of Python to write, as long as one UPDATE each."""
+    if connection.vendor == "sqlite" and sqlite3.sqlite_version_info < (3, 33):  # no UPDATE ... FROM before 3.33
+        for job in jobs:
+            TrainingJob.objects.filter(pk=job.pk).update(queue_position=job.queue_position,
+                                                         state_reason=job.state_reason)
+        return
     meta = TrainingJob._meta
     table = connection.ops.quote_name(meta.db_table)
     key, position, reason = (connection.ops.quote_name(meta.get_field(name).column)
@@ -327,7 +333,7 @@ def _write_positions(jobs: list[TrainingJob]) -> None:
     with connection.cursor() as cursor:
         for start in range(0, len(jobs), WAIT_WRITE_BATCH):
             batch = jobs[start:start + WAIT_WRITE_BATCH]
-            rows = ", ".join(["(CAST(%s AS INTEGER), CAST(%s AS INTEGER), CAST(%s AS TEXT))"] * len(batch))
+            rows = ", ".join(["(CAST(%s AS BIGINT), CAST(%s AS INTEGER), CAST(%s AS TEXT))"] * len(batch))
             names = f"{table} SET {position} = v.column2, {reason} = v.column3"
             sql = f"UPDATE {names} FROM (VALUES {rows}) AS v WHERE {table}.{key} = v.column1"  # noqa: S608 - names from _meta, values are parameters  # nosec B608
             cursor.execute(sql, [value for job in batch for value in (job.pk, job.queue_position, job.state_reason)])

@@ -47,3 +47,38 @@ def test_a_cycle_asks_the_database_the_same_whatever_the_number_of_waiting_jobs(
         assert positions == list(range(1, total - 3))
         assert TrainingJob.objects.filter(state="QUEUED", state_reason__startswith="position ").count() == total - 4
     assert counts[120] - counts[40] < 10, counts  # (61 and 141 before)
+
+
+def test_a_waiting_job_whose_id_needs_64_bits_gets_its_position(demo_cluster, world):
+    """Ids are bigint: the positions UPDATE cast them to INTEGER, which PostgreSQL keeps to 32 bits (integer out of
+    range, and the whole cycle failed). Found by review."""
+    first, second = waiting_jobs(world, 2)
+    big = TrainingJob.objects.create(id=2**31 + 5, team=first.team, name="big", local_queue=first.local_queue,
+                                     accelerator_types=["nvidia-h100"], workers_min=1, workers_max=1,
+                                     devices_per_worker=8, state="QUEUED", created_by=first.created_by)
+    cycle_queries()
+    big.refresh_from_db()
+    assert big.state == "QUEUED" and big.queue_position == 1 and big.state_reason.startswith("position 1 in ")
+    assert {first.state for first in TrainingJob.objects.filter(pk__in=[first.pk, second.pk])} == {"ADMITTED"}
+
+
+def test_reasons_with_quotes_percent_signs_and_unicode_are_written_as_they_are(demo_cluster, world, monkeypatch):
+    from controlplane.scheduling.model import Wait
+    from jobs import admission
+
+    jobs = waiting_jobs(world, 3)
+    reasons = ["it's 100% \"quoted\" -- %s %(x)s", "ünïcödé ✓ 数字", "x" * 5000]
+    real = admission._schedule_with_serving
+
+    def scheduled(snapshot):
+        result = real(snapshot)
+        result.admitted.clear()
+        pairs = enumerate(zip(jobs, reasons, strict=True))
+        result.waiting[:] = [Wait(str(job.pk), i + 1, reason) for i, (job, reason) in pairs]
+        return result
+
+    monkeypatch.setattr(admission, "_schedule_with_serving", scheduled)
+    cycle_queries()
+    written = dict(TrainingJob.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "state_reason"))
+    for job, reason in zip(jobs, reasons, strict=True):
+        assert written[job.pk] == f"position {reasons.index(reason) + 1} in cluster queue shared: {reason}"

@@ -258,6 +258,34 @@ def test_a_checkpoint_whose_replicas_would_not_fit_their_kv_memory_is_refused_wi
     assert Deployment.objects.get(pk=small["id"]).revision == 1  # nothing half-written
 
 
+def _job_with_a_63_gib_checkpoint(client) -> int:
+    import json
+
+    job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
+    model = {"vocab_size": 258, "context": 4096, "d_model": 2048, "n_heads": 16, "n_layers": 48, "d_ff": 8192}
+    save_checkpoint(checkpoint_dir(TrainingJob.objects.get(pk=job["id"])), step=10,
+                    files={"config.json": json.dumps({"format": 1, "model": model, "step": 10}).encode(),
+                           "model.pt": b"w" * 64})
+    return job["id"]
+
+
+def test_an_update_is_checked_against_the_model_it_will_serve(api, backend, model_dir):
+    """Found by review: the update check looked at the fields the request sent, the update at those that changed.
+    A full-spec PATCH repeating the model_uri and naming a source job serves the job's checkpoint: that is what is
+    checked (refused); a PATCH repeating the source job of a deployment that serves its model_uri is not."""
+    client = api("alpha", "member")
+    job_id = _job_with_a_63_gib_checkpoint(client)
+    created = create(client, model_dir, engine={"slots": 16})
+    switched = client.patch(f"/api/v1/deployments/{created['id']}/",
+                            {"model_uri": f"file://{model_dir}", "source_job": job_id}, format="json")
+    assert switched.status_code == 400 and "63.0 GiB" in switched.json()["engine"][0], switched.json()
+    assert Deployment.objects.get(pk=created["id"]).revision == 1
+    both = create(client, model_dir, name="both", source_job=job_id, engine={"slots": 16})  # serves model_uri
+    again = client.patch(f"/api/v1/deployments/{both['id']}/", {"source_job": job_id, "replicas_max": 2},
+                         format="json")
+    assert again.status_code == 200, again.json()
+
+
 def test_an_update_to_a_missing_model_degrades_and_keeps_the_old_revision(api, backend, model_dir, tmp_path):
     client = api("alpha", "member")
     created = create(client, model_dir)
