@@ -383,13 +383,16 @@ class LLMEngine:
         seq.last_token_at = now
         seq.generated.append(token)
         seq.last_token = token
-        seq.text += seq.decoder.decode(bytes([token]))
+        at_length = len(seq.generated) >= seq.request.max_tokens or seq.length >= self.context
+        # The last token flushes the decoder: a character left unfinished becomes U+FFFD, as decoding the whole
+        # output does (before, it was dropped from the text).
+        seq.text += seq.decoder.decode(bytes([token]), final=at_length)
         finish = None
         stop_at = _first_stop(seq.text, seq.request.stop)
         if stop_at is not None:
             seq.text = seq.text[:stop_at]
             finish = "stop"
-        elif len(seq.generated) >= seq.request.max_tokens or seq.length >= self.context:
+        elif at_length:
             finish = "length"
         # hold back text that could still become a stop string
         safe = len(seq.text) if finish else len(seq.text) - _holdback(seq.text, seq.request.stop)

@@ -429,3 +429,17 @@ def test_a_long_new_part_after_a_cached_prefix_is_attended_in_two_merged_halves_
     finally:
         engine_module._attend_after_prefix = split
         engine.stop()
+
+
+def test_an_output_that_ends_inside_a_character_ends_with_the_replacement_character(model, tmp_path):
+    """Bytes 0xC3 0xA9 are "é"; an output cut after 0xC3 (max_tokens) streams U+FFFD for it, as decoding the whole
+    output does, instead of dropping it (the decoder was never flushed)."""
+    engine = make_engine(model, tmp_path)
+    script = iter([0x68, 0xC3, 0xA9, 0xC3])  # "h", "é", then half of another "é"
+    engine.__dict__["_sample"] = lambda seq, logits: next(script)
+    try:
+        text, done = run(engine, "Once upon a time", max_tokens=4)
+    finally:
+        engine.stop()
+    assert text == bytes([0x68, 0xC3, 0xA9, 0xC3]).decode("utf-8", errors="replace") == "hé\ufffd"
+    assert done["finish_reason"] == "length"
