@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
+from controlplane.cluster.selectors import ready_device_capacities
 from controlplane.common.lifecycle import record_event, transition
 from controlplane.common.tasks import dispatch_on_commit
 from controlplane.quotas.models import ClusterQueue
@@ -207,8 +208,8 @@ def pending_serving() -> list[ServingDemand]:
 
 def _nodes_could_hold(slug: str, devices_per_replica: float, replicas: int) -> bool:
     """Whether the type's live, uncordoned nodes could hold the replicas once training gave their devices back."""
-    nodes = Node.objects.filter(pool__accelerator_type__slug=slug, health=NodeHealth.HEALTHY, cordoned=False)
-    return sum(int(node.capacity_devices // devices_per_replica) for node in nodes) >= replicas
+    capacities = ready_device_capacities(accelerator_type=slug)
+    return sum(int(capacity // devices_per_replica) for capacity in capacities) >= replicas
 
 
 def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:

@@ -25,6 +25,12 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.select_related("pool", "pool__accelerator_type")
 
 
+def ready_device_capacities(*, accelerator_type: str) -> list[float]:
+    """The device capacity of each healthy, uncordoned node of the type (the nodes work may be placed on)."""
+    return list(Node.objects.filter(pool__accelerator_type__slug=accelerator_type, health=NodeHealth.HEALTHY,
+                                    cordoned=False).values_list("capacity_devices", flat=True))
+
+
 def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:
     """The named pools with ``ready_node_count``: healthy, uncordoned nodes, the ones a plan can use."""
     ready = Q(nodes__health=NodeHealth.HEALTHY, nodes__cordoned=False)
