@@ -17,11 +17,11 @@ def admission_only(monkeypatch):
     monkeypatch.setattr(launch_training_job, "apply_async", lambda *args, **kwargs: None)
 
 
-def waiting_jobs(world, count: int, start: int = 0) -> list[TrainingJob]:
+def waiting_jobs(world, count: int, start: int = 0, devices: int = 8) -> list[TrainingJob]:
     team, queue = world["alpha"]["team"], world["alpha"]["queue"]
     return TrainingJob.objects.bulk_create([
         TrainingJob(team=team, name=f"w{i}", local_queue=queue, accelerator_types=["nvidia-h100"], workers_min=1,
-                    workers_max=1, devices_per_worker=8, state="QUEUED", created_by=world["alpha"]["member"])
+                    workers_max=1, devices_per_worker=devices, state="QUEUED", created_by=world["alpha"]["member"])
         for i in range(start, start + count)])
 
 
@@ -82,3 +82,16 @@ def test_reasons_with_quotes_percent_signs_and_unicode_are_written_as_they_are(d
     written = dict(TrainingJob.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "state_reason"))
     for job, reason in zip(jobs, reasons, strict=True):
         assert written[job.pk] == f"position {reasons.index(reason) + 1} in cluster queue shared: {reason}"
+
+
+def test_a_cycle_writes_its_admissions_together(demo_cluster, world):
+    """4 or 16 one-device jobs admitted onto the 16 H100 devices: about the same statements (before, about 7 per
+    admission: the job's row, locked again and saved, its event, its audit record, its launch's outbox record)."""
+    counts = {}
+    for total in (4, 16):
+        TrainingJob.objects.all().delete()
+        waiting_jobs(world, total, devices=1)
+        counts[total] = cycle_queries()
+        assert TrainingJob.objects.filter(state="ADMITTED").count() == total
+        assert all(job.events.filter(to_state="ADMITTED").count() == 1 for job in TrainingJob.objects.all())
+    assert counts[16] - counts[4] < 6, counts

@@ -6,6 +6,8 @@ an event with its reason and cause, and audited — in the caller's transaction.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.db import models
 from django.utils import timezone
 
@@ -31,6 +33,40 @@ def transition(*, obj: models.Model, machine: StateMachine, event_model: type[mo
     record_event(obj=locked, event_model=event_model, from_state=current, to_state=to, reason=reason,
                  actor=actor, system=system, data=data)
     return locked
+
+
+def transition_many(changes: Sequence[tuple[models.Model, str, dict]], *, machine: StateMachine,
+                    event_model: type[models.Model], to: str, system: str, fields: Sequence[str] = ()) -> None:
+    """`transition` for many objects of one model at once, each (obj, reason, data), in a few statements: their
+    state (and `fields`, already set on them) written together (common.bulk), their events and audit records
+    inserted together. The caller holds their rows locked and their state fresh (the scheduling cycle loads them
+    with select_for_update in its transaction): they are not read again. Raises InvalidTransition, before writing
+    anything, if the table forbids one."""
+    from controlplane.common.bulk import write_fields
+    from controlplane.tenancy.models import AuditEvent
+
+    for obj, _, _ in changes:
+        machine.check_transition(obj.state, to)
+    now = timezone.now()
+    label = f"system:{system}"
+    events, audits, objs = [], [], []
+    terminal = machine.is_terminal(to)
+    for obj, reason, data in changes:
+        current = obj.state
+        obj.state, obj.state_reason, obj.state_changed_at = to, reason, now
+        if terminal and hasattr(obj, "finished_at"):
+            obj.finished_at = now
+        objs.append(obj)
+        events.append(event_model(subject=obj, from_state=current, to_state=to, reason=reason, actor_label=label,
+                                  data=data or {}))
+        audits.append(AuditEvent(team_id=obj.team_id, actor=None, actor_label=label,
+                                 action=f"{obj._meta.model_name}.transition", target_type=obj._meta.label_lower,
+                                 target_id=str(obj.pk), data={"from": current, "to": to, "reason": reason}))
+    update = ["state", "state_reason", "state_changed_at", *(["finished_at"] if terminal and objs and hasattr(
+        objs[0], "finished_at") else []), *fields]
+    write_fields(objs, update)
+    event_model.objects.bulk_create(events, batch_size=500)
+    AuditEvent.objects.bulk_create(audits, batch_size=500)
 
 
 def record_event(*, obj, event_model, from_state: str, to_state: str, reason: str, actor=None,

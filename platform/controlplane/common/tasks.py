@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 
 from celery import Task, shared_task
@@ -82,6 +83,30 @@ def dispatch_on_commit(task, *args, **kwargs) -> None:
     written in the transaction, so it commits (and rolls back) with the change that asked for the task."""
     task_id = _record(task, args, kwargs)
     transaction.on_commit(lambda: _send_recorded(task, args, kwargs, task_id))
+
+
+def dispatch_many_on_commit(task, calls: Sequence[tuple[tuple, dict]]) -> None:
+    """`dispatch_on_commit` for many calls of one task, each (args, kwargs): their outbox records written in one
+    statement, all sent once the transaction commits."""
+    if not calls:
+        return
+    if task.app.conf.task_always_eager:
+        for args, kwargs in calls:
+            dispatch_on_commit(task, *args, **kwargs)
+        return
+    from controlplane.common.deliveries import json_values
+    from controlplane.common.models import TaskOutbox
+
+    ids = [str(uuid.uuid4()) for _ in calls]
+    TaskOutbox.objects.bulk_create([
+        TaskOutbox(task_id=task_id, task_name=task.name, args=json_values(list(args)), kwargs=json_values(dict(kwargs)))
+        for task_id, (args, kwargs) in zip(ids, calls, strict=True)], batch_size=500)
+
+    def send_all() -> None:
+        for task_id, (args, kwargs) in zip(ids, calls, strict=True):
+            _send_recorded(task, args, kwargs, task_id)
+
+    transaction.on_commit(send_all)
 
 
 def _record(task, args, kwargs) -> str | None:
