@@ -18,7 +18,7 @@ from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
 from controlplane.cluster.selectors import ready_device_capacities
 from controlplane.common.bulk import write_fields
 from controlplane.common.lifecycle import record_event, transition_many
-from controlplane.common.tasks import dispatch_many_on_commit, dispatch_on_commit
+from controlplane.common.tasks import dispatch_many_on_commit
 from controlplane.quotas.models import ClusterQueue
 from controlplane.scheduling.efficiency import (
     EfficiencyMatrix,
@@ -313,10 +313,11 @@ def run_cycle() -> CycleResult:
     # A preemptor admitted in an earlier cycle starts once its victims are gone (requeued or ended; both
     # kick a cycle). The launch checks again under its own lock.
     moved = {p.workload_id for p in result.preempted}
-    for job_id, job in jobs.items():
-        if job.state == JobState.ADMITTED and job.waits_for and job_id not in moved and job_id not in admitted_now \
-                and not victims_still_stopping(job.waits_for):
-            dispatch_on_commit(launch_training_job, job.pk)
+    holding = [job for job_id, job in jobs.items() if job.state == JobState.ADMITTED and job.waits_for
+               and job_id not in moved and job_id not in admitted_now]
+    stopping = set(victims_still_stopping([victim for job in holding for victim in job.waits_for]))  # one query
+    dispatch_many_on_commit(launch_training_job, [((job.pk,), {}) for job in holding
+                                                  if not stopping.intersection(job.waits_for)])
     return result
 
 
