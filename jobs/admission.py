@@ -17,7 +17,7 @@ from django.utils import timezone
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
 from controlplane.cluster.selectors import ready_device_capacities
 from controlplane.common.bulk import write_fields
-from controlplane.common.lifecycle import record_event, transition_many
+from controlplane.common.lifecycle import record_event, record_events_many, transition_many
 from controlplane.common.tasks import dispatch_many_on_commit
 from controlplane.quotas.models import ClusterQueue
 from controlplane.scheduling.efficiency import (
@@ -288,6 +288,7 @@ def run_cycle() -> CycleResult:
                         event_model=TrainingJobEvent, to=target, system="scheduler", fields=fields)
     dispatch_many_on_commit(stop_training_run, [((job.pk,), {"checkpoint": True, "reason": "preempted"})
                                                 for job, _ in stopped if job.compute_handle])
+    resized = []
     for change in [*result.shrunk, *result.grown]:
         job = jobs[change.workload_id]
         kept = _placement_from_json(job.placement)
@@ -295,9 +296,10 @@ def run_cycle() -> CycleResult:
             workers = tuple(w for w in kept if w not in set(change.released))
         else:
             workers = kept + change.added
-        TrainingJob.objects.filter(pk=job.pk).update(placement=_placement_to_json(workers))
-        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
-                     reason=change.reason, system="scheduler", data={"workers": len(workers)})
+        job.placement = _placement_to_json(workers)
+        resized.append((job, change.reason, {"workers": len(workers)}))
+    write_fields([job for job, _, _ in resized], ["placement"])
+    record_events_many(resized, event_model=TrainingJobEvent, system="scheduler")
     # Waiting jobs whose position or reason changed, written together: one admission at the head of 10,000 waiting
     # jobs changes every position behind it (one UPDATE each took a query per waiting job).
     moved_up = []

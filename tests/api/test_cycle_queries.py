@@ -95,3 +95,20 @@ def test_a_cycle_writes_its_admissions_together(demo_cluster, world):
         assert TrainingJob.objects.filter(state="ADMITTED").count() == total
         assert all(job.events.filter(to_state="ADMITTED").count() == 1 for job in TrainingJob.objects.all())
     assert counts[16] - counts[4] < 6, counts
+
+
+def test_a_running_elastic_job_grown_by_the_cycle_gets_its_workers_and_an_event(demo_cluster, world):
+    from controlplane.cluster.models import Node
+    from controlplane.tenancy.models import AuditEvent
+
+    [job] = waiting_jobs(world, 1, devices=1)
+    node = Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").order_by("name").first().name
+    TrainingJob.objects.filter(pk=job.pk).update(
+        state="RUNNING", workers_max=4, admitted_accelerator_type="nvidia-h100", compute_handle="fy-train-x",
+        placement=[{"node": node, "taken": [[0, 1.0]]}])
+    cycle_queries()
+    job.refresh_from_db()
+    assert len(job.placement) == 4 and job.state == "RUNNING"
+    [event] = job.events.filter(reason__startswith="grown to 4 workers")
+    assert event.data == {"workers": 4} and event.from_state == event.to_state == "RUNNING"
+    assert AuditEvent.objects.filter(target_id=str(job.pk), data__reason=event.reason).exists()

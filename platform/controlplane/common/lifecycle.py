@@ -43,30 +43,45 @@ def transition_many(changes: Sequence[tuple[models.Model, str, dict]], *, machin
     with select_for_update in its transaction): they are not read again. Raises InvalidTransition, before writing
     anything, if the table forbids one."""
     from controlplane.common.bulk import write_fields
-    from controlplane.tenancy.models import AuditEvent
 
     for obj, _, _ in changes:
         machine.check_transition(obj.state, to)
     now = timezone.now()
-    label = f"system:{system}"
-    events, audits, objs = [], [], []
     terminal = machine.is_terminal(to)
+    entries = []
     for obj, reason, data in changes:
-        current = obj.state
+        entries.append((obj, obj.state, reason, data))
         obj.state, obj.state_reason, obj.state_changed_at = to, reason, now
         if terminal and hasattr(obj, "finished_at"):
             obj.finished_at = now
-        objs.append(obj)
-        events.append(event_model(subject=obj, from_state=current, to_state=to, reason=reason, actor_label=label,
-                                  data=data or {}))
-        audits.append(AuditEvent(team_id=obj.team_id, actor=None, actor_label=label,
-                                 action=f"{obj._meta.model_name}.transition", target_type=obj._meta.label_lower,
-                                 target_id=str(obj.pk), data={"from": current, "to": to, "reason": reason}))
-    update = ["state", "state_reason", "state_changed_at", *(["finished_at"] if terminal and objs and hasattr(
-        objs[0], "finished_at") else []), *fields]
-    write_fields(objs, update)
-    event_model.objects.bulk_create(events, batch_size=500)
-    AuditEvent.objects.bulk_create(audits, batch_size=500)
+    objs = [obj for obj, _, _ in changes]
+    finished = ["finished_at"] if terminal and objs and hasattr(objs[0], "finished_at") else []
+    write_fields(objs, ["state", "state_reason", "state_changed_at", *finished, *fields])
+    _record_many(entries, event_model=event_model, system=system)
+
+
+def record_events_many(entries: Sequence[tuple[models.Model, str, dict]], *, event_model: type[models.Model],
+                       system: str) -> None:
+    """`record_event` without a state change (e.g. a gang shrunk or grown) for many objects, each (obj, reason,
+    data): their events and audit records inserted together."""
+    _record_many([(obj, obj.state, reason, data) for obj, reason, data in entries], event_model=event_model,
+                 system=system)
+
+
+def _record_many(entries, *, event_model, system: str) -> None:
+    """Events and audit records of (obj, from_state, reason, data) entries, each obj in its new state."""
+    from controlplane.tenancy.models import AuditEvent
+
+    label = f"system:{system}"
+    event_model.objects.bulk_create([
+        event_model(subject=obj, from_state=current, to_state=obj.state, reason=reason, actor_label=label,
+                    data=data or {})
+        for obj, current, reason, data in entries], batch_size=500)
+    AuditEvent.objects.bulk_create([
+        AuditEvent(team_id=obj.team_id, actor=None, actor_label=label, action=f"{obj._meta.model_name}.transition",
+                   target_type=obj._meta.label_lower, target_id=str(obj.pk),
+                   data={"from": current, "to": obj.state, "reason": reason})
+        for obj, current, reason, data in entries], batch_size=500)
 
 
 def record_event(*, obj, event_model, from_state: str, to_state: str, reason: str, actor=None,
