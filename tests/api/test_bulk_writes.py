@@ -88,3 +88,19 @@ def test_dispatch_many_on_commit_records_every_call_and_sends_them_after_the_com
     assert sorted(sent) == [((1,), {"checkpoint": True}), ((2,), {"checkpoint": False})]
     assert TaskOutbox.objects.filter(sent_at__isnull=False).count() == 2  # sent, kept until a worker takes them
     assert connection.vendor in ("sqlite", "postgresql")
+
+
+def test_write_fields_refuses_a_string_too_long_for_its_column_instead_of_cutting_it(world):
+    """On PostgreSQL a CAST to varchar(n) cuts silently; the value is cast to text so the column refuses it, as the
+    ORM's UPDATE does (SQLite does not enforce lengths, for either). Found by review."""
+    from django.db import DataError
+
+    [job] = jobs(world, 1, state="QUEUED")
+    job.admitted_accelerator_type = "x" * 70  # the column holds 63
+    if connection.vendor == "postgresql":
+        with pytest.raises(DataError), transaction.atomic():
+            write_fields([job], ["admitted_accelerator_type"])
+        assert TrainingJob.objects.get(pk=job.pk).admitted_accelerator_type == ""
+    else:
+        write_fields([job], ["admitted_accelerator_type"])
+        assert TrainingJob.objects.get(pk=job.pk).admitted_accelerator_type == "x" * 70

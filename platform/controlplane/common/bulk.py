@@ -32,7 +32,12 @@ def write_fields(objs: Sequence[models.Model], fields: Sequence[str]) -> None:
     typed = connection.vendor == "postgresql"
 
     def slot(field) -> str:
-        return f"CAST(%s AS {field.db_type(connection)})" if typed else "%s"
+        if not typed:
+            return "%s"
+        kind = field.db_type(connection)
+        # A too-long string must fail as the ORM's UPDATE does: CAST(... AS varchar(n)) would cut it silently;
+        # text assigned to the varchar(n) column raises.
+        return f"CAST(%s AS {'text' if kind.startswith('varchar') else kind})"
 
     row = "(" + ", ".join(slot(field) for field in [meta.pk, *columns]) + ")"
     sets = ", ".join(f"{quote(field.column)} = v.column{i + 2}" for i, field in enumerate(columns))

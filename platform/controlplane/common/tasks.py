@@ -90,8 +90,8 @@ def dispatch_many_on_commit(task, calls: Sequence[tuple[tuple, dict]]) -> None:
     statement, all sent once the transaction commits."""
     if not calls:
         return
-    if task.app.conf.task_always_eager:
-        for args, kwargs in calls:
+    if task.app.conf.task_always_eager or not all(args or kwargs for args, kwargs in calls):
+        for args, kwargs in calls:  # (eager runs and argument-less reconciler passes stay out of the outbox)
             dispatch_on_commit(task, *args, **kwargs)
         return
     from controlplane.common.deliveries import json_values
