@@ -85,12 +85,14 @@ def cluster_queue_specs() -> list[ClusterQueueSpec]:
 def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
     """The scheduler's view of the database (call inside the cycle's transaction)."""
     nodes = []
-    for node in Node.objects.select_related("pool__accelerator_type").order_by("name"):
-        slug = node.pool.accelerator_type.slug
-        capacity = node.capacity_cpus if slug == "cpu" else node.capacity_devices
-        nodes.append(NodeSpec(name=node.name, pool=node.pool.name, accelerator_type=slug,
-                              leaf_group=node.leaf_group or node.pool.name, devices=int(capacity),
-                              schedulable=node.health == NodeHealth.HEALTHY and not node.cordoned))
+    # (plain values, not model instances: 12,500 nodes took 0.57 s as instances, 0.03 s as values)
+    rows = Node.objects.order_by("name").values_list("name", "pool__name", "pool__accelerator_type__slug",
+                                                     "capacity_cpus", "capacity_devices", "leaf_group", "health",
+                                                     "cordoned")
+    for name, pool, slug, cpus, devices, leaf_group, health, cordoned in rows:
+        capacity = cpus if slug == "cpu" else devices
+        nodes.append(NodeSpec(name=name, pool=pool, accelerator_type=slug, leaf_group=leaf_group or pool,
+                              devices=int(capacity), schedulable=health == NodeHealth.HEALTHY and not cordoned))
     queues = cluster_queue_specs()
     # The jobs are locked too (in id order; only their own rows: PostgreSQL cannot lock the nullable side of
     # an outer join). Without this a job cancelled, launched or finished while the cycle computed was acted on
