@@ -188,11 +188,9 @@ COLUMNS = (("accelerators", "accelerators", "d"), ("running", "running", "d"), (
 
 
 def table(rows: list[dict]) -> str:
-    cells = [[format(row[key], fmt) for key, _, fmt in COLUMNS] for row in rows]
-    widths = [max(len(title), *(len(c[i]) for c in cells)) for i, (_, title, _) in enumerate(COLUMNS)]
-    lines = ["  ".join(title.rjust(w) for (_, title, _), w in zip(COLUMNS, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells]
-    return "\n".join(lines)
+    from benchmarks.scale import table as aligned
+
+    return aligned(rows, COLUMNS)
 
 
 def run_size(accelerators: int, pending: int, cycles: int, seed: int) -> dict:

@@ -295,7 +295,8 @@ def run_cycle() -> CycleResult:
         job = jobs[change.workload_id]
         kept = _placement_from_json(job.placement)
         if hasattr(change, "released"):
-            workers = tuple(w for w in kept if w not in set(change.released))
+            released = set(change.released)
+            workers = tuple(w for w in kept if w not in released)
         else:
             workers = kept + change.added
         job.placement = _placement_to_json(workers)

@@ -12,7 +12,7 @@ from django.db import models
 from django.utils import timezone
 
 from controlplane.common.state_machine import StateMachine
-from controlplane.tenancy.services import audit_record
+from controlplane.tenancy.services import audit_event, audit_record
 
 
 def transition(*, obj: models.Model, machine: StateMachine, event_model: type[models.Model], to: str,
@@ -69,7 +69,8 @@ def record_events_many(entries: Sequence[tuple[models.Model, str, dict]], *, eve
 
 
 def _record_many(entries, *, event_model, system: str) -> None:
-    """Events and audit records of (obj, from_state, reason, data) entries, each obj in its new state."""
+    """Events and audit records of (obj, from_state, reason, data) entries, each obj in its new state: what
+    record_event writes for each, inserted together."""
     from controlplane.tenancy.models import AuditEvent
 
     label = f"system:{system}"
@@ -78,9 +79,8 @@ def _record_many(entries, *, event_model, system: str) -> None:
                     data=data or {})
         for obj, current, reason, data in entries], batch_size=500)
     AuditEvent.objects.bulk_create([
-        AuditEvent(team_id=obj.team_id, actor=None, actor_label=label, action=f"{obj._meta.model_name}.transition",
-                   target_type=obj._meta.label_lower, target_id=str(obj.pk),
-                   data={"from": current, "to": obj.state, "reason": reason})
+        audit_event(actor=None, team=obj.team_id, action=f"{obj._meta.model_name}.transition", target=obj,
+                    data={"from": current, "to": obj.state, "reason": reason}, system=system)
         for obj, current, reason, data in entries], batch_size=500)
 
 

@@ -87,54 +87,64 @@ def dispatch_on_commit(task, *args, **kwargs) -> None:
 
 def dispatch_many_on_commit(task, calls: Sequence[tuple[tuple, dict]]) -> None:
     """`dispatch_on_commit` for many calls of one task, each (args, kwargs): their outbox records written in one
-    statement, all sent once the transaction commits."""
-    if not calls:
-        return
-    if task.app.conf.task_always_eager or not all(args or kwargs for args, kwargs in calls):
-        for args, kwargs in calls:  # (eager runs and argument-less reconciler passes stay out of the outbox)
+    statement, all sent once the transaction commits and marked sent together."""
+    if not all(_outboxed(task, args, kwargs) for args, kwargs in calls):
+        for args, kwargs in calls:
             dispatch_on_commit(task, *args, **kwargs)
         return
-    from controlplane.common.deliveries import json_values
+    if not calls:
+        return
     from controlplane.common.models import TaskOutbox
 
     ids = [str(uuid.uuid4()) for _ in calls]
-    TaskOutbox.objects.bulk_create([
-        TaskOutbox(task_id=task_id, task_name=task.name, args=json_values(list(args)), kwargs=json_values(dict(kwargs)))
-        for task_id, (args, kwargs) in zip(ids, calls, strict=True)], batch_size=500)
+    TaskOutbox.objects.bulk_create([_outbox_row(task, task_id, args, kwargs)
+                                    for task_id, (args, kwargs) in zip(ids, calls, strict=True)], batch_size=500)
 
-    def send_all() -> None:  # then the sent ones are marked in one UPDATE (one each before)
-        sent = [task_id for task_id, (args, kwargs) in zip(ids, calls, strict=True)
-                if _send(task, args, kwargs, task_id)]
-        for start in range(0, len(sent), 500):
-            TaskOutbox.objects.filter(task_id__in=sent[start:start + 500], sent_at__isnull=True).update(
-                sent_at=timezone.now(), sends=F("sends") + 1)
+    def send_all() -> None:
+        _mark_sent([task_id for task_id, (args, kwargs) in zip(ids, calls, strict=True)
+                    if _send(task, args, kwargs, task_id)])
 
     transaction.on_commit(send_all)
 
 
-def _record(task, args, kwargs) -> str | None:
-    """The outbox record's task id, or None for what stays out of the outbox: eager runs (they run here and now,
-    nothing to deliver or lose) and reconciler passes without arguments (the beat sends them again anyway, and a
-    backlog of passes is not sent twice)."""
-    if task.app.conf.task_always_eager or not (args or kwargs):
-        return None
+def _outboxed(task, args, kwargs) -> bool:
+    """Whether a call gets an outbox record: not eager runs (they run here and now, nothing to deliver or lose) nor
+    reconciler passes without arguments (the beat sends them again anyway, and a backlog of passes is not sent
+    twice)."""
+    return not task.app.conf.task_always_eager and bool(args or kwargs)
+
+
+def _outbox_row(task, task_id: str, args, kwargs):
     from controlplane.common.deliveries import json_values
     from controlplane.common.models import TaskOutbox
 
+    return TaskOutbox(task_id=task_id, task_name=task.name, args=json_values(list(args)),
+                      kwargs=json_values(dict(kwargs)))
+
+
+def _record(task, args, kwargs) -> str | None:
+    """The outbox record's task id, or None for a call that stays out of the outbox (_outboxed)."""
+    if not _outboxed(task, args, kwargs):
+        return None
     task_id = str(uuid.uuid4())
-    TaskOutbox.objects.create(task_id=task_id, task_name=task.name, args=json_values(list(args)),
-                              kwargs=json_values(dict(kwargs)))
+    _outbox_row(task, task_id, args, kwargs).save(force_insert=True)
     return task_id
 
 
 def _send_recorded(task, args, kwargs, task_id: str | None) -> bool:
     sent = _send(task, args, kwargs, task_id)
     if sent and task_id is not None:
-        from controlplane.common.models import TaskOutbox
-
-        TaskOutbox.objects.filter(task_id=task_id, sent_at__isnull=True).update(sent_at=timezone.now(),
-                                                                               sends=F("sends") + 1)
+        _mark_sent([task_id])
     return sent
+
+
+def _mark_sent(task_ids: list[str]) -> None:
+    """The outbox records of these sent messages: sent now (kept until a worker takes the message)."""
+    from controlplane.common.models import TaskOutbox
+
+    for start in range(0, len(task_ids), 500):
+        TaskOutbox.objects.filter(task_id__in=task_ids[start:start + 500], sent_at__isnull=True).update(
+            sent_at=timezone.now(), sends=F("sends") + 1)
 
 
 def resend_undelivered(*, older_than_s: float, limit: int = 500) -> int:

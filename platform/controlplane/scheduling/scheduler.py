@@ -483,8 +483,19 @@ class _State:
         return self.pools.get(accelerator_type, self._empty)
 
     def hold_fixed(self, workload: Workload, accelerator_type: str, amount: float) -> None:
-        key = (workload.cluster_queue, accelerator_type)
-        self.fixed[key] = self.fixed.get(key, 0.0) + amount
+        """Count `amount` more of the type in use by `workload`, in its queue's non-preemptible usage if it is so."""
+        if not workload.preemptible:
+            key = (workload.cluster_queue, accelerator_type)
+            self.fixed[key] = self.fixed.get(key, 0.0) + amount
+
+    def fixed_refusal(self, workload: Workload, accelerator_type: str, amount: float) -> str:
+        """Why `amount` more of the type would take a non-preemptible workload's queue past its nominal quota in
+        non-preemptible usage (quota.non_preemptible_refusal), or "" (always "" for a preemptible workload)."""
+        if workload.preemptible:
+            return ""
+        queue = workload.cluster_queue
+        return non_preemptible_refusal(queue, accelerator_type, self.fixed.get((queue, accelerator_type), 0.0),
+                                       amount, self.ledger.quota(queue, accelerator_type).nominal)
 
     def versions(self, types) -> tuple:
         """What changes whenever anything a workload's admission or preemption depends on changes, for its types:
@@ -879,11 +890,9 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
     ledger, queue, demand = state.ledger, workload.cluster_queue, workload.demand()
     for accelerator_type in types:
         check = ledger.check(queue, accelerator_type, demand)
-        if not workload.preemptible:
-            why = non_preemptible_refusal(queue, accelerator_type, state.fixed.get((queue, accelerator_type), 0.0),
-                                          demand, ledger.quota(queue, accelerator_type).nominal)
-            if why:  # (said even when the cohort lends too little: more lending would not help it)
-                check = QuotaCheck(False, 0.0, why)
+        why = state.fixed_refusal(workload, accelerator_type, demand)
+        if why:  # (said even when the cohort lends too little: more lending would not help it)
+            check = QuotaCheck(False, 0.0, why)
         if not check.ok:
             reasons.append(check.reason)
             continue
@@ -892,8 +901,7 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
             reasons.append(_capacity_reason(state, workload, accelerator_type))
             continue
         ledger.add(queue, accelerator_type, demand)
-        if not workload.preemptible:
-            state.hold_fixed(workload, accelerator_type, demand)
+        state.hold_fixed(workload, accelerator_type, demand)
         state.running[workload.id] = Running(workload, accelerator_type, workers)
         if len(workers) < workload.workers_max:
             state.elastic.add(workload.id)
@@ -991,8 +999,7 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         # Hold the freed devices and quota for the preemptor until the victims are gone.
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
-        if not workload.preemptible:
-            state.hold_fixed(workload, accelerator_type, workload.demand())
+        state.hold_fixed(workload, accelerator_type, workload.demand())
         state.running[workload.id] = Running(workload, accelerator_type, workers)
         if len(workers) < workload.workers_max:
             state.elastic.add(workload.id)
@@ -1132,13 +1139,7 @@ def _fits(state: _State, workload: Workload, accelerator_type: str) -> bool:
 def _allowed(state: _State, workload: Workload, accelerator_type: str, amount: float, check: QuotaCheck) -> bool:
     """Whether the quota takes `amount` more of `workload`: `check` passed, and a non-preemptible workload keeps its
     queue's non-preemptible usage within nominal (quota.non_preemptible_refusal)."""
-    if not check.ok:
-        return False
-    if workload.preemptible:
-        return True
-    queue = workload.cluster_queue
-    return state.fixed.get((queue, accelerator_type), 0.0) + amount \
-        <= state.ledger.quota(queue, accelerator_type).nominal + EPS
+    return check.ok and not state.fixed_refusal(workload, accelerator_type, amount)
 
 
 def _reserve(state: _State, workload: Workload, types) -> bool:
@@ -1212,8 +1213,7 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
                     break
                 heapq.heappop(heap)
             state.ledger.add(workload.cluster_queue, accelerator_type, devices)
-            if not workload.preemptible:
-                state.hold_fixed(workload, accelerator_type, devices)
+            state.hold_fixed(workload, accelerator_type, devices)
             added.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
             free = node.free
             for shape, shape_heap in pool_heaps.items():

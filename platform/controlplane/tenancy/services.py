@@ -22,17 +22,18 @@ TOKEN_PREFIX = "fy_"  # noqa: S105 - a public prefix, not a secret  # nosec B105
 def audit_record(*, actor, team: Team | int | None, action: str, target, data: dict | None = None,
                  system: str | None = None) -> AuditEvent:
     """Append one audit event. `actor` is a user, or None with `system` naming the component."""
+    event = audit_event(actor=actor, team=team, action=action, target=target, data=data, system=system)
+    event.save(force_insert=True)
+    return event
+
+
+def audit_event(*, actor, team: Team | int | None, action: str, target, data: dict | None = None,
+                system: str | None = None) -> AuditEvent:
+    """The audit event `audit_record` appends, not saved yet (lifecycle.transition_many inserts many at once)."""
     label = actor.get_username() if actor is not None else f"system:{system or 'fleetyard'}"
     team_id = team.pk if isinstance(team, Team) else team
-    return AuditEvent.objects.create(
-        team_id=team_id,
-        actor=actor,
-        actor_label=label,
-        action=action,
-        target_type=target._meta.label_lower,
-        target_id=str(target.pk),
-        data=data or {},
-    )
+    return AuditEvent(team_id=team_id, actor=actor, actor_label=label, action=action,
+                      target_type=target._meta.label_lower, target_id=str(target.pk), data=data or {})
 
 
 def hash_token(raw: str) -> str:
