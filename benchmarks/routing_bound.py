@@ -14,7 +14,9 @@ one per replica, each unbounded or an LRU of N blocks:
   prompt tokens so far), what a prefix-aware router does when it never trades a prefix for load;
 * pooled: one cache as large as all the replicas' together: as if no block were held twice and every request
   could use all of them. Unbounded, it is the most any router over any replicas could reuse (a router can only
-  reuse what is on the replica it picks); bounded, the most under LRU.
+  reuse what is on the replica it picks); bounded, the most under LRU, the engine's eviction.
+* ceiling, every prefix reused: the default router with caches of that size against a router that reuses every
+  prefix any earlier request had, whatever its memory: a loose bound for eviction policies other than LRU.
 
 The throughput bound assumes prefill of uncached prompt tokens is *all* of the work, at a cost per token that does
 not depend on how much is cached: throughput is then inversely proportional to the uncached tokens, and a router's
@@ -48,7 +50,8 @@ COLUMNS = [("replicas", "replicas", "d"), ("cache_blocks", "blocks per replica",
            ("default_hit_rate", "default hit", ".1%"), ("affinity_hit_rate", "affinity hit", ".1%"),
            ("pooled_hit_rate", "pooled hit", ".1%"), ("hit_rate_ratio_bound", "hit ratio (pooled)", ".2f"),
            ("throughput_bound_affinity", "throughput bound, affinity", ".3f"),
-           ("throughput_bound_pooled", "throughput bound, pooled", ".3f")]
+           ("throughput_bound_pooled", "throughput bound, pooled", ".3f"),
+           ("throughput_ceiling_every_prefix", "ceiling, every prefix reused", ".3f")]
 BLOCK_TOKENS = 512  # Mooncake's block size: each hash id covers 512 prompt tokens
 
 
@@ -160,6 +163,7 @@ def bound_rows(prompts: list[Prompt], replica_counts: list[int], seeds: int,
     """Per replica count and cache size: the default router's hit rate (mean over seeds), affinity's and the pooled
     cache's, and the throughput bounds uncached(default) / uncached(affinity or pooled)."""
     rows = []
+    everything = replay(prompts, "pooled", 1)  # unbounded: every prefix any earlier request had
     for replicas in replica_counts:
         for capacity in capacities:
             runs = [replay(prompts, "default", replicas, capacity=capacity, seed=seed) for seed in range(seeds)]
@@ -176,6 +180,7 @@ def bound_rows(prompts: list[Prompt], replica_counts: list[int], seeds: int,
                 "hit_rate_ratio_bound": pooled.hit_rate / default_hit if default_hit else float("inf"),
                 "throughput_bound_affinity": default_uncached / affinity.uncached_tokens,
                 "throughput_bound_pooled": default_uncached / pooled.uncached_tokens,
+                "throughput_ceiling_every_prefix": default_uncached / everything.uncached_tokens,
             })
     return rows
 
