@@ -46,6 +46,9 @@ class Deployment(models.Model):
     compute_handle = models.CharField(max_length=128, blank=True)
     replicas_ready = models.PositiveIntegerField(default=0)
     replicas_target = models.PositiveIntegerField(default=0)
+    replicas_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the most replicas its ClusterQueue's quota lets it run now, set by the "
+                                         "scheduling cycle (Serve's autoscaler is capped there); empty: replicas_max")
     applied_revision = models.PositiveIntegerField(default=0, help_text="the revision the backend runs")
     accelerator_type = models.CharField(max_length=63, blank=True, help_text="the accepted type it was placed on")
     pool = models.CharField(max_length=63, blank=True)

@@ -214,11 +214,21 @@ def model_uri_path(uri: str) -> Path | None:
 
 # ------------------------------------------------------------------------------------------ spec
 
+def replicas_allowed(deployment: Deployment) -> int:
+    """replicas_max, or fewer while its ClusterQueue's quota takes fewer (`replicas_limit`, set by the scheduling
+    cycle; never below replicas_min)."""
+    if deployment.replicas_limit is None:
+        return deployment.replicas_max
+    return max(deployment.replicas_min, min(deployment.replicas_max, deployment.replicas_limit))
+
+
 def autoscaling_for(deployment: Deployment) -> AutoscalingDecision:
     """The settings for the deployment's current spec: the SLA's initial ones, keeping a learned target
-    (capped at the slot count) when the engine's slots did not change."""
+    (capped at the slot count) when the engine's slots did not change. Serve's replica maximum is what the quota
+    allows now (`replicas_allowed`)."""
     engine = EngineConfig.from_dict(deployment.engine)
-    initial = initial_autoscaling(sla_of(deployment), engine.slots, deployment.replicas_min, deployment.replicas_max)
+    initial = initial_autoscaling(sla_of(deployment), engine.slots, deployment.replicas_min,
+                                  replicas_allowed(deployment))
     current = AutoscalingDecision.from_dict(deployment.autoscaling)
     if current is None or current.slots != initial.slots:
         return initial
@@ -235,14 +245,14 @@ def build_spec(deployment: Deployment, decision: AutoscalingDecision) -> Service
         handle=deployment.compute_handle, deployment_id=deployment.pk, revision=deployment.revision,
         model_dir=deployment.model_dir, accelerator_type=accelerator_type,
         devices_per_replica=0.0 if accelerator_type == "cpu" else float(deployment.devices_per_replica),
-        replicas_min=deployment.replicas_min, replicas_max=deployment.replicas_max,
+        replicas_min=deployment.replicas_min, replicas_max=decision.max_replicas,
         target_ongoing_requests=float(decision.target_ongoing_requests),
         # A replica takes its slots plus its own waiting line. Each caller process has one router (created once,
         # compute/ray_backend.py), which may queue as many as the replicas can take: Ray Serve's router refuses a
         # burst of simultaneous arrivals before it has assigned the first ones, so a smaller line answered 429
         # with idle slots (found by the R4 fault test when a killed gateway worker's callers moved to another).
         max_ongoing_requests=engine.slots + engine.max_waiting,
-        max_queued_requests=max(1, engine.slots + engine.max_waiting) * max(1, deployment.replicas_max),
+        max_queued_requests=max(1, engine.slots + engine.max_waiting) * max(1, decision.max_replicas),
         pool=deployment.pool or None, cpus_per_replica=CPUS_PER_REPLICA, engine=engine.to_dict(),
         router=deployment.router,
     )
@@ -389,6 +399,13 @@ def deployment_sync(*, deployment_id: int, backend, now=None) -> Deployment | No
             return deployment
         current = autoscaling_for(deployment)  # under the lock: two passes at once do not both steer
         decision = adjust_autoscaling(current, window, sla_of(deployment))
+        applied = AutoscalingDecision.from_dict(deployment.autoscaling)
+        if applied is not None and applied.max_replicas != current.max_replicas and not decision.changed:
+            # the quota's limit moved (the scheduling cycle): Serve's maximum follows it
+            decision = dataclasses.replace(decision, changed=True, reason=(
+                f"replicas {current.min_replicas}-{current.max_replicas}: " + (
+                    f"its cluster queue's quota takes {current.max_replicas} of {deployment.replicas_max} now"
+                    if current.max_replicas < deployment.replicas_max else "the quota takes all of them again")))
         deployment.replicas_ready = status.replicas_running
         deployment.replicas_target = status.replicas_target
         if status.state == "running":
@@ -400,6 +417,8 @@ def deployment_sync(*, deployment_id: int, backend, now=None) -> Deployment | No
         steer = deployment.state in (S.SERVING, S.DEGRADED) and deployment.applied_revision == deployment.revision
         if not steer:  # mid-rollout (or a revision not in force): keep the settings, note the breach only
             decision = dataclasses.replace(current, breach=decision.breach, changed=False)
+            if applied is not None:  # (a limit that moved meanwhile is applied once the rollout is done)
+                decision = dataclasses.replace(decision, max_replicas=applied.max_replicas)
         deployment.autoscaling = decision.to_dict()
         deployment.save(update_fields=["replicas_ready", "replicas_target", "applied_revision", "observed",
                                        "autoscaling"])

@@ -169,7 +169,8 @@ def load_serving() -> list[ServingDemand]:
                                      replicas_max=deployment.replicas_max, replicas_wanted=wanted,
                                      replica_nodes=nodes, pool=deployment.pool or None,
                                      replicas_running=deployment.replicas_ready,
-                                     cluster_queue=deployment.local_queue.cluster_queue.name))
+                                     cluster_queue=deployment.local_queue.cluster_queue.name,
+                                     replicas_min=deployment.replicas_min))
     return demands + pending_serving()
 
 
@@ -223,6 +224,7 @@ def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
     lent = {t: d for t, d in loans(snapshot, serving, training_usage_after(plan.snapshot, result)).items() if d > 0}
     result.preempted[:0] = plan.preempted
     result.shrunk[:0] = plan.shrunk
+    _limit_replicas(plan.limits)  # (first: a note repeated from the last cycle is then still the latest event)
     _note_on_deployments(plan)
     for index, admit in enumerate(result.admitted):
         if lent.get(admit.accelerator_type):
@@ -254,6 +256,27 @@ def _note_on_deployments(plan) -> None:
             if reason != last.first():
                 record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
                              to_state=deployment.state, reason=reason, system="scheduler")
+
+
+def _limit_replicas(limits: dict[str, tuple[int, str]]) -> None:
+    """Store each live deployment's replica limit (None when its quota takes all of replicas_max) where it changed,
+    with an event saying why; the deployment's sync caps Ray Serve's autoscaler there (inference.workflows)."""
+    from inference.models import Deployment, DeploymentEvent
+
+    if not limits:
+        return
+    changed = []
+    for deployment in Deployment.objects.filter(pk__in=[int(i) for i in limits]).order_by("id"):
+        limit, why = limits[str(deployment.pk)]
+        new = limit if limit < deployment.replicas_max else None
+        if new == deployment.replicas_limit:
+            continue
+        deployment.replicas_limit = new
+        reason = (f"quota: at most {new} of its {deployment.replicas_max} replicas now ({why})" if new is not None
+                  else f"quota: all {deployment.replicas_max} replicas allowed again")
+        changed.append((deployment, reason, {"replicas_limit": new}))
+    write_fields([deployment for deployment, _, _ in changed], ["replicas_limit"])
+    record_events_many(changed, event_model=DeploymentEvent, system="scheduler")
 
 
 @transaction.atomic

@@ -151,7 +151,8 @@ class DeploymentStatusSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ["state", "reason", "changed_at", "replicas_ready", "replicas_target", "applied_revision",
+        fields = ["state", "reason", "changed_at", "replicas_ready", "replicas_target", "replicas_limit",
+                  "applied_revision",
                   "accelerator_type", "pool", "model_dir", "compute_handle", "autoscaling", "observed",
                   "finished_at"]
 

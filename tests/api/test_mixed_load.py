@@ -342,3 +342,47 @@ def test_cpu_replica_on_an_accelerator_node_is_counted(api, backend, model_dir):
     truly_free = 2 - 1 - CPUS_PER_REPLICA  # 0.75 core -> 3 replicas of 0.25
     assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=1,
                             cpus_per_replica=CPUS_PER_REPLICA) == {"h100-pool": int(truly_free / CPUS_PER_REPLICA)}
+
+
+def test_serves_autoscaler_is_capped_at_what_the_queues_quota_takes_and_uncapped_when_it_takes_all_again(
+        api, backend, model_dir):
+    from controlplane.quotas.models import ResourceQuota
+
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)  # 1 replica of 8 running, up to 2
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit is None  # shared's 16 take both replicas
+    assert backend.services[deployment.compute_handle].replicas_max == 2
+
+    quota = ResourceQuota.objects.get(cluster_queue__name="shared", accelerator_type__slug="nvidia-h100")
+    quota.nominal_quota = 8
+    quota.save()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit == 1
+    timeline = [e.reason for e in deployment.events.order_by("id")]
+    assert timeline[-1].startswith("quota: at most 1 of its 2 replicas now (shared"), timeline[-1]
+    status = client.get(f"/api/v1/deployments/{deployment.pk}/").json()["status"]
+    assert status["replicas_limit"] == 1
+    deployment = scale_out(backend, deployment, 1)  # the sync caps Serve's autoscaler at the limit
+    spec = backend.services[deployment.compute_handle]
+    assert (spec.replicas_min, spec.replicas_max) == (1, 1)
+    assert deployment.autoscaling["max_replicas"] == 1
+    assert "its cluster queue's quota takes 1 of 2 now" in deployment.events.order_by("id").last().reason
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()  # nothing changed: no new event
+    assert [e.reason for e in deployment.events.order_by("id")][-1].startswith("autoscaling: replicas 1-1")
+
+    quota.nominal_quota = 16
+    quota.save()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit is None
+    assert [e.reason for e in deployment.events.order_by("id")][-1] == "quota: all 2 replicas allowed again"
+    deployment = scale_out(backend, deployment, 1)
+    assert backend.services[deployment.compute_handle].replicas_max == 2

@@ -384,3 +384,58 @@ def test_after_the_plan_no_queue_and_no_cohort_is_over_its_quota_when_all_traini
     placed = next((len(r.workers) for r in plan.snapshot.running if r.workload.id == "serving:d"), 0)
     if victims:
         assert placed > 0
+
+
+# ----------------------------------------------------------------------------- replica limits (Serve's autoscaler cap)
+
+
+def test_a_deployments_limit_is_what_its_queues_quota_takes():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues),
+                           [ServingDemand("d1", "h100", 2, 8, 1, ("n0",), cluster_queue="team")])
+    limit, why = plan.limits["d1"]
+    assert limit == 4  # 4 replicas x 2 devices = the nominal 8, of the 8 it may scale to
+    assert "team" in why and "8" in why, why
+    roomy = (ClusterQueueSpec("team", {"h100": Quota(64)}),)
+    plan = plan_mixed_load(Snapshot(nodes(2), roomy),
+                           [ServingDemand("d1", "h100", 2, 8, 1, ("n0",), cluster_queue="team")])
+    assert plan.limits["d1"] == (8, "")  # all of replicas_max fits: nothing limits it
+
+
+def test_deployments_of_one_queue_share_its_headroom_instead_of_each_counting_all_of_it():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+    demands = [ServingDemand("d1", "h100", 2, 8, 1, ("n0",), cluster_queue="team"),
+               ServingDemand("d2", "h100", 2, 8, 1, ("n1",), cluster_queue="team")]
+    plan = plan_mixed_load(Snapshot(nodes(2), queues), demands)
+    assert plan.limits["d1"][0] == 3 and plan.limits["d2"][0] == 1  # 1 + 1 running, the 2 replicas of room to d1
+    assert (plan.limits["d1"][0] + plan.limits["d2"][0]) * 2 == 8
+
+
+def test_the_limit_borrows_from_the_cohort_under_its_rules():
+    queues = (ClusterQueueSpec("serve", {"h100": Quota(4, borrowing_limit=4)}, cohort="c"),
+              ClusterQueueSpec("train", {"h100": Quota(12)}, cohort="c"))
+    plan = plan_mixed_load(Snapshot(nodes(2), queues),
+                           [ServingDemand("d1", "h100", 2, 8, 1, (), cluster_queue="serve")])
+    assert plan.limits["d1"][0] == 4  # nominal 4 + borrowing limit 4 = 8 devices = 4 replicas
+    assert "borrow" in plan.limits["d1"][1], plan.limits["d1"][1]
+
+
+def test_the_teams_own_preemptible_training_counts_as_headroom_but_non_preemptible_does_not():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+    job = running("job", [("n1", [0, 1, 2, 3, 4, 5])])
+    demand = ServingDemand("d1", "h100", 2, 8, 1, ("n0",), cluster_queue="team")
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, running=(job,)), [demand])
+    assert plan.limits["d1"][0] == 4  # the job's 6 devices of quota come back when replicas need them
+    fixed = running("job", [("n1", [0, 1, 2, 3, 4, 5])], preemptible=False)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, running=(fixed,)), [demand])
+    assert plan.limits["d1"][0] == 1
+
+
+def test_the_limit_never_goes_below_replicas_min_and_is_not_set_outside_a_queue_or_before_deploying():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(2, borrowing_limit=0)}),)
+    demands = [ServingDemand("d1", "h100", 2, 8, 3, ("n0", "n0", "n1"), cluster_queue="team", replicas_min=3),
+               ServingDemand("d2", "h100", 2, 8, 1, ("n1",)),  # no queue: held outside every quota
+               ServingDemand("d3", "h100", 2, 8, 1, (), cluster_queue="team", all_or_none=True)]
+    plan = plan_mixed_load(Snapshot(nodes(2), queues), demands)
+    assert plan.limits["d1"][0] == 3
+    assert "d2" not in plan.limits and "d3" not in plan.limits

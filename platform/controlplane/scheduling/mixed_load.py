@@ -43,6 +43,7 @@ class ServingDemand:
     replicas_running: int | None = None  # when more run than `replica_nodes` names (None: as many as it names)
     cluster_queue: str | None = None  # the ClusterQueue whose quota its replicas count against
     all_or_none: bool = False  # deploys only once all wanted replicas fit (PENDING): nothing given back for fewer
+    replicas_min: int = 0  # its replica limit never goes below this (the deploy check let it run that many)
 
     @property
     def reserved(self) -> float:
@@ -55,6 +56,9 @@ class MixedLoadPlan:
     preempted: list[Preempt] = field(default_factory=list)
     shrunk: list[Shrink] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # deployment id -> why wanted replicas still wait
+    # deployment id -> (the most replicas its ClusterQueue's quota lets it run now, why not replicas_max or "");
+    # live deployments in a ClusterQueue only: the platform caps Ray Serve's autoscaler there (`replica_limits`)
+    limits: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 class _Free:
@@ -218,12 +222,48 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                 ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
         if saved is not None and demand.id in plan.waiting:  # fewer than all: as if none had been tried
             _restore(saved, free, running, touched, ledger, plan, held[demand.id])
+    plan.limits = replica_limits(ledger, demands, held, running, touched, snapshot)
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
                  for r in snapshot.running if r.workload.id in running)
     pseudo = tuple(_pseudo(d, tuple(held[d.id]), _queue_of(d, snapshot)) for d in demands if held[d.id])
     plan.snapshot = replace(snapshot, running=kept + pseudo)
     return plan
+
+
+def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict[str, list],
+                   running: dict[str, Running], touched: set[str], snapshot: Snapshot) -> dict[str, tuple[int, str]]:
+    """The most replicas each live deployment's ClusterQueue lets it run now: those held this cycle, plus as many
+    more as the quota takes under the rules a wanted replica meets (`serving_quota_refusal`: nominal always, then
+    borrowing; the team's own preemptible training gives its share back), never fewer than `replicas_min` nor more
+    than `replicas_max`. Ray Serve's autoscaler is capped there, so a deployment scales out only into quota its
+    queue has. The headroom is counted once: deployments are taken in id order on a copy of the ledger, each
+    leaving less for the next (and less of the training that would give back). The ledger is not changed."""
+    scratch = QuotaLedger(snapshot.cluster_queues)
+    scratch.usage.update(ledger.usage)
+    giveable: dict[tuple[str, str], float] = {}
+    limits: dict[str, tuple[int, str]] = {}
+    for demand in demands:
+        queue, kind = _queue_of(demand, snapshot), demand.accelerator_type
+        if queue == SERVING_QUEUE or demand.all_or_none:
+            continue  # outside every quota, or not deployed yet (its deploy check counts replicas_min)
+        key = (queue, kind)
+        if key not in giveable:
+            giveable[key] = _giveable(running, touched, queue, kind)
+        count, why = len(held[demand.id]), ""
+        step = demand.devices_per_replica
+        while count < demand.replicas_max:
+            if not serving_quota_refusal(scratch, queue, kind, step):
+                scratch.add(queue, kind, step)
+            else:  # only with quota the team's own training would give back: it moves from that training to this
+                why = serving_quota_refusal(scratch, queue, kind, step, giveable[key])
+                if why:
+                    break
+                giveable[key] = max(0.0, giveable[key] - step)
+            count += 1
+        limit = min(demand.replicas_max, max(count, demand.replicas_min))
+        limits[demand.id] = (limit, why if limit < demand.replicas_max else "")
+    return limits
 
 
 def _save(free: _Free, running, touched, ledger: QuotaLedger, plan: MixedLoadPlan, held: list) -> tuple:
