@@ -160,6 +160,30 @@ def test_a_new_autoscaling_target_reaches_serve_without_restarting_replicas(serv
     assert before <= after, "a settings-only change must keep the running replicas"
 
 
+def test_a_lower_replica_limit_scales_serve_in_and_a_higher_one_lets_it_scale_again_keeping_replicas(
+        service, model_dir):
+    """The quota's replica limit (inference.workflows.replicas_allowed) reaches Serve as a settings-only change."""
+    service.deploy_service(spec(model_dir, revision=2, replicas_min=2, replicas_max=2))
+    wait_status(service, lambda s: s.state == "running" and s.revision == 2 and s.replicas_running == 2)
+    before = {complete(service, bytes([70 + i]) * 20, max_tokens=1)[-1]["metrics"]["replica"] for i in range(8)}
+    assert len(before) == 2
+    # a deployment of 1-3 replicas running 2 whose queue's quota now takes only 1: Serve's maximum becomes 1
+    service.deploy_service(spec(model_dir, revision=2, replicas_min=1, replicas_max=1))
+    status = wait_status(service, lambda s: s.state == "running" and s.replicas_running == 1)
+    after = {complete(service, bytes([70 + i]) * 20, max_tokens=1)[-1]["metrics"]["replica"] for i in range(8)}
+    assert len(after) == 1 and after <= before, "scaling in keeps a running replica, not a new one"
+    # the quota takes all 3 again: Serve may scale out to 3 (it stays at 1 while idle)
+    service.deploy_service(spec(model_dir, revision=2, replicas_min=1, replicas_max=3))
+    deadline = time.monotonic() + 60
+    while serve_autoscaling(HANDLE).get("max_replicas") != 3:
+        assert time.monotonic() < deadline, serve_autoscaling(HANDLE)
+        time.sleep(0.5)
+    status = wait_status(service, lambda s: s.state == "running" and s.replicas_running >= 1)
+    assert status.revision == 2
+    again = {complete(service, bytes([70 + i]) * 20, max_tokens=1)[-1]["metrics"]["replica"] for i in range(8)}
+    assert after <= again
+
+
 def test_overload_is_refused_with_429_semantics_not_a_hang(service, model_dir):
     service.deploy_service(spec(model_dir, revision=3, max_ongoing_requests=1, max_queued_requests=1,
                                 engine={"slots": 1, "block_size": 8, "max_waiting": 0}))
