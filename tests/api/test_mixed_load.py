@@ -386,3 +386,52 @@ def test_serves_autoscaler_is_capped_at_what_the_queues_quota_takes_and_uncapped
     assert [e.reason for e in deployment.events.order_by("id")][-1] == "quota: all 2 replicas allowed again"
     deployment = scale_out(backend, deployment, 1)
     assert backend.services[deployment.compute_handle].replicas_max == 2
+
+
+def test_a_deployment_borrowing_a_lenders_quota_scales_in_when_the_lenders_job_waits_for_it(
+        api, backend, model_dir, world):
+    """Borrowed quota goes back to its lender: the lender's waiting job lowers the borrowing deployment's replica
+    limit, Serve scales in, and the job is admitted once the replica is gone."""
+    from controlplane.quotas.models import ResourceQuota
+    from controlplane.quotas.services import cluster_queue_create, local_queue_create
+
+    ResourceQuota.objects.filter(cluster_queue=world["cluster_queue"], accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=8)
+    lender = cluster_queue_create(actor=world["ops"], name="lender", cohort="all", quotas=[
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+    local_queue_create(actor=world["beta"]["admin"], team=world["beta"]["team"], name="lend", cluster_queue=lender)
+    alpha = api("alpha", "member")
+    deployment = deploy_h100(alpha, model_dir)  # shared: 1 replica of 8, up to 2
+    deployment = scale_out(backend, deployment, 2)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit is None  # its second replica borrows lender's idle 8
+    backend.set_service_status(deployment.compute_handle, replicas_running=2)
+    deployment = scale_out(backend, deployment, 2)
+
+    beta = api("beta", "member")
+    waiting = post(beta, "/api/v1/training-jobs/", {**JOB_BODY, "name": "lenders-job", "queue": "lend",
+                                                    "workers_min": 1, "workers_max": 1,
+                                                    "accelerator_types": ["nvidia-h100"]})
+    assert body(beta, waiting)["status"]["state"] == "QUEUED"
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit == 1
+    reason = deployment.events.order_by("id").last().reason
+    assert reason.startswith("quota: at most 1 of its 2 replicas now (") and \
+        "gives back borrowed quota that waiting work of lender needs within its nominal quota" in reason, reason
+    deployment = scale_out(backend, deployment, 2)  # the sync: Serve's maximum is 1 now
+    assert backend.services[deployment.compute_handle].replicas_max == 1
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    status = body(beta, waiting)["status"]  # the replica still runs: its devices and quota
+    assert status["state"] == "QUEUED", status
+    assert "lender's idle nvidia-h100 quota is lent to its cohort" in status["reason"], status["reason"]
+
+    backend.set_service_status(deployment.compute_handle, replicas_running=1, replicas_target=1)  # Serve scaled in
+    deployment = scale_out(backend, deployment, 1)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    assert body(beta, waiting)["status"]["state"] == "ADMITTED"
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit == 1  # the lender's 8 are in use now: nothing left to borrow

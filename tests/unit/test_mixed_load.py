@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -439,3 +441,97 @@ def test_the_limit_never_goes_below_replicas_min_and_is_not_set_outside_a_queue_
     plan = plan_mixed_load(Snapshot(nodes(2), queues), demands)
     assert plan.limits["d1"][0] == 3
     assert "d2" not in plan.limits and "d3" not in plan.limits
+
+
+LENDERS = (ClusterQueueSpec("serve", {"h100": Quota(8)}, cohort="c"),
+           ClusterQueueSpec("train", {"h100": Quota(8)}, cohort="c"))
+
+
+def test_a_deployment_borrowing_quota_that_a_lenders_waiting_job_needs_is_limited_below_what_it_runs():
+    demand = ServingDemand("d1", "h100", 8, 2, 2, ("n0", "n1"), cluster_queue="serve", replicas_min=1)
+    idle = plan_mixed_load(Snapshot(nodes(2), LENDERS), [demand])
+    assert idle.limits["d1"] == (2, "")  # train lends its idle 8: both replicas run
+    waiting = Workload("job", "train", ("h100",), devices_per_worker=8)
+    plan = plan_mixed_load(Snapshot(nodes(2), LENDERS, pending=(waiting,)), [demand])
+    limit, why = plan.limits["d1"]
+    assert limit == 1, "the borrowed replica goes: train's waiting job needs its nominal quota back"
+    assert "gives back borrowed quota that waiting work of train needs within its nominal quota" in why, why
+    too_big = Workload("job", "train", ("h100",), devices_per_worker=16)  # beyond train's nominal: no claim
+    plan = plan_mixed_load(Snapshot(nodes(2), LENDERS, pending=(too_big,)), [demand])
+    assert plan.limits["d1"][0] == 2
+
+
+THREE = (ClusterQueueSpec("a", {"h100": Quota(8)}, cohort="c"), ClusterQueueSpec("b", {"h100": Quota(4)}, cohort="c"),
+         ClusterQueueSpec("c", {"h100": Quota(4)}, cohort="c"))
+
+
+def test_borrowing_preemptible_training_gives_back_before_a_replica_does():
+    queues = THREE
+    borrower = Running(Workload("borrower", "c", ("h100",), devices_per_worker=8), "h100",
+                       (WorkerPlacement("n1", tuple((i, 1.0) for i in range(8))),))
+    demand = ServingDemand("d1", "h100", 4, 3, 2, ("n0", "n0"), cluster_queue="b", replicas_min=1)
+    small = Workload("job", "a", ("h100",), devices_per_worker=4)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, running=(borrower,), pending=(small,)), [demand])
+    assert plan.limits["d1"][0] == 2, "the borrower's 4 borrowed cover the job: the replicas stay"
+    big = Workload("job", "a", ("h100",), devices_per_worker=8)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, running=(borrower,), pending=(big,)), [demand])
+    assert plan.limits["d1"][0] == 1, "the borrower's 4 and one replica's 4 make the job's 8"
+
+
+def test_headroom_is_not_lent_out_of_quota_a_lenders_waiting_job_claims_nor_taken_from_the_teams_own_jobs():
+    queues = THREE
+    demand = ServingDemand("d1", "h100", 4, 3, 1, ("n0",), cluster_queue="b", replicas_min=1)
+    lender_waits = Workload("job", "a", ("h100",), devices_per_worker=8)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, pending=(lender_waits,)), [demand])
+    assert plan.limits["d1"][0] == 2  # 4 own + the 4 c lends; a's idle 8 is claimed by its waiting job
+    own_waits = Workload("job", "b", ("h100",), devices_per_worker=4)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, pending=(own_waits,)), [demand])
+    assert plan.limits["d1"][0] == 3  # within nominal serving always may: the team's own waiting job does not count
+
+
+@settings(max_examples=300, deadline=None)
+@given(nominals=st.lists(st.integers(0, 16), min_size=2, max_size=3),
+       per_replica=st.sampled_from([1, 2, 4]), running_replicas=st.integers(1, 6), replicas_min=st.integers(1, 3),
+       pending=st.lists(st.tuples(st.integers(0, 2), st.sampled_from([1, 2, 4, 8])), max_size=4),
+       trainer=st.tuples(st.integers(0, 2), st.integers(0, 8), st.booleans()))
+def test_a_replica_limit_settles_once_serve_follows_it(nominals, per_replica, running_replicas, replicas_min,
+                                                       pending, trainer):
+    """Cycle after cycle, with the cycle's give-backs applied (victims requeued) and Serve running as many replicas
+    as the limit says, the limit settles on one value (it never swings between two: the replicas Serve runs do not
+    change what waiting work claims), within replicas_min..replicas_max."""
+    limits = _limits_over_cycles(nominals, per_replica, running_replicas, replicas_min, pending, trainer)
+    assert len(set(limits[-4:])) == 1, limits
+
+
+def test_a_limit_that_swung_between_two_values_settles():
+    """Found by a search over random cohorts: q0's own waiting job claimed quota only while q0 ran few replicas, so
+    a borrower's give-back, and with it the limit, changed with the replicas Serve ran (1, 2, 1, 2, ...)."""
+    limits = _limits_over_cycles([7, 3, 2], 4, 6, 1, [(1, 2), (0, 2), (2, 8)], (2, 5, True))
+    assert limits[-4:] == [2, 2, 2, 2], limits
+
+
+def _limits_over_cycles(nominals, per_replica, running_replicas, replicas_min, pending, trainer) -> list[int]:
+    queues = tuple(ClusterQueueSpec(f"q{i}", {"h100": Quota(n)}, cohort="c") for i, n in enumerate(nominals))
+    runs = ()
+    queue, devices, preemptible = trainer
+    if devices and queue < len(queues):
+        runs = (Running(Workload("t", f"q{queue}", ("h100",), devices_per_worker=devices, preemptible=preemptible),
+                        "h100", (WorkerPlacement("n3", tuple((i, 1.0) for i in range(devices))),)),)
+    waiting = tuple(Workload(f"w{i}", f"q{q % len(queues)}", ("h100",), devices_per_worker=d)
+                    for i, (q, d) in enumerate(pending))
+    snap = Snapshot(nodes(4), queues, running=runs, pending=waiting)
+    maximum = max(replicas_min, running_replicas) + 2
+    floor = min(replicas_min, running_replicas)
+    replicas, limits = running_replicas, []
+    for _ in range(8):
+        on = tuple(f"n{i % 3}" for i in range(replicas))
+        plan = plan_mixed_load(snap, [ServingDemand("d1", "h100", per_replica, maximum, replicas, on,
+                                                    cluster_queue="q0", replicas_min=floor)])
+        limit = plan.limits["d1"][0]
+        assert floor <= limit <= maximum
+        limits.append(limit)
+        gone = {p.workload_id for p in plan.preempted} | {s.workload_id for s in plan.shrunk}
+        snap = replace(snap, running=tuple(r for r in snap.running if r.workload.id not in gone),
+                       pending=snap.pending + tuple(r.workload for r in snap.running if r.workload.id in gone))
+        replicas = limit
+    return limits

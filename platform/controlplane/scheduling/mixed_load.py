@@ -233,37 +233,112 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
 
 def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict[str, list],
                    running: dict[str, Running], touched: set[str], snapshot: Snapshot) -> dict[str, tuple[int, str]]:
-    """The most replicas each live deployment's ClusterQueue lets it run now: those held this cycle, plus as many
-    more as the quota takes under the rules a wanted replica meets (`serving_quota_refusal`: nominal always, then
+    """The most replicas each live deployment's ClusterQueue lets it run now (Ray Serve's autoscaler is capped
+    there), under the rules a wanted replica meets (`serving_quota_refusal`: within nominal always, beyond it by
     borrowing; the team's own preemptible training gives its share back), never fewer than `replicas_min` nor more
-    than `replicas_max`. Ray Serve's autoscaler is capped there, so a deployment scales out only into quota its
-    queue has. The headroom is counted once: deployments are taken in id order on a copy of the ledger, each
-    leaving less for the next (and less of the training that would give back). The ledger is not changed."""
+    than `replicas_max`. The ledger is not changed; the count is made on a copy:
+
+    * Quota that other queues' waiting work claims within their nominal quota (`claims`) is not idle, so it is
+      not lent: a deployment borrowing it gets a limit below the replicas it runs, and Serve scales in (borrowed
+      quota goes back to its lender, as preemption gives training's back). Borrowing preemptible training gives
+      its part back first (lower priority; the cycle preempts it): serving gives back only what is left.
+    * The replicas that run are counted first, every deployment in id order, then the headroom, so one
+      deployment's scale-out never takes quota another one's running replicas use; each deployment's headroom
+      leaves less for the next."""
+    # Everything but these deployments' replicas (counted again below): what claims and give-backs are measured on,
+    # so that they do not change with the replicas Serve runs (else the limit could swing between two values).
+    given_back: dict[tuple[str, str], float] = {}
     scratch = QuotaLedger(snapshot.cluster_queues)
     scratch.usage.update(ledger.usage)
+    live = [d for d in demands if _queue_of(d, snapshot) != SERVING_QUEUE and not d.all_or_none]
+    for demand in live:
+        scratch.add(_queue_of(demand, snapshot), demand.accelerator_type,
+                    -len(held[demand.id]) * demand.devices_per_replica)
+    claims = _claims(snapshot, scratch)
+    for (queue, kind), amount in _given_back_to_claims(scratch, running, touched, claims).items():
+        scratch.add(queue, kind, -amount)  # given back first (the cycle preempts it for the lender's waiting work)
+        given_back[(queue, kind)] = amount
+    for (queue, kind), amount in claims.items():
+        scratch.add(queue, kind, amount)
     giveable: dict[tuple[str, str], float] = {}
-    limits: dict[str, tuple[int, str]] = {}
-    for demand in demands:
+    counts: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+
+    def add_replicas(demand: ServingDemand, count: int, until: int) -> int:
         queue, kind = _queue_of(demand, snapshot), demand.accelerator_type
-        if queue == SERVING_QUEUE or demand.all_or_none:
-            continue  # outside every quota, or not deployed yet (its deploy check counts replicas_min)
         key = (queue, kind)
-        if key not in giveable:
-            giveable[key] = _giveable(running, touched, queue, kind)
-        count, why = len(held[demand.id]), ""
+        if key not in giveable:  # (less what it already gives back to lenders above)
+            giveable[key] = max(0.0, _giveable(running, touched, queue, kind) - given_back.get(key, 0.0))
+        own_claim = claims.get(key, 0.0)  # the team's own waiting training does not hold its replicas off
+        scratch.add(queue, kind, -own_claim)
         step = demand.devices_per_replica
-        while count < demand.replicas_max:
-            if not serving_quota_refusal(scratch, queue, kind, step):
+        while count < until:
+            if count < demand.replicas_min or not serving_quota_refusal(scratch, queue, kind, step):
                 scratch.add(queue, kind, step)
             else:  # only with quota the team's own training would give back: it moves from that training to this
                 why = serving_quota_refusal(scratch, queue, kind, step, giveable[key])
                 if why:
+                    reasons[demand.id] = why
                     break
                 giveable[key] = max(0.0, giveable[key] - step)
             count += 1
-        limit = min(demand.replicas_max, max(count, demand.replicas_min))
-        limits[demand.id] = (limit, why if limit < demand.replicas_max else "")
+        scratch.add(queue, kind, own_claim)
+        return count
+
+    for demand in live:
+        counts[demand.id] = add_replicas(demand, 0, len(held[demand.id]))
+    limits: dict[str, tuple[int, str]] = {}
+    for demand in live:
+        kept = counts[demand.id]
+        if kept == len(held[demand.id]):
+            kept = add_replicas(demand, kept, demand.replicas_max)
+        else:
+            claimants = sorted({queue for (queue, kind), amount in claims.items()
+                                if kind == demand.accelerator_type and amount > EPS
+                                and queue in scratch.members(_queue_of(demand, snapshot))
+                                and queue != _queue_of(demand, snapshot)})
+            if claimants:
+                reasons[demand.id] = (f"{reasons[demand.id]}: gives back borrowed quota that waiting work of "
+                                      f"{', '.join(claimants)} needs within its nominal quota")
+        limit = min(demand.replicas_max, max(kept, demand.replicas_min))
+        limits[demand.id] = (limit, reasons.get(demand.id, "") if limit < demand.replicas_max else "")
     return limits
+
+
+def _given_back_to_claims(ledger: QuotaLedger, running: dict[str, Running], touched: set[str],
+                          claims: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """What borrowing preemptible training gives back to other queues' waiting work, per (queue, type): a lender's
+    waiting work reclaims it (the cycle preempts it) before any serving replica, up to what the cohort's other
+    queues claim. Only the part a queue uses beyond its nominal quota, of training not already giving back."""
+    preemptible: dict[tuple[str, str], float] = defaultdict(float)
+    for r in running.values():
+        if r.workload.preemptible and r.workload.id not in touched and r.workload.cluster_queue in ledger.queues:
+            preemptible[(r.workload.cluster_queue, r.accelerator_type)] += r.usage
+    given: dict[tuple[str, str], float] = {}
+    for (queue, kind), amount in sorted(preemptible.items()):
+        borrowed = min(amount, ledger.borrowed(queue, kind))
+        claimed = sum(claims.get((other, kind), 0.0) for other in ledger.members(queue) if other != queue) \
+            - sum(value for (other, other_kind), value in given.items()
+                  if other_kind == kind and other in ledger.members(queue))
+        if borrowed > EPS and claimed > EPS:
+            given[(queue, kind)] = min(borrowed, claimed)
+    return given
+
+
+def _claims(snapshot: Snapshot, ledger: QuotaLedger) -> dict[tuple[str, str], float]:
+    """Quota that waiting work claims within its queue's nominal quota: per (queue, type), the demands of the
+    queue's pending workloads on their preferred type, highest priority and earliest first, while they fit in
+    the nominal quota the queue does not use."""
+    claims: dict[tuple[str, str], float] = defaultdict(float)
+    for workload in sorted(snapshot.pending, key=lambda w: (-w.priority, w.arrival, w.id)):
+        types = snapshot.type_preference.get(workload.id, workload.accepted_types)
+        if not types or workload.cluster_queue not in ledger.queues:
+            continue
+        key = (workload.cluster_queue, types[0])
+        room = ledger.quota(*key).nominal - ledger.usage[key] - claims[key]
+        if workload.demand() <= room + EPS:
+            claims[key] += workload.demand()
+    return {key: amount for key, amount in claims.items() if amount > EPS}
 
 
 def _save(free: _Free, running, touched, ledger: QuotaLedger, plan: MixedLoadPlan, held: list) -> tuple:
