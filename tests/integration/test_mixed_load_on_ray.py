@@ -155,3 +155,58 @@ def test_a_new_deployment_gets_a_node_back_from_training_that_fills_the_pool(api
     for job_id in jobs:
         assert client.post(f"/api/v1/training-jobs/{job_id}/cancel/").status_code in (200, 202)
     assert client.delete(f"/api/v1/deployments/{pk}/").status_code == 204
+
+
+def test_a_deployment_borrowing_a_lenders_quota_scales_in_on_serve_and_the_lenders_job_runs(
+        api, platform, tmp_path, world):
+    """shared (8 H100) runs a 1-2 replica deployment (8 SIMULATED chips each) at 2 replicas, the second on quota
+    borrowed from `lender` (8 H100, same cohort). When lender's job waits for its nominal quota, the cycle lowers the
+    deployment's replica limit to 1, the sync caps Serve there, Serve stops a replica, and the job runs."""
+    from controlplane.quotas.models import ResourceQuota
+    from controlplane.quotas.services import cluster_queue_create, local_queue_create
+    from inference.models import Deployment
+    from inference.workflows import autoscaling_for, build_spec
+    from jobs.models import TrainingJob
+
+    ResourceQuota.objects.filter(cluster_queue=world["cluster_queue"], accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=8)
+    lender = cluster_queue_create(actor=world["ops"], name="lender", cohort="all", quotas=[
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+    local_queue_create(actor=world["beta"]["admin"], team=world["beta"]["team"], name="lend", cluster_queue=lender)
+    alpha = api("alpha", "member")
+    model = write_random_model_dir(tmp_path / "model", SHAPE, seed=5)
+    response = alpha.post("/api/v1/deployments/", {
+        "name": "chat", "queue": "default", "model_uri": str(model), "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 2, "sla": {"ttft_p95_ms": 5000,
+                                                                                "tpot_p95_ms": 1000},
+        "engine": {"slots": 2, "block_size": 8}}, format="json")
+    assert response.status_code == 201, response.json()
+    pk = response.json()["id"]
+    deployment = wait_for(platform, lambda: Deployment.objects.get(pk=pk),
+                          lambda d: d.state == "SERVING" and d.replicas_ready == 1, 120, "the deployment")
+    spec = build_spec(deployment, autoscaling_for(deployment))
+    platform.deploy_service(dataclasses.replace(spec, replicas_min=2))  # Serve's autoscaler wants 2 replicas
+    deployment = wait_for(platform, lambda: Deployment.objects.get(pk=pk), lambda d: d.replicas_ready == 2, 120,
+                          "the second replica")
+    assert deployment.replicas_limit is None  # lender's 8 are idle: the second replica borrows them
+
+    beta = api("beta", "member")
+    asked = time.monotonic()
+    response = beta.post("/api/v1/training-jobs/", {
+        "name": "lenders-job", "queue": "lend", "accelerator_types": ["nvidia-h100"], "workers_min": 1,
+        "workers_max": 1, "devices_per_worker": 8, "checkpoint": {"interval_steps": 1000, "keep_last": 2},
+        "hyperparameters": {"steps": 100000, "step_sleep_s": 0.05}}, format="json")
+    assert response.status_code == 201, response.json()
+    job_id = response.json()["id"]
+    job = wait_for(platform, lambda: TrainingJob.objects.get(pk=job_id),
+                   lambda j: j.state == "RUNNING" and j.current_step >= 1, 180, "the lender's job to run")
+    ran = time.monotonic() - asked
+    deployment = Deployment.objects.get(pk=pk)
+    assert deployment.replicas_limit == 1 and deployment.replicas_ready == 1
+    assert any("gives back borrowed quota that waiting work of lender needs" in e.reason
+               for e in deployment.events.all())
+    assert deployment.autoscaling["max_replicas"] == 1
+    print(f"\nmixed load on Ray: the lender's job ran {ran:.1f} s after it was submitted, once Serve had stopped the "
+          f"replica on borrowed quota (job on {job.observed_nodes})")
+    assert beta.post(f"/api/v1/training-jobs/{job_id}/cancel/").status_code in (200, 202)
+    assert alpha.delete(f"/api/v1/deployments/{pk}/").status_code == 204
