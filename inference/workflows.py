@@ -427,7 +427,11 @@ def deployment_sync(*, deployment_id: int, backend, now=None) -> Deployment | No
                          to_state=deployment.state, reason=f"autoscaling: {decision.reason}", system="autoscaler",
                          data={"autoscaling": decision.serve_config(), "window": dataclasses.asdict(window)})
             redeploy = decision
-        deployment = _apply_health(deployment, status, decision.breach)
+        breach = decision.breach
+        if breach and current.max_replicas < deployment.replicas_max:  # say so when Serve may not add replicas
+            breach += (f"; its cluster queue's quota lets it run {current.max_replicas} of its "
+                       f"{deployment.replicas_max} replicas now")
+        deployment = _apply_health(deployment, status, breach)
     if redeploy is not None:
         backend.deploy_service(build_spec(deployment, redeploy))
     return deployment

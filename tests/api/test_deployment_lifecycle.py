@@ -142,6 +142,20 @@ def test_an_sla_breach_degrades_autoscales_and_recovers(api, backend, model_dir)
     assert states(client, deployment.pk)[-2:] == ["DEGRADED", "SERVING"]
 
 
+def test_a_breach_while_the_quota_limits_the_replicas_says_so(api, backend, model_dir):
+    client = api("alpha", "member")
+    created = create(client, model_dir)
+    Deployment.objects.filter(pk=created["id"]).update(replicas_limit=1)  # the scheduling cycle's limit
+    deployment = Deployment.objects.get(pk=created["id"])
+    log_requests(deployment, 40, ttft_ms=812.0)
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "DEGRADED"
+    assert deployment.state_reason == (
+        f"SLA breach: TTFT p95 812 ms > SLA 500 ms over 40 requests in the last 60 s; its cluster queue's quota lets "
+        f"it run 1 of its {deployment.replicas_max} replicas now")
+    assert backend.services[deployment.compute_handle].replicas_max == 1
+
+
 def test_missing_replicas_degrade_and_a_vanished_service_is_redeployed(api, backend, model_dir):
     deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
     backend.set_service_status(deployment.compute_handle, replicas_running=0)
