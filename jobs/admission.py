@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
@@ -170,7 +171,8 @@ def load_serving() -> list[ServingDemand]:
                                      replica_nodes=nodes, pool=deployment.pool or None,
                                      replicas_running=deployment.replicas_ready,
                                      cluster_queue=deployment.local_queue.cluster_queue.name,
-                                     replicas_min=deployment.replicas_min))
+                                     replicas_min=deployment.replicas_min,
+                                     replicas_limit=deployment.replicas_limit))
     return demands + pending_serving()
 
 
@@ -262,12 +264,14 @@ def _limit_replicas(limits: dict[str, tuple[int, str]]) -> None:
     """Store each live deployment's replica limit (None when its quota takes all of replicas_max) where it changed,
     with an event saying why; the deployment's sync caps Ray Serve's autoscaler there (inference.workflows)."""
     from inference.models import Deployment, DeploymentEvent
+    from inference.workflows import LIVE_STATES
 
-    if not limits:
-        return
     changed = []
-    for deployment in Deployment.objects.filter(pk__in=[int(i) for i in limits]).order_by("id"):
-        limit, why = limits[str(deployment.pk)]
+    # ... and no limit for a live deployment the cycle no longer counts (moved to the CPU pool, say): a limit left
+    # behind would cap it for good
+    for deployment in Deployment.objects.filter(Q(pk__in=[int(i) for i in limits]) | Q(
+            state__in=list(LIVE_STATES), replicas_limit__isnull=False)).order_by("id"):
+        limit, why = limits.get(str(deployment.pk), (deployment.replicas_max, ""))
         new = limit if limit < deployment.replicas_max else None
         if new == deployment.replicas_limit:
             continue

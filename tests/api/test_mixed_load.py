@@ -435,3 +435,14 @@ def test_a_deployment_borrowing_a_lenders_quota_scales_in_when_the_lenders_job_w
     assert body(beta, waiting)["status"]["state"] == "ADMITTED"
     deployment.refresh_from_db()
     assert deployment.replicas_limit == 1  # the lender's 8 are in use now: nothing left to borrow
+
+
+def test_a_limit_the_cycle_no_longer_sets_is_lifted(api, backend, model_dir):
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)
+    Deployment.objects.filter(pk=deployment.pk).update(accelerator_type="cpu", replicas_limit=1)  # moved to CPU
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit is None
+    assert deployment.events.order_by("id").last().reason == "quota: all 2 replicas allowed again"

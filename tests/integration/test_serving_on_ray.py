@@ -167,7 +167,7 @@ def test_a_lower_replica_limit_scales_serve_in_and_a_higher_one_lets_it_scale_ag
     wait_status(service, lambda s: s.state == "running" and s.revision == 2 and s.replicas_running == 2)
     before = {complete(service, bytes([70 + i]) * 20, max_tokens=1)[-1]["metrics"]["replica"] for i in range(8)}
     assert len(before) == 2
-    # a deployment of 1-3 replicas running 2 whose queue's quota now takes only 1: Serve's maximum becomes 1
+    # what the control plane sends for a 1-3 replica deployment running 2 once its quota takes only 1: max 1
     service.deploy_service(spec(model_dir, revision=2, replicas_min=1, replicas_max=1))
     status = wait_status(service, lambda s: s.state == "running" and s.replicas_running == 1)
     after = {complete(service, bytes([70 + i]) * 20, max_tokens=1)[-1]["metrics"]["replica"] for i in range(8)}

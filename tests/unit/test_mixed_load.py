@@ -409,7 +409,7 @@ def test_deployments_of_one_queue_share_its_headroom_instead_of_each_counting_al
     demands = [ServingDemand("d1", "h100", 2, 8, 1, ("n0",), cluster_queue="team"),
                ServingDemand("d2", "h100", 2, 8, 1, ("n1",), cluster_queue="team")]
     plan = plan_mixed_load(Snapshot(nodes(2), queues), demands)
-    assert plan.limits["d1"][0] == 3 and plan.limits["d2"][0] == 1  # 1 + 1 running, the 2 replicas of room to d1
+    assert plan.limits["d1"][0] == 2 and plan.limits["d2"][0] == 2  # 1 + 1 running, the room one replica each
     assert (plan.limits["d1"][0] + plan.limits["d2"][0]) * 2 == 8
 
 
@@ -535,3 +535,79 @@ def _limits_over_cycles(nominals, per_replica, running_replicas, replicas_min, p
                        pending=snap.pending + tuple(r.workload for r in snap.running if r.workload.id in gone))
         replicas = limit
     return limits
+
+
+# Found by a review (each failed before its fix): the limit must not depend on deployment ids, claim quota nobody can
+# use, overshoot and fall back, preempt for nothing, flip while training shrinks, or ignore deployments waiting.
+
+def cohort_of(**nominals: float) -> tuple[ClusterQueueSpec, ...]:
+    return tuple(ClusterQueueSpec(name, {"h100": Quota(n)}, cohort="c") for name, n in nominals.items())
+
+
+A0_B4 = cohort_of(a=0, b=4)
+
+
+def test_a_lenders_own_replicas_count_before_a_borrowers_whatever_their_ids():
+    job = Workload("job", "b", ("h100",), devices_per_worker=2)
+    for borrower_id, lender_id in (("1", "2"), ("2", "1")):
+        borrower = ServingDemand(borrower_id, "h100", 1, 4, 2, ("n0", "n0"), cluster_queue="a")
+        lender = ServingDemand(lender_id, "h100", 1, 4, 2, ("n1", "n1"), cluster_queue="b", replicas_min=2)
+        plan = plan_mixed_load(Snapshot(nodes(2), A0_B4, pending=(job,)), [borrower, lender])
+        assert plan.limits[borrower_id][0] == 0 and plan.limits[lender_id][0] == 4, (borrower_id, plan.limits)
+
+
+def test_waiting_work_that_could_not_fit_its_nominal_quota_claims_nothing():
+    job = Workload("job", "b", ("h100",), devices_per_worker=4)  # b's own 2 replicas use half of its nominal 4
+    borrower = ServingDemand("2", "h100", 1, 4, 2, ("n0", "n0"), cluster_queue="a")
+    lender = ServingDemand("1", "h100", 1, 2, 2, ("n1", "n1"), cluster_queue="b", replicas_min=2)
+    plan = plan_mixed_load(Snapshot(nodes(2), A0_B4, pending=(job,)), [borrower, lender])
+    assert plan.limits["2"][0] == 2  # scaling it in would not let the job in
+
+
+def test_claims_the_cohorts_unused_quota_covers_take_nothing_from_anyone():
+    queues = cohort_of(a=0, b=10, c=0)
+    train = Running(Workload("t", "a", ("h100",), devices_per_worker=2), "h100",
+                    (WorkerPlacement("n2", ((0, 1.0), (1, 1.0))),))
+    job = Workload("job", "b", ("h100",), devices_per_worker=2)
+    snap = Snapshot(nodes(3), queues, running=(train,), pending=(job,))
+    first = plan_mixed_load(snap, [ServingDemand("1", "h100", 1, 10, 4, ("n0",) * 4, cluster_queue="c")])
+    assert first.limits["1"][0] == 6  # 10 - the borrower's 2 - the job's 2
+    admitted = replace(snap, running=(train, Running(job, "h100", (WorkerPlacement("n2", ((6, 1.0), (7, 1.0))),))),
+                       pending=())
+    after = plan_mixed_load(admitted, [ServingDemand("1", "h100", 1, 10, 6, ("n0",) * 6, cluster_queue="c")])
+    assert after.limits["1"][0] == 6, "no overshoot to fall back from"
+
+
+def test_a_queues_own_borrowing_training_gives_back_and_no_replica_elsewhere_is_limited_for_nothing():
+    queues = cohort_of(a=4, b=4, c=0)
+    train = Running(Workload("t", "a", ("h100",), devices_per_worker=2), "h100",
+                    (WorkerPlacement("n2", ((0, 1.0), (1, 1.0))),))
+    job = Workload("job", "b", ("h100",), devices_per_worker=2)
+    for a_id, c_id in (("1", "2"), ("2", "1")):
+        on_a = ServingDemand(a_id, "h100", 1, 4, 4, ("n0",) * 4, cluster_queue="a", replicas_min=1)
+        on_c = ServingDemand(c_id, "h100", 1, 2, 2, ("n1",) * 2, cluster_queue="c", replicas_min=0)
+        plan = plan_mixed_load(Snapshot(nodes(3), queues, running=(train,), pending=(job,)), [on_a, on_c])
+        assert (plan.limits[a_id][0], plan.limits[c_id][0]) == (4, 2), (a_id, plan.limits)
+        assert [p.workload_id for p in schedule(plan.snapshot).preempted] == ["t"]  # t gives the job its quota
+
+
+def test_training_shrunk_for_a_replica_in_this_cycle_still_counts_as_quota_it_gives_back():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+
+    def trainer(width):
+        return Running(Workload("t", "team", ("h100",), devices_per_worker=2, workers_min=1, workers_max=4), "h100",
+                       tuple(WorkerPlacement("n1", ((2 * i, 1.0), (2 * i + 1, 1.0))) for i in range(width)))
+
+    limits = set()
+    for runs, wanted, width in ((1, 1, 3), (1, 2, 3), (2, 2, 2), (2, 3, 2)):
+        demand = ServingDemand("1", "h100", 2, 4, wanted, ("n0",) * runs, cluster_queue="team", replicas_min=1)
+        limits.add(plan_mixed_load(Snapshot(nodes(2), queues, running=(trainer(width),)), [demand]).limits["1"][0])
+    assert limits == {4}
+
+
+def test_a_deployment_waiting_to_be_deployed_claims_its_nominal_quota_back():
+    borrower = ServingDemand("1", "h100", 1, 4, 4, ("n0",) * 4, cluster_queue="a")
+    waiting = ServingDemand("2", "h100", 1, 2, 2, (), replicas_running=0, cluster_queue="b", all_or_none=True)
+    plan = plan_mixed_load(Snapshot((NodeSpec("n0", "p", "h100", "g0", 4),), A0_B4), [borrower, waiting])
+    limit, why = plan.limits["1"]
+    assert limit == 2 and "waiting work of b" in why, plan.limits

@@ -44,6 +44,12 @@ class ServingDemand:
     cluster_queue: str | None = None  # the ClusterQueue whose quota its replicas count against
     all_or_none: bool = False  # deploys only once all wanted replicas fit (PENDING): nothing given back for fewer
     replicas_min: int = 0  # its replica limit never goes below this (the deploy check let it run that many)
+    replicas_limit: int | None = None  # the limit the last cycle set (Serve runs no more); None: replicas_max
+
+    @property
+    def allowed(self) -> int:
+        """The most replicas it may run now: Serve's autoscaler is capped at the last cycle's limit."""
+        return self.replicas_max if self.replicas_limit is None else min(self.replicas_max, self.replicas_limit)
 
     @property
     def reserved(self) -> float:
@@ -193,7 +199,7 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
         ledger.add(queue, kind, amount)
     for demand in demands:
         queue = _queue_of(demand, snapshot)
-        missing = max(0, min(demand.replicas_wanted, demand.replicas_max) - runs[demand.id])
+        missing = max(0, min(demand.replicas_wanted, demand.allowed) - runs[demand.id])
         saved = _save(free, running, touched, ledger, plan, held[demand.id]) if demand.all_or_none else None
         for number in range(missing):
             if queue != SERVING_QUEUE:
@@ -222,7 +228,7 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                 ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
         if saved is not None and demand.id in plan.waiting:  # fewer than all: as if none had been tried
             _restore(saved, free, running, touched, ledger, plan, held[demand.id])
-    plan.limits = replica_limits(ledger, demands, held, running, touched, snapshot)
+    plan.limits = replica_limits(ledger, demands, held, running, touched, snapshot, _again(plan))
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
                  for r in snapshot.running if r.workload.id in running)
@@ -232,112 +238,149 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
 
 
 def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict[str, list],
-                   running: dict[str, Running], touched: set[str], snapshot: Snapshot) -> dict[str, tuple[int, str]]:
+                   running: dict[str, Running], touched: set[str], snapshot: Snapshot,
+                   again: frozenset[str] = frozenset()) -> dict[str, tuple[int, str]]:
     """The most replicas each live deployment's ClusterQueue lets it run now (Ray Serve's autoscaler is capped
-    there), under the rules a wanted replica meets (`serving_quota_refusal`: within nominal always, beyond it by
-    borrowing; the team's own preemptible training gives its share back), never fewer than `replicas_min` nor more
-    than `replicas_max`. The ledger is not changed; the count is made on a copy:
+    there), never fewer than `replicas_min` nor more than `replicas_max`. Counted on a copy of the ledger without
+    the live deployments' replicas, in this order, so that the result does not depend on deployment ids and does
+    not swing with the replicas Serve runs:
 
-    * Quota that other queues' waiting work claims within their nominal quota (`claims`) is not idle, so it is
-      not lent: a deployment borrowing it gets a limit below the replicas it runs, and Serve scales in (borrowed
-      quota goes back to its lender, as preemption gives training's back). Borrowing preemptible training gives
-      its part back first (lower priority; the cycle preempts it): serving gives back only what is left.
-    * The replicas that run are counted first, every deployment in id order, then the headroom, so one
-      deployment's scale-out never takes quota another one's running replicas use; each deployment's headroom
-      leaves less for the next."""
-    # Everything but these deployments' replicas (counted again below): what claims and give-backs are measured on,
-    # so that they do not change with the replicas Serve runs (else the limit could swing between two values).
-    given_back: dict[tuple[str, str], float] = {}
+    1. every deployment's replicas that run (or are held) within its queue's nominal quota: within nominal serving
+       always may, the team's own preemptible training giving its share back;
+    2. what other queues' waiting work claims within their nominal quota (pending training, and deployments waiting
+       to be deployed) is not idle, so it is not lent: borrowing preemptible training gives it back first (lower
+       priority: the cycle preempts it), and only for what the cohort's idle quota does not cover;
+    3. the replicas that run on borrowed quota, as far as the cohort still lends: a deployment borrowing quota a
+       lender's waiting work claims gets a limit below what it runs, and Serve scales in;
+    4. the headroom, one replica per deployment in turn, so no deployment's scale-out takes quota another one's
+       running replicas use or all the headroom of its queue."""
     scratch = QuotaLedger(snapshot.cluster_queues)
     scratch.usage.update(ledger.usage)
     live = [d for d in demands if _queue_of(d, snapshot) != SERVING_QUEUE and not d.all_or_none]
-    for demand in live:
+    for demand in live:  # counted again below
         scratch.add(_queue_of(demand, snapshot), demand.accelerator_type,
                     -len(held[demand.id]) * demand.devices_per_replica)
-    claims = _claims(snapshot, scratch)
-    for (queue, kind), amount in _given_back_to_claims(scratch, running, touched, claims).items():
-        scratch.add(queue, kind, -amount)  # given back first (the cycle preempts it for the lender's waiting work)
-        given_back[(queue, kind)] = amount
-    for (queue, kind), amount in claims.items():
-        scratch.add(queue, kind, amount)
-    giveable: dict[tuple[str, str], float] = {}
-    counts: dict[str, int] = {}
+    giveable = {(q, k): _giveable(running, touched - again, q, k)
+                for q, k in {(_queue_of(d, snapshot), d.accelerator_type) for d in live}}
+    own_training = dict(giveable)  # the queue's own preemptible training (not already giving something back)
+    counts = {d.id: 0 for d in live}
     reasons: dict[str, str] = {}
 
-    def add_replicas(demand: ServingDemand, count: int, until: int) -> int:
-        queue, kind = _queue_of(demand, snapshot), demand.accelerator_type
-        key = (queue, kind)
-        if key not in giveable:  # (less what it already gives back to lenders above)
-            giveable[key] = max(0.0, _giveable(running, touched, queue, kind) - given_back.get(key, 0.0))
-        own_claim = claims.get(key, 0.0)  # the team's own waiting training does not hold its replicas off
-        scratch.add(queue, kind, -own_claim)
+    def within_nominal(demand: ServingDemand) -> bool:
+        """Within nominal serving always may, its own preemptible training aside: that training then uses the
+        rest, borrowing what it uses beyond nominal (which it gives back when the cohort needs it)."""
+        key = (_queue_of(demand, snapshot), demand.accelerator_type)
         step = demand.devices_per_replica
-        while count < until:
-            if count < demand.replicas_min or not serving_quota_refusal(scratch, queue, kind, step):
+        if counts[demand.id] < demand.replicas_min \
+                or scratch.usage[key] - own_training[key] + step <= scratch.quota(*key).nominal + EPS:
+            scratch.add(*key, step)
+            counts[demand.id] += 1
+            return True
+        return False
+
+    for demand in live:  # 1.
+        while counts[demand.id] < len(held[demand.id]) and within_nominal(demand):
+            pass
+    claims = _claims(snapshot, scratch, demands, held)  # 2.
+    for (queue, kind), amount in _given_back_to_claims(ledger, running, touched, claims).items():
+        scratch.add(queue, kind, -amount)
+        if (queue, kind) in giveable:  # (training's quota goes to one of them, not to both)
+            giveable[(queue, kind)] = max(0.0, giveable[(queue, kind)] - amount)
+            own_training[(queue, kind)] = max(0.0, own_training[(queue, kind)] - amount)
+    for (queue, kind), amount in claims.items():
+        scratch.add(queue, kind, amount)
+
+    def borrowing(demand: ServingDemand) -> bool:
+        queue, kind = _queue_of(demand, snapshot), demand.accelerator_type
+        step, own_claim = demand.devices_per_replica, claims.get((queue, kind), 0.0)
+        scratch.add(queue, kind, -own_claim)  # the team's own waiting work does not hold its replicas off
+        try:
+            if within_nominal(demand):
+                return True
+            why = serving_quota_refusal(scratch, queue, kind, step)
+            if not why:
                 scratch.add(queue, kind, step)
-            else:  # only with quota the team's own training would give back: it moves from that training to this
-                why = serving_quota_refusal(scratch, queue, kind, step, giveable[key])
+            else:
+                why = serving_quota_refusal(scratch, queue, kind, step, giveable[(queue, kind)])
                 if why:
                     reasons[demand.id] = why
-                    break
-                giveable[key] = max(0.0, giveable[key] - step)
-            count += 1
-        scratch.add(queue, kind, own_claim)
-        return count
+                    return False
+                giveable[(queue, kind)] -= step
+            counts[demand.id] += 1
+            return True
+        finally:
+            scratch.add(queue, kind, own_claim)
 
-    for demand in live:
-        counts[demand.id] = add_replicas(demand, 0, len(held[demand.id]))
-    limits: dict[str, tuple[int, str]] = {}
-    for demand in live:
-        kept = counts[demand.id]
-        if kept == len(held[demand.id]):
-            kept = add_replicas(demand, kept, demand.replicas_max)
-        else:
+    for demand in live:  # 3.
+        while counts[demand.id] < len(held[demand.id]) and borrowing(demand):
+            pass
+        if counts[demand.id] < len(held[demand.id]):
             claimants = sorted({queue for (queue, kind), amount in claims.items()
                                 if kind == demand.accelerator_type and amount > EPS
                                 and queue in scratch.members(_queue_of(demand, snapshot))
                                 and queue != _queue_of(demand, snapshot)})
             if claimants:
-                reasons[demand.id] = (f"{reasons[demand.id]}: gives back borrowed quota that waiting work of "
-                                      f"{', '.join(claimants)} needs within its nominal quota")
-        limit = min(demand.replicas_max, max(kept, demand.replicas_min))
+                reasons[demand.id] += (f": gives back borrowed quota that waiting work of {', '.join(claimants)} needs"
+                                       " within its nominal quota")
+    growing = [d for d in live if counts[d.id] == len(held[d.id])]  # 4.
+    while growing:
+        growing = [d for d in growing if counts[d.id] < d.replicas_max and borrowing(d)]
+    limits: dict[str, tuple[int, str]] = {}
+    for demand in live:
+        limit = min(demand.replicas_max, max(counts[demand.id], demand.replicas_min))
         limits[demand.id] = (limit, reasons.get(demand.id, "") if limit < demand.replicas_max else "")
     return limits
 
 
 def _given_back_to_claims(ledger: QuotaLedger, running: dict[str, Running], touched: set[str],
                           claims: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
-    """What borrowing preemptible training gives back to other queues' waiting work, per (queue, type): a lender's
-    waiting work reclaims it (the cycle preempts it) before any serving replica, up to what the cohort's other
-    queues claim. Only the part a queue uses beyond its nominal quota, of training not already giving back."""
+    """What borrowing preemptible training gives back to waiting work's claims, per (queue, type): the part of the
+    cohort's claims that its unused quota (with every replica counted as it runs) does not cover, taken from the
+    part of each queue beyond its nominal quota that preemptible training (not already giving back) holds. A
+    lender's waiting work reclaims that (the cycle preempts it) before any serving replica gives anything back."""
     preemptible: dict[tuple[str, str], float] = defaultdict(float)
     for r in running.values():
         if r.workload.preemptible and r.workload.id not in touched and r.workload.cluster_queue in ledger.queues:
             preemptible[(r.workload.cluster_queue, r.accelerator_type)] += r.usage
+    short: dict[tuple[tuple[str, ...], str], float] = {}  # (cohort members, type) -> claims idle quota does not cover
     given: dict[tuple[str, str], float] = {}
     for (queue, kind), amount in sorted(preemptible.items()):
-        borrowed = min(amount, ledger.borrowed(queue, kind))
-        claimed = sum(claims.get((other, kind), 0.0) for other in ledger.members(queue) if other != queue) \
-            - sum(value for (other, other_kind), value in given.items()
-                  if other_kind == kind and other in ledger.members(queue))
-        if borrowed > EPS and claimed > EPS:
-            given[(queue, kind)] = min(borrowed, claimed)
+        members = tuple(ledger.members(queue))
+        if (members, kind) not in short:
+            claimed = sum(claims.get((member, kind), 0.0) for member in members)
+            idle = sum(ledger.quota(member, kind).nominal - ledger.usage[(member, kind)] for member in members)
+            short[(members, kind)] = max(0.0, claimed - idle)
+        part = min(amount, ledger.borrowed(queue, kind), short[(members, kind)])
+        if part > EPS:
+            given[(queue, kind)] = part
+            short[(members, kind)] -= part
     return given
 
 
-def _claims(snapshot: Snapshot, ledger: QuotaLedger) -> dict[tuple[str, str], float]:
-    """Quota that waiting work claims within its queue's nominal quota: per (queue, type), the demands of the
-    queue's pending workloads on their preferred type, highest priority and earliest first, while they fit in
-    the nominal quota the queue does not use."""
+def _claims(snapshot: Snapshot, ledger: QuotaLedger, demands: list[ServingDemand],
+            held: dict[str, list]) -> dict[tuple[str, str], float]:
+    """Quota that waiting work claims within its queue's nominal quota, per (queue, type): the demands of the
+    queue's pending workloads on their preferred type (highest priority and earliest first), then the wanted replicas
+    of its deployments waiting to be deployed that are not held yet, while they fit in the nominal quota the queue
+    does not use."""
     claims: dict[tuple[str, str], float] = defaultdict(float)
+
+    def claim(queue: str, kind: str, amount: float) -> None:
+        if queue not in ledger.queues:
+            return
+        key = (queue, kind)
+        if amount <= ledger.quota(queue, kind).nominal - ledger.usage[key] - claims[key] + EPS:
+            claims[key] += amount
+
     for workload in sorted(snapshot.pending, key=lambda w: (-w.priority, w.arrival, w.id)):
         types = snapshot.type_preference.get(workload.id, workload.accepted_types)
-        if not types or workload.cluster_queue not in ledger.queues:
-            continue
-        key = (workload.cluster_queue, types[0])
-        room = ledger.quota(*key).nominal - ledger.usage[key] - claims[key]
-        if workload.demand() <= room + EPS:
-            claims[key] += workload.demand()
+        if types:
+            claim(workload.cluster_queue, types[0], workload.demand())
+    for demand in demands:
+        queue = _queue_of(demand, snapshot)
+        missing = demand.replicas_wanted - len(held[demand.id])
+        if demand.all_or_none and queue != SERVING_QUEUE and missing > 0:
+            claim(queue, demand.accelerator_type, missing * demand.devices_per_replica)
     return {key: amount for key, amount in claims.items() if amount > EPS}
 
 
