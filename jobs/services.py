@@ -33,10 +33,31 @@ def builtin_layout_check(*, hyperparameters: dict, workers_min: int, workers_max
         raise ValidationFailed(str(exc), field="hyperparameters") from None
 
 
+def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_per_worker: float | None) -> float:
+    """The CPU cores each worker reserves with its devices. On accelerator nodes at most the nodes' cores per
+    device times the worker's devices (`cpus_per_device`): the scheduler places workers by devices, so a worker
+    asking for more could be put where Ray cannot reserve its cores, and its gang would never start (2 workers of
+    4 devices at 1 core each on one 8-device node with 1 core). Unset: 1 core, or that share if smaller; on the CPU
+    pool the cores are the workers' units (1 unless set)."""
+    from controlplane.cluster.selectors import cpus_per_device
+
+    limits = {slug: ratio * devices_per_worker for slug in accelerator_types if slug != "cpu"
+              for ratio in [cpus_per_device(accelerator_type=slug)] if ratio is not None}
+    if cpus_per_worker is None:
+        return round(min([1.0, *limits.values()]), 6)
+    for slug, most in sorted(limits.items()):
+        if cpus_per_worker > most + 1e-9:
+            raise ValidationFailed(
+                f"{cpus_per_worker:g} cores per worker: the {slug} nodes have {most / devices_per_worker:g} core(s) "
+                f"per device, so a worker of {devices_per_worker} device(s) may reserve at most {most:g} (more could "
+                "not be reserved beside the other workers on its node)", field="cpus_per_worker")
+    return cpus_per_worker
+
+
 @transaction.atomic
 def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue,
                         accelerator_types: list[str], workers_min: int = 1, workers_max: int | None = None,
-                        devices_per_worker: int = 1, cpus_per_worker: float = 1.0,
+                        devices_per_worker: int = 1, cpus_per_worker: float | None = None,
                         priority_class: PriorityClass | None = None, trainer: str = Trainer.BUILTIN_LM,
                         entrypoint: str = "", working_dir: str = "", hyperparameters: dict | None = None,
                         envs: dict | None = None, dataset_version: DatasetVersion | None = None,
@@ -68,6 +89,8 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
     if any(slug != "cpu" for slug in accelerator_types) and devices_per_worker < 1:
         raise ValidationFailed("accelerator workers need at least 1 device each", field="devices_per_worker")
+    cpus_per_worker = worker_cpus(accelerator_types=accelerator_types, devices_per_worker=devices_per_worker,
+                                  cpus_per_worker=cpus_per_worker)
     parallel_plan: dict = {}
     if parallelism:
         from jobs.planning import gang_size_from_plan, plan_job_parallelism

@@ -30,7 +30,10 @@ class TrainingJobCreateSerializer(StrictInputSerializer):
                                            required=False, allow_null=True, default=None)
     devices_per_worker = serializers.IntegerField(min_value=0, max_value=settings.FLEETYARD_MAX_DEVICES_PER_WORKER,
                                                   default=1)
-    cpus_per_worker = serializers.FloatField(min_value=0, max_value=512, default=1.0)
+    cpus_per_worker = serializers.FloatField(
+        min_value=0, max_value=512, required=False, allow_null=True, default=None,
+        help_text="CPU cores each worker reserves; unset: 1, or on accelerator nodes the cores their devices come with "
+                  "if fewer")
     trainer = serializers.ChoiceField(choices=Trainer.choices, default=Trainer.BUILTIN_LM)
     entrypoint = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
     working_dir = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")

@@ -311,14 +311,14 @@ def test_replica_capacity_leaves_out_the_cores_an_admitted_gang_reserves_on_an_a
     client = api("alpha", "member")
     gang = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "half", "workers_min": 1, "workers_max": 1,
                                                    "accelerator_types": ["nvidia-h100"], "devices_per_worker": 4,
-                                                   "cpus_per_worker": 1})
+                                                   "cpus_per_worker": 0.5})
     assert body(client, gang)["status"]["state"] == "ADMITTED"
     [placed] = [worker["node"] for worker in TrainingJob.objects.get(pk=gang).placement]
     Node.objects.filter(pool__name="h100-pool").update(free_devices=8, free_cpus=1)  # Ray: nothing reserved yet
     assert Node.objects.get(name=placed).capacity_cpus == 1
-    # 1-device replicas at 0.25 core: 4 on the other node (its one core), none beside the gang (its core is taken)
+    # 1-device replicas at 0.25 core: 4 on the other node (its one core), 2 beside the gang (half its core is taken)
     assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=1, cpus_per_replica=0.25) == \
-        {"h100-pool": 4}
+        {"h100-pool": 6}
 
 
 def test_cpu_replica_on_an_accelerator_node_is_counted(api, backend, model_dir):
@@ -328,7 +328,7 @@ def test_cpu_replica_on_an_accelerator_node_is_counted(api, backend, model_dir):
     client = api("alpha", "member")
     gang = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "half", "workers_min": 1, "workers_max": 1,
                                                    "accelerator_types": ["nvidia-h100"], "devices_per_worker": 4,
-                                                   "cpus_per_worker": 1})
+                                                   "cpus_per_worker": 0.5})
     assert body(client, gang)["status"]["state"] == "ADMITTED"
     [placed] = [w["node"] for w in TrainingJob.objects.get(pk=gang).placement]
     cpu_dep = post(client, "/api/v1/deployments/", {
@@ -339,7 +339,8 @@ def test_cpu_replica_on_an_accelerator_node_is_counted(api, backend, model_dir):
     Node.objects.filter(pool__name="h100-pool").exclude(name=placed).update(free_cpus=0)
     # Ray: the CPU replica's 0.25 core reserved, the gang's core not yet (its run has not started)
     Node.objects.filter(name=placed).update(capacity_cpus=2, free_cpus=2 - CPUS_PER_REPLICA, free_devices=8)
-    truly_free = 2 - 1 - CPUS_PER_REPLICA  # 0.75 core -> 3 replicas of 0.25
+    Node.objects.filter(name=placed).update(capacity_cpus=1.5, free_cpus=1.5 - CPUS_PER_REPLICA)
+    truly_free = 1.5 - 0.5 - CPUS_PER_REPLICA  # 0.75 core -> 3 replicas of 0.25 (the 4 free devices would take 4)
     assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=1,
                             cpus_per_replica=CPUS_PER_REPLICA) == {"h100-pool": int(truly_free / CPUS_PER_REPLICA)}
 

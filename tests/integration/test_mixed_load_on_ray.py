@@ -210,3 +210,22 @@ def test_a_deployment_borrowing_a_lenders_quota_scales_in_on_serve_and_the_lende
           f"replica on borrowed quota (job on {job.observed_nodes})")
     assert beta.post(f"/api/v1/training-jobs/{job_id}/cancel/").status_code in (200, 202)
     assert alpha.delete(f"/api/v1/deployments/{pk}/").status_code == 204
+
+
+def test_two_workers_of_four_devices_share_a_demo_node_and_run(api, platform):
+    """Each 8-chip SIMULATED node has one core: unset, a 4-device worker reserves half of it, so the gang placed on
+    one node can be reserved (at 1 core each it waited for placement for ever)."""
+    from jobs.models import TrainingJob
+
+    client = api("alpha", "member")
+    response = client.post("/api/v1/training-jobs/", {
+        "name": "packed", "queue": "default", "accelerator_types": ["nvidia-h100"], "workers_min": 2,
+        "workers_max": 2, "devices_per_worker": 4, "checkpoint": {"interval_steps": 1000, "keep_last": 2},
+        "hyperparameters": {"steps": 100000, "step_sleep_s": 0.05}}, format="json")
+    assert response.status_code == 201, response.json()
+    job_id = response.json()["id"]
+    job = wait_for(platform, lambda: TrainingJob.objects.get(pk=job_id),
+                   lambda j: j.state == "RUNNING" and j.current_step >= 2, 120, "the packed gang to train")
+    assert job.cpus_per_worker == 0.5
+    assert len({worker["node"] for worker in job.placement}) == 1 and len(job.placement) == 2
+    assert client.post(f"/api/v1/training-jobs/{job_id}/cancel/").status_code in (200, 202)

@@ -31,6 +31,16 @@ def ready_device_capacities(*, accelerator_type: str) -> list[float]:
                                     cordoned=False).values_list("capacity_devices", flat=True))
 
 
+def cpus_per_device(*, accelerator_type: str) -> float | None:
+    """The fewest CPU cores per device on any known node of an accelerator type (None when no node of it is known):
+    a worker asking at most that many cores per device fits any node its devices fit, whatever else runs there,
+    so placing workers by devices never over-commits cores (the scheduling core counts devices only)."""
+    ratios = [cpus / devices for cpus, devices in Node.objects.filter(
+        pool__accelerator_type__slug=accelerator_type, capacity_devices__gt=0).values_list(
+        "capacity_cpus", "capacity_devices")]
+    return min(ratios) if ratios else None
+
+
 def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:
     """The named pools with ``ready_node_count``: healthy, uncordoned nodes, the ones a plan can use."""
     ready = Q(nodes__health=NodeHealth.HEALTHY, nodes__cordoned=False)

@@ -122,8 +122,11 @@ class SpecApplyView(TeamScopedMixin, APIView):
         priority_class = resolve_priority_class(name=values.get("priority", ""))
         types = list(values["accelerator_types"])
         if spec.kind == JOB:
-            units = {t: values["cpus_per_worker"] if t == "cpu" else float(values["devices_per_worker"])
-                     for t in types}
+            from jobs.services import worker_cpus
+
+            cpus = worker_cpus(accelerator_types=types, devices_per_worker=values["devices_per_worker"],
+                               cpus_per_worker=values.get("cpus_per_worker"))
+            units = {t: cpus if t == "cpu" else float(values["devices_per_worker"]) for t in types}
             members = values["workers_min"]
         else:
             units = {t: float(values["devices_per_replica"]) for t in types}

@@ -1,0 +1,44 @@
+"""The CPU cores a training worker reserves on accelerator nodes (jobs.services.worker_cpus): at most the cores its
+devices come with, so a placement by devices can always be reserved in Ray (before, 2 workers of 4 devices at 1 core
+each went onto one demo node with 1 core, and the gang waited for placement for ever)."""
+
+from __future__ import annotations
+
+from jobs.models import TrainingJob
+from tests.conftest import JOB_BODY
+
+
+def submit(client, **changes):
+    return client.post("/api/v1/training-jobs/", {**JOB_BODY, "accelerator_types": ["nvidia-h100"], **changes},
+                       format="json")
+
+
+def test_unset_a_worker_reserves_the_cores_its_devices_come_with(api, demo_cluster):
+    client = api("alpha", "member")
+    response = submit(client, name="packed", workers_min=2, workers_max=2, devices_per_worker=4)
+    assert response.status_code == 201, response.json()
+    assert TrainingJob.objects.get(pk=response.json()["id"]).cpus_per_worker == 0.5  # 1 core per 8 devices
+    whole = submit(client, name="whole", workers_min=1, workers_max=1, devices_per_worker=8)
+    assert TrainingJob.objects.get(pk=whole.json()["id"]).cpus_per_worker == 1.0
+    on_cpu = submit(client, name="cpu", accelerator_types=["cpu"], workers_min=1, workers_max=1,
+                    devices_per_worker=0)
+    assert on_cpu.status_code == 201, on_cpu.json()
+    assert TrainingJob.objects.get(pk=on_cpu.json()["id"]).cpus_per_worker == 1.0
+
+
+def test_more_cores_than_the_devices_come_with_is_refused_with_the_field_and_why(api, demo_cluster):
+    client = api("alpha", "member")
+    response = submit(client, name="greedy", workers_min=2, workers_max=2, devices_per_worker=4, cpus_per_worker=1)
+    assert response.status_code == 400
+    body = response.json()
+    assert "cpus_per_worker" in str(body), body
+    assert "nvidia-h100 nodes have 0.125 core(s) per device" in str(body) and "at most 0.5" in str(body), body
+    assert not TrainingJob.objects.filter(name="greedy").exists()
+    assert submit(client, name="fits", workers_min=2, workers_max=2, devices_per_worker=4,
+                  cpus_per_worker=0.5).status_code == 201
+
+
+def test_without_known_nodes_of_the_type_the_default_stays_one_core(api, world):
+    response = submit(api("alpha", "member"), name="no-nodes", workers_min=1, workers_max=1, devices_per_worker=4)
+    assert response.status_code == 201, response.json()
+    assert TrainingJob.objects.get(pk=response.json()["id"]).cpus_per_worker == 1.0
