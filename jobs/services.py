@@ -39,10 +39,7 @@ def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_p
     asking for more could be put where Ray cannot reserve its cores, and its gang would never start (2 workers of
     4 devices at 1 core each on one 8-device node with 1 core). Unset: 1 core, or that share if smaller; on the CPU
     pool the cores are the workers' units (1 unless set)."""
-    from controlplane.cluster.selectors import cpus_per_device
-
-    limits = {slug: ratio * devices_per_worker for slug in accelerator_types if slug != "cpu"
-              for ratio in [cpus_per_device(accelerator_type=slug)] if ratio is not None}
+    limits = _worker_cpu_limits(accelerator_types=accelerator_types, devices_per_worker=devices_per_worker)
     if cpus_per_worker is None:
         return round(min([1.0, *limits.values()]), 6)
     for slug, most in sorted(limits.items()):
@@ -52,6 +49,15 @@ def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_p
                 f"per device, so a worker of {devices_per_worker} device(s) may reserve at most {most:g} (more could "
                 "not be reserved beside the other workers on its node)", field="cpus_per_worker")
     return cpus_per_worker
+
+
+def _worker_cpu_limits(*, accelerator_types: list[str], devices_per_worker: int) -> dict[str, float]:
+    """{accepted accelerator type: the most cores a worker of `devices_per_worker` devices may reserve there}, for
+    the types with known nodes."""
+    from controlplane.cluster.selectors import cpus_per_device
+
+    return {slug: ratio * devices_per_worker for slug in accelerator_types if slug != "cpu"
+            for ratio in [cpus_per_device(accelerator_type=slug)] if ratio is not None}
 
 
 @transaction.atomic
@@ -169,17 +175,23 @@ def training_job_retry(*, actor, job: TrainingJob) -> TrainingJob:
     if not job.is_terminal:
         raise ConflictError(f"job {job.pk} is {job.state}; only a job that ended (SUCCEEDED, FAILED or "
                             f"CANCELLED) can be retried (cancel it first)", field="state")
+    cpus, note = job.cpus_per_worker, ""
+    most = min(_worker_cpu_limits(accelerator_types=list(job.accelerator_types),
+                                  devices_per_worker=job.devices_per_worker).values(), default=None)
+    if most is not None and cpus > most + 1e-9:  # a job from before the rule (or nodes that changed since)
+        cpus, note = round(most, 6), f"; {job.cpus_per_worker:g} cores per worker lowered to {most:g}, what its " \
+                                     "devices come with"
     retry = training_job_create(
         actor=actor, team=job.team, name=_retry_name(job=job), local_queue=job.local_queue,
         accelerator_types=list(job.accelerator_types), workers_min=job.workers_min, workers_max=job.workers_max,
-        devices_per_worker=job.devices_per_worker, cpus_per_worker=job.cpus_per_worker,
+        devices_per_worker=job.devices_per_worker, cpus_per_worker=cpus,
         priority_class=job.priority_class, trainer=job.trainer, entrypoint=job.entrypoint,
         working_dir=job.working_dir, hyperparameters=dict(job.hyperparameters or {}), envs=dict(job.envs or {}),
         dataset_version=job.dataset_version, checkpoint_interval_steps=job.checkpoint_interval_steps,
         checkpoint_keep_last=job.checkpoint_keep_last, max_restarts=job.max_restarts,
         max_duration_seconds=job.max_duration_seconds, parallelism=dict(job.parallelism or {}),
         secret_envs=dict(job.secret_envs or {}),
-        submitted_reason=f"submitted as a retry of job {job.pk} ({job.name}, {job.state})",
+        submitted_reason=f"submitted as a retry of job {job.pk} ({job.name}, {job.state}){note}",
     )
     audit_record(actor=actor, team=job.team, action="training_job.retry", target=retry,
                  data={"retry_of": job.pk, "name": retry.name, "original_state": job.state})

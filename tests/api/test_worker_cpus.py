@@ -42,3 +42,15 @@ def test_without_known_nodes_of_the_type_the_default_stays_one_core(api, world):
     response = submit(api("alpha", "member"), name="no-nodes", workers_min=1, workers_max=1, devices_per_worker=4)
     assert response.status_code == 201, response.json()
     assert TrainingJob.objects.get(pk=response.json()["id"]).cpus_per_worker == 1.0
+
+
+def test_a_job_from_before_the_rule_is_retried_with_the_cores_its_devices_come_with(api, demo_cluster):
+    client = api("alpha", "member")
+    created = submit(client, name="old", workers_min=2, workers_max=2, devices_per_worker=4, cpus_per_worker=0.5)
+    TrainingJob.objects.filter(pk=created.json()["id"]).update(cpus_per_worker=1.0, state="FAILED")  # as stored then
+    response = client.post(f"/api/v1/training-jobs/{created.json()['id']}/retry/")
+    assert response.status_code == 201, response.json()
+    retry = TrainingJob.objects.get(pk=response.json()["id"])
+    assert retry.cpus_per_worker == 0.5
+    first = retry.events.order_by("id").first().reason
+    assert first.endswith("; 1 cores per worker lowered to 0.5, what its devices come with"), first
