@@ -87,15 +87,17 @@ def serving_held_by_node(accelerator_type: str) -> dict[str, tuple[float, float]
     where the deployment sync last saw them (`observed["node_names"]`, as mixed load reads it). Cores count for
     replicas of every type: a CPU deployment spread over pools has no node selector, and Ray may run its replicas
     on accelerator nodes."""
-    from inference.workflows import CPUS_PER_REPLICA, LIVE_STATES
+    from inference.workflows import LIVE_STATES, replica_cpus
 
     held: dict[str, tuple[float, float]] = {}
     for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES)):
         same_type = deployment.accelerator_type == accelerator_type and accelerator_type != "cpu"
         devices_each = float(deployment.devices_per_replica) if same_type else 0.0
+        cores_each = replica_cpus(accelerator_type=deployment.accelerator_type or "cpu",
+                                  devices_per_replica=float(deployment.devices_per_replica))
         for name in [str(n) for n in (deployment.observed or {}).get("node_names") or ()][:deployment.replicas_ready]:
             devices, cpus = held.get(name, (0.0, 0.0))
-            held[name] = (devices + devices_each, cpus + CPUS_PER_REPLICA)
+            held[name] = (devices + devices_each, cpus + cores_each)
     return held
 
 

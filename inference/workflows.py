@@ -44,6 +44,18 @@ log = logging.getLogger(__name__)
 
 SERVICE_PREFIX = "fy-serve-"
 CPUS_PER_REPLICA = 0.25
+
+
+def replica_cpus(*, accelerator_type: str, devices_per_replica: float) -> float:
+    """The cores a replica's server reserves: CPUS_PER_REPLICA, but on an accelerator at most the cores its devices
+    come with (as a training worker, jobs.services.worker_cpus), so that replicas never take the cores of devices
+    training was admitted to."""
+    if accelerator_type == "cpu":
+        return CPUS_PER_REPLICA
+    from controlplane.cluster.selectors import cpus_per_device
+
+    ratio = cpus_per_device(accelerator_type=accelerator_type)
+    return CPUS_PER_REPLICA if ratio is None else min(CPUS_PER_REPLICA, round(ratio * devices_per_replica, 6))
 S = DeploymentState
 # States whose service exists (or should) in the backend.
 LIVE_STATES = (S.DEPLOYING, S.SERVING, S.UPDATING, S.DEGRADED)
@@ -139,7 +151,8 @@ def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
                 missing.append(f"{slug}: quota: {refusal}")
                 continue
         fits = selectors.replica_capacity(accelerator_type=slug, devices_per_replica=devices,
-                                          cpus_per_replica=CPUS_PER_REPLICA)
+                                          cpus_per_replica=replica_cpus(accelerator_type=slug,
+                                                                        devices_per_replica=devices))
         pool = next((name for name, count in sorted(fits.items()) if count >= needed), None)
         if pool is not None:
             return Placement(slug, pool), ""
@@ -253,7 +266,9 @@ def build_spec(deployment: Deployment, decision: AutoscalingDecision) -> Service
         # with idle slots (found by the R4 fault test when a killed gateway worker's callers moved to another).
         max_ongoing_requests=engine.slots + engine.max_waiting,
         max_queued_requests=max(1, engine.slots + engine.max_waiting) * max(1, decision.max_replicas),
-        pool=deployment.pool or None, cpus_per_replica=CPUS_PER_REPLICA, engine=engine.to_dict(),
+        pool=deployment.pool or None, engine=engine.to_dict(),
+        cpus_per_replica=replica_cpus(accelerator_type=accelerator_type,
+                                      devices_per_replica=float(deployment.devices_per_replica)),
         router=deployment.router,
     )
 

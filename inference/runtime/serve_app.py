@@ -225,6 +225,8 @@ def build_application(spec: dict):
     actor_options: dict[str, Any] = {"num_cpus": float(spec.get("cpus_per_replica", 0.25)), "resources": resources}
     if spec.get("pool"):
         actor_options["label_selector"] = {"fleetyard.io/pool": spec["pool"]}
+    elif spec.get("accelerator_type") == "cpu":  # off the accelerator nodes' cores, which their devices come with
+        actor_options["label_selector"] = {"fleetyard.io/accelerator": "cpu"}
     router_kwargs = {}
     if router == "prefix":
         router_kwargs = {"block_size": engine.block_size, "max_blocks_per_replica": max(

@@ -447,3 +447,12 @@ def test_a_limit_the_cycle_no_longer_sets_is_lifted(api, backend, model_dir):
     deployment.refresh_from_db()
     assert deployment.replicas_limit is None
     assert deployment.events.order_by("id").last().reason == "quota: all 2 replicas allowed again"
+
+
+def test_a_replicas_server_reserves_the_cores_its_devices_come_with(api, backend, model_dir):
+    client = api("alpha", "member")
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 1, "replicas_min": 1, "replicas_max": 2})
+    spec = backend.services[Deployment.objects.get(pk=deployment_id).compute_handle]
+    assert spec.cpus_per_replica == 0.125  # the demo's 1 core per 8 devices, not 0.25: a worker's share stays free

@@ -54,3 +54,42 @@ def test_a_job_from_before_the_rule_is_retried_with_the_cores_its_devices_come_w
     assert retry.cpus_per_worker == 0.5
     first = retry.events.order_by("id").first().reason
     assert first.endswith("; 1 cores per worker lowered to 0.5, what its devices come with"), first
+
+
+def test_a_job_that_also_accepts_the_cpu_pool_keeps_its_size_there_and_reserves_the_share_on_accelerators(
+        api, demo_cluster):
+    from jobs.services import cores_on
+
+    client = api("alpha", "member")
+    response = submit(client, name="either", accelerator_types=["cpu", "nvidia-h100"], workers_min=1,
+                      workers_max=1, devices_per_worker=1, cpus_per_worker=4)
+    assert response.status_code == 201, response.json()
+    job = TrainingJob.objects.get(pk=response.json()["id"])
+    assert job.cpus_per_worker == 4  # 4 cores on the CPU pool
+    assert cores_on(accelerator_type="nvidia-h100", devices_per_worker=1, cpus_per_worker=4) == 0.125
+    assert cores_on(accelerator_type="cpu", devices_per_worker=1, cpus_per_worker=4) == 4
+    unset = submit(client, name="either-unset", accelerator_types=["cpu", "nvidia-h100"], workers_min=1,
+                   workers_max=1, devices_per_worker=1)
+    assert TrainingJob.objects.get(pk=unset.json()["id"]).cpus_per_worker == 1.0
+
+
+def test_only_healthy_uncordoned_nodes_set_the_cores_per_device(api, demo_cluster):
+    from controlplane.cluster.models import Node
+    from controlplane.cluster.selectors import cpus_per_device
+
+    Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").update(capacity_cpus=96)
+    Node.objects.filter(name="h100-pool-1").update(capacity_cpus=1, cordoned=True)
+    assert cpus_per_device(accelerator_type="nvidia-h100") == 12.0
+    response = submit(api("alpha", "member"), name="big", workers_min=1, workers_max=1, devices_per_worker=8,
+                      cpus_per_worker=64)
+    assert response.status_code == 201, response.json()
+
+
+def test_a_replica_reserves_at_most_the_cores_its_devices_come_with(demo_cluster):
+    from inference.workflows import CPUS_PER_REPLICA, replica_cpus
+
+    assert replica_cpus(accelerator_type="nvidia-h100", devices_per_replica=1) == 0.125  # 1 core per 8 devices
+    assert replica_cpus(accelerator_type="nvidia-h100", devices_per_replica=8) == CPUS_PER_REPLICA
+    assert replica_cpus(accelerator_type="cpu", devices_per_replica=0) == CPUS_PER_REPLICA
+    # four 1-device replicas and a 4-device worker fill a demo node's 8 devices and its 1 core exactly
+    assert 4 * replica_cpus(accelerator_type="nvidia-h100", devices_per_replica=1) + 0.5 == 1.0

@@ -611,3 +611,37 @@ def test_a_deployment_waiting_to_be_deployed_claims_its_nominal_quota_back():
     plan = plan_mixed_load(Snapshot((NodeSpec("n0", "p", "h100", "g0", 4),), A0_B4), [borrower, waiting])
     limit, why = plan.limits["1"]
     assert limit == 2 and "waiting work of b" in why, plan.limits
+
+
+# From a second review (each failed before its fix).
+
+
+def test_with_no_claims_no_training_counts_as_giving_back_to_a_borrowing_deployment():
+    ta = Running(Workload("ta", "a", ("h100",), devices_per_worker=4), "h100",
+                 (WorkerPlacement("n3", tuple((i, 1.0) for i in range(4))),))
+    queues = cohort_of(a=0, b=4, z=0)  # ta and z's replicas both borrow b's 4: the cohort is over, nobody waits
+    running_four = ServingDemand("1", "h100", 1, 4, 4, ("n0",) * 4, cluster_queue="z")
+    none_running = ServingDemand("1", "h100", 1, 4, 0, (), cluster_queue="z")
+    four = plan_mixed_load(Snapshot(nodes(4), queues, running=(ta,)), [running_four]).limits["1"][0]
+    none = plan_mixed_load(Snapshot(nodes(4), queues, running=(ta,)), [none_running]).limits["1"][0]
+    assert four == none == 0, (four, none)  # before: 4 while it ran 4 (ta "gave back" to nobody), 0 once it ran 0
+
+
+def test_idle_quota_a_lending_limit_keeps_home_does_not_cover_a_claim():
+    queues = (*cohort_of(a=0, b=8), ClusterQueueSpec("L", {"h100": Quota(4, lending_limit=0)}, cohort="c"),
+              *cohort_of(z=0))
+    t = Running(Workload("t", "a", ("h100",), devices_per_worker=4), "h100",
+                (WorkerPlacement("n3", tuple((i, 1.0) for i in range(4))),))
+    job = Workload("job", "b", ("h100",), devices_per_worker=4)
+    demand = ServingDemand("1", "h100", 1, 4, 4, ("n0",) * 4, cluster_queue="z")
+    plan = plan_mixed_load(Snapshot(nodes(4), queues, running=(t,), pending=(job,)), [demand])
+    assert plan.limits["1"][0] == 4  # L lends none of its idle 4: t (borrowing training) gives the job its quota
+    assert [p.workload_id for p in schedule(plan.snapshot).preempted] == ["t"]
+
+
+def test_headroom_goes_first_to_a_deployment_whose_autoscaler_is_at_its_cap():
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+    calm = ServingDemand("d1", "h100", 2, 4, 1, ("n0",), cluster_queue="team", replicas_min=1, replicas_limit=2)
+    busy = ServingDemand("d2", "h100", 2, 4, 2, ("n1",), cluster_queue="team", replicas_min=1, replicas_limit=2)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues), [calm, busy])
+    assert (plan.limits["d1"][0], plan.limits["d2"][0]) == (1, 3)  # before: 2 and 2, 2 devices idle for good

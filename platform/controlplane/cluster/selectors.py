@@ -32,12 +32,12 @@ def ready_device_capacities(*, accelerator_type: str) -> list[float]:
 
 
 def cpus_per_device(*, accelerator_type: str) -> float | None:
-    """The fewest CPU cores per device on any known node of an accelerator type (None when no node of it is known):
+    """The fewest CPU cores per device on any healthy, uncordoned node of an accelerator type (None when there is none):
     a worker asking at most that many cores per device fits any node its devices fit, whatever else runs there,
     so placing workers by devices never over-commits cores (the scheduling core counts devices only)."""
     ratios = [cpus / devices for cpus, devices in Node.objects.filter(
-        pool__accelerator_type__slug=accelerator_type, capacity_devices__gt=0).values_list(
-        "capacity_cpus", "capacity_devices")]
+        pool__accelerator_type__slug=accelerator_type, capacity_devices__gt=0, health=NodeHealth.HEALTHY,
+        cordoned=False).values_list("capacity_cpus", "capacity_devices")]
     return min(ratios) if ratios else None
 
 

@@ -322,9 +322,13 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
             if claimants:
                 reasons[demand.id] += (f": gives back borrowed quota that waiting work of {', '.join(claimants)} needs"
                                        " within its nominal quota")
-    growing = [d for d in live if counts[d.id] == len(held[d.id])]  # 4.
-    while growing:
-        growing = [d for d in growing if counts[d.id] < d.replicas_max and borrowing(d)]
+    # 4. Those whose autoscaler is at its cap (wants what it may run, or more) first: headroom given to one that
+    # does not want it would sit idle while another is held at its limit.
+    growing = [d for d in live if counts[d.id] == len(held[d.id])]
+    for turn in ([d for d in growing if d.replicas_wanted >= d.allowed], [d for d in growing
+                                                                           if d.replicas_wanted < d.allowed]):
+        while turn:
+            turn = [d for d in turn if counts[d.id] < d.replicas_max and borrowing(d)]
     limits: dict[str, tuple[int, str]] = {}
     for demand in live:
         limit = min(demand.replicas_max, max(counts[demand.id], demand.replicas_min))
@@ -348,13 +352,28 @@ def _given_back_to_claims(ledger: QuotaLedger, running: dict[str, Running], touc
         members = tuple(ledger.members(queue))
         if (members, kind) not in short:
             claimed = sum(claims.get((member, kind), 0.0) for member in members)
-            idle = sum(ledger.quota(member, kind).nominal - ledger.usage[(member, kind)] for member in members)
-            short[(members, kind)] = max(0.0, claimed - idle)
+            short[(members, kind)] = max(0.0, claimed - _unused_for_claims(ledger, members, kind, claims)) \
+                if claimed > EPS else 0.0
         part = min(amount, ledger.borrowed(queue, kind), short[(members, kind)])
         if part > EPS:
             given[(queue, kind)] = part
             short[(members, kind)] -= part
     return given
+
+
+def _unused_for_claims(ledger: QuotaLedger, members: tuple[str, ...], kind: str,
+                       claims: dict[tuple[str, str], float]) -> float:
+    """The cohort's quota its waiting work could use now, as `QuotaLedger.cohort_room` counts it: every member's
+    unused nominal quota less what borrowers use beyond theirs, where a member without a claim lends at most its
+    lending limit of its idle quota (a claimant uses its own). Never below 0."""
+    room = 0.0
+    for member in members:
+        quota = ledger.quota(member, kind)
+        unused = quota.nominal - ledger.usage[(member, kind)]
+        if unused > 0 and quota.lending_limit is not None and claims.get((member, kind), 0.0) <= EPS:
+            unused = min(unused, quota.lending_limit)
+        room += unused
+    return max(0.0, room)
 
 
 def _claims(snapshot: Snapshot, ledger: QuotaLedger, demands: list[ServingDemand],
