@@ -86,7 +86,7 @@ def training_held_by_node() -> tuple[dict[str, float], dict[str, float]]:
     """What admitted training gangs hold on each node, from the scheduler's placements, in one query:
     ({node: units (devices; CPU cores on `cpu`)}, {node: CPU cores their workers reserve on accelerator nodes,
     with their devices, when their run starts}; on the CPU pool the cores are the units)."""
-    from controlplane.cluster.selectors import cpus_per_device
+    from controlplane.cluster.selectors import cores_share, cpus_per_device
 
     units: dict[str, float] = {}
     cpus: dict[str, float] = {}
@@ -98,7 +98,7 @@ def training_held_by_node() -> tuple[dict[str, float], dict[str, float]]:
             if slug not in ratios:
                 ratios[slug] = cpus_per_device(accelerator_type=slug)
             if ratios[slug] is not None:
-                cpus_per_worker = min(cpus_per_worker, round(ratios[slug] * devices_per_worker, 6))
+                cpus_per_worker = min(cpus_per_worker, cores_share(ratios[slug], devices_per_worker))
         for worker in placement or []:
             node = worker["node"]
             units[node] = units.get(node, 0.0) + sum(float(share) for _, share in worker["taken"])

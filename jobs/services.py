@@ -44,7 +44,7 @@ def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_p
         return 1.0 if cpus_per_worker is None else cpus_per_worker
     limits = _worker_cpu_limits(accelerator_types=accelerator_types, devices_per_worker=devices_per_worker)
     if cpus_per_worker is None:
-        return round(min([1.0, *limits.values()]), 6)
+        return min([1.0, *limits.values()])
     for slug, most in sorted(limits.items()):
         if cpus_per_worker > most + 1e-9:
             raise ValidationFailed(
@@ -61,15 +61,15 @@ def cores_on(*, accelerator_type: str, devices_per_worker: int, cpus_per_worker:
     if accelerator_type == "cpu":
         return cpus_per_worker
     most = _worker_cpu_limits(accelerator_types=[accelerator_type], devices_per_worker=devices_per_worker)
-    return min(cpus_per_worker, round(most[accelerator_type], 6)) if most else cpus_per_worker
+    return min(cpus_per_worker, most[accelerator_type]) if most else cpus_per_worker
 
 
 def _worker_cpu_limits(*, accelerator_types: list[str], devices_per_worker: int) -> dict[str, float]:
     """{accepted accelerator type: the most cores a worker of `devices_per_worker` devices may reserve there}, for
     the types with known nodes."""
-    from controlplane.cluster.selectors import cpus_per_device
+    from controlplane.cluster.selectors import cores_share, cpus_per_device
 
-    return {slug: ratio * devices_per_worker for slug in accelerator_types if slug != "cpu"
+    return {slug: cores_share(ratio, devices_per_worker) for slug in accelerator_types if slug != "cpu"
             for ratio in [cpus_per_device(accelerator_type=slug)] if ratio is not None}
 
 
@@ -191,9 +191,10 @@ def training_job_retry(*, actor, job: TrainingJob) -> TrainingJob:
     cpus, note = job.cpus_per_worker, ""
     most = min(_worker_cpu_limits(accelerator_types=list(job.accelerator_types),
                                   devices_per_worker=job.devices_per_worker).values(), default=None)
-    if most is not None and cpus > most + 1e-9:  # a job from before the rule (or nodes that changed since)
-        cpus, note = round(most, 6), f"; {job.cpus_per_worker:g} cores per worker lowered to {most:g}, what its " \
-                                     "devices come with"
+    # a job from before the rule (or nodes that changed since); one that also accepts the CPU pool keeps its size
+    # there (cores_on caps what it reserves on an accelerator)
+    if most is not None and cpus > most + 1e-9 and "cpu" not in job.accelerator_types:
+        cpus, note = most, f"; {job.cpus_per_worker:g} cores per worker lowered to {most:g}, what its devices come with"
     retry = training_job_create(
         actor=actor, team=job.team, name=_retry_name(job=job), local_queue=job.local_queue,
         accelerator_types=list(job.accelerator_types), workers_min=job.workers_min, workers_max=job.workers_max,

@@ -73,16 +73,29 @@ def test_a_job_that_also_accepts_the_cpu_pool_keeps_its_size_there_and_reserves_
     assert TrainingJob.objects.get(pk=unset.json()["id"]).cpus_per_worker == 1.0
 
 
-def test_only_healthy_uncordoned_nodes_set_the_cores_per_device(api, demo_cluster):
+def test_the_cores_per_device_are_the_hardwares_and_do_not_move_when_a_node_is_cordoned(api, demo_cluster):
+    """What was reserved at launch is counted with it later (the held cores): it must not move with a cordon."""
     from controlplane.cluster.models import Node
-    from controlplane.cluster.selectors import cpus_per_device
+    from controlplane.cluster.selectors import cores_share, cpus_per_device
 
     Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").update(capacity_cpus=96)
-    Node.objects.filter(name="h100-pool-1").update(capacity_cpus=1, cordoned=True)
+    assert cpus_per_device(accelerator_type="nvidia-h100") == 12.0
+    Node.objects.filter(name="h100-pool-1").update(cordoned=True, health="unreachable")
     assert cpus_per_device(accelerator_type="nvidia-h100") == 12.0
     response = submit(api("alpha", "member"), name="big", workers_min=1, workers_max=1, devices_per_worker=8,
                       cpus_per_worker=64)
     assert response.status_code == 201, response.json()
+    assert 3 * cores_share(2 / 3, 1) <= 2  # shares round down: three on a 2-core, 3-device node fit
+
+
+def test_a_retry_of_a_job_that_also_accepts_the_cpu_pool_keeps_its_size_there(api, demo_cluster):
+    client = api("alpha", "member")
+    created = submit(client, name="either", accelerator_types=["cpu", "nvidia-h100"], workers_min=1, workers_max=1,
+                     devices_per_worker=1, cpus_per_worker=4)
+    TrainingJob.objects.filter(pk=created.json()["id"]).update(state="FAILED")
+    response = client.post(f"/api/v1/training-jobs/{created.json()['id']}/retry/")
+    assert response.status_code == 201, response.json()
+    assert TrainingJob.objects.get(pk=response.json()["id"]).cpus_per_worker == 4
 
 
 def test_a_replica_reserves_at_most_the_cores_its_devices_come_with(demo_cluster):
@@ -91,5 +104,15 @@ def test_a_replica_reserves_at_most_the_cores_its_devices_come_with(demo_cluster
     assert replica_cpus(accelerator_type="nvidia-h100", devices_per_replica=1) == 0.125  # 1 core per 8 devices
     assert replica_cpus(accelerator_type="nvidia-h100", devices_per_replica=8) == CPUS_PER_REPLICA
     assert replica_cpus(accelerator_type="cpu", devices_per_replica=0) == CPUS_PER_REPLICA
-    # four 1-device replicas and a 4-device worker fill a demo node's 8 devices and its 1 core exactly
-    assert 4 * replica_cpus(accelerator_type="nvidia-h100", devices_per_replica=1) + 0.5 == 1.0
+
+
+def test_a_launch_on_an_accelerator_reserves_the_share_for_a_job_that_also_accepts_the_cpu_pool(api, demo_cluster):
+    from jobs.workflows import build_launch
+
+    created = submit(api("alpha", "member"), name="either", accelerator_types=["cpu", "nvidia-h100"], workers_min=1,
+                     workers_max=1, devices_per_worker=1, cpus_per_worker=4)
+    job = TrainingJob.objects.get(pk=created.json()["id"])
+    job.admitted_accelerator_type, job.compute_handle = "nvidia-h100", "fy-train-x"
+    assert build_launch(job).cpus_per_worker == 0.125
+    job.admitted_accelerator_type = "cpu"
+    assert build_launch(job).cpus_per_worker == 4

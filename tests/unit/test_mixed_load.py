@@ -639,9 +639,38 @@ def test_idle_quota_a_lending_limit_keeps_home_does_not_cover_a_claim():
     assert [p.workload_id for p in schedule(plan.snapshot).preempted] == ["t"]
 
 
-def test_headroom_goes_first_to_a_deployment_whose_autoscaler_is_at_its_cap():
+def test_every_deployment_gets_a_replica_of_room_first_and_steady_load_keeps_the_same_limits():
+    """Serve's autoscaler can only show that it wants more below its cap. A third review found the limits of two
+    deployments under steady load swapping every cycle (1/3, 2/2, 1/3, ...) when the one at its cap went first."""
     queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
-    calm = ServingDemand("d1", "h100", 2, 4, 1, ("n0",), cluster_queue="team", replicas_min=1, replicas_limit=2)
-    busy = ServingDemand("d2", "h100", 2, 4, 2, ("n1",), cluster_queue="team", replicas_min=1, replicas_limit=2)
-    plan = plan_mixed_load(Snapshot(nodes(2), queues), [calm, busy])
-    assert (plan.limits["d1"][0], plan.limits["d2"][0]) == (1, 3)  # before: 2 and 2, 2 devices idle for good
+    limits = {"d1": 2, "d2": 2}
+    seen = []
+    for _ in range(4):  # d1 runs and wants 1 replica, d2 runs and wants 2; each cycle Serve is capped at the limits
+        calm = ServingDemand("d1", "h100", 2, 4, 1, ("n0",), cluster_queue="team", replicas_min=1,
+                             replicas_limit=limits["d1"])
+        busy = ServingDemand("d2", "h100", 2, 4, 2, ("n1", "n1"), cluster_queue="team", replicas_min=1,
+                             replicas_limit=limits["d2"])
+        plan = plan_mixed_load(Snapshot(nodes(2), queues), [calm, busy])
+        limits = {key: value[0] for key, value in plan.limits.items()}
+        seen.append((limits["d1"], limits["d2"]))
+    assert seen == [(2, 2)] * 4, seen
+    roomy = (ClusterQueueSpec("team", {"h100": Quota(16, borrowing_limit=0)}),)
+    plan = plan_mixed_load(Snapshot(nodes(2), roomy), [
+        ServingDemand("d1", "h100", 2, 4, 1, ("n0",), cluster_queue="team", replicas_min=1),
+        ServingDemand("d2", "h100", 2, 8, 2, ("n1", "n1"), cluster_queue="team", replicas_min=1)])
+    assert (plan.limits["d1"][0], plan.limits["d2"][0]) == (4, 4)  # 1 + 2 held, then the 5 of room in turn
+
+
+def test_a_claimants_idle_quota_beyond_its_lending_limit_does_not_cover_another_queues_claim():
+    """From a third review: a (lends nothing) claims 1 of its idle 4; b claims 3; z's training borrows 3. Before, a's
+    whole idle 4 counted as cover, so z's training gave nothing back and b's job had no room."""
+    from controlplane.scheduling.mixed_load import _given_back_to_claims
+    from controlplane.scheduling.quota import QuotaLedger
+
+    queues = (ClusterQueueSpec("a", {"h100": Quota(4, lending_limit=0)}, cohort="c"), *cohort_of(b=3, z=0))
+    ledger = QuotaLedger(queues)
+    ledger.add("z", "h100", 3)
+    t = Running(Workload("t", "z", ("h100",), devices_per_worker=3), "h100",
+                (WorkerPlacement("n3", tuple((i, 1.0) for i in range(3))),))
+    given = _given_back_to_claims(ledger, {"t": t}, set(), {("a", "h100"): 1.0, ("b", "h100"): 3.0})
+    assert given == {("z", "h100"): 3.0}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django.db.models import Count, Q, QuerySet, Sum
 
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth, NodePool
@@ -32,13 +34,21 @@ def ready_device_capacities(*, accelerator_type: str) -> list[float]:
 
 
 def cpus_per_device(*, accelerator_type: str) -> float | None:
-    """The fewest CPU cores per device on any healthy, uncordoned node of an accelerator type (None when there is none):
-    a worker asking at most that many cores per device fits any node its devices fit, whatever else runs there,
-    so placing workers by devices never over-commits cores (the scheduling core counts devices only)."""
+    """The fewest CPU cores per device on any known node of an accelerator type (None when none is known), cordoned or
+    unreachable ones too: it is the hardware's, and what was reserved at launch is counted by it later, so it must
+    not move when a node is cordoned or comes back. A worker asking at most that many cores per device fits any
+    node its devices fit, whatever else runs there, so placing workers by devices never over-commits cores (the
+    scheduling core counts devices only)."""
     ratios = [cpus / devices for cpus, devices in Node.objects.filter(
-        pool__accelerator_type__slug=accelerator_type, capacity_devices__gt=0, health=NodeHealth.HEALTHY,
-        cordoned=False).values_list("capacity_cpus", "capacity_devices")]
+        pool__accelerator_type__slug=accelerator_type, capacity_devices__gt=0).values_list(
+        "capacity_cpus", "capacity_devices")]
     return min(ratios) if ratios else None
+
+
+def cores_share(ratio: float, devices: float) -> float:
+    """`ratio` cores per device times `devices`, rounded down to Ray's resource precision (1e-4): several shares on
+    one node never add up to more than it has."""
+    return math.floor(ratio * devices * 10_000 + 1e-6) / 10_000
 
 
 def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:

@@ -322,11 +322,14 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
             if claimants:
                 reasons[demand.id] += (f": gives back borrowed quota that waiting work of {', '.join(claimants)} needs"
                                        " within its nominal quota")
-    # 4. Those whose autoscaler is at its cap (wants what it may run, or more) first: headroom given to one that
-    # does not want it would sit idle while another is held at its limit.
+    # 4. First one replica of room each (Serve's autoscaler can only show it wants more below its cap), then for
+    # those whose autoscaler wants more than they hold, then for all, each in turn. It depends on what they hold and
+    # want, not on the last limits, so steady load gives the same limits cycle after cycle.
     growing = [d for d in live if counts[d.id] == len(held[d.id])]
-    for turn in ([d for d in growing if d.replicas_wanted >= d.allowed], [d for d in growing
-                                                                           if d.replicas_wanted < d.allowed]):
+    for demand in growing:
+        if counts[demand.id] < demand.replicas_max:
+            borrowing(demand)
+    for turn in ([d for d in growing if d.replicas_wanted > len(held[d.id])], growing):
         while turn:
             turn = [d for d in turn if counts[d.id] < d.replicas_max and borrowing(d)]
     limits: dict[str, tuple[int, str]] = {}
@@ -364,14 +367,14 @@ def _given_back_to_claims(ledger: QuotaLedger, running: dict[str, Running], touc
 def _unused_for_claims(ledger: QuotaLedger, members: tuple[str, ...], kind: str,
                        claims: dict[tuple[str, str], float]) -> float:
     """The cohort's quota its waiting work could use now, as `QuotaLedger.cohort_room` counts it: every member's
-    unused nominal quota less what borrowers use beyond theirs, where a member without a claim lends at most its
-    lending limit of its idle quota (a claimant uses its own). Never below 0."""
+    unused nominal quota less what borrowers use beyond theirs, where a member lends at most its lending limit of
+    its idle quota beyond its own claim (a claimant uses its own). Never below 0."""
     room = 0.0
     for member in members:
         quota = ledger.quota(member, kind)
         unused = quota.nominal - ledger.usage[(member, kind)]
-        if unused > 0 and quota.lending_limit is not None and claims.get((member, kind), 0.0) <= EPS:
-            unused = min(unused, quota.lending_limit)
+        if unused > 0 and quota.lending_limit is not None:  # a claimant uses its own; it lends at most the limit
+            unused = min(unused, claims.get((member, kind), 0.0) + quota.lending_limit)
         room += unused
     return max(0.0, room)
 
