@@ -52,10 +52,9 @@ def replica_cpus(*, accelerator_type: str, devices_per_replica: float) -> float:
     training was admitted to."""
     if accelerator_type == "cpu":
         return CPUS_PER_REPLICA
-    from controlplane.cluster.selectors import cores_share, cpus_per_device
+    from controlplane.cluster.selectors import capped_cores, cpus_per_device
 
-    ratio = cpus_per_device(accelerator_type=accelerator_type)
-    return CPUS_PER_REPLICA if ratio is None else min(CPUS_PER_REPLICA, cores_share(ratio, devices_per_replica))
+    return capped_cores(CPUS_PER_REPLICA, cpus_per_device(accelerator_type=accelerator_type), devices_per_replica)
 S = DeploymentState
 # States whose service exists (or should) in the backend.
 LIVE_STATES = (S.DEPLOYING, S.SERVING, S.UPDATING, S.DEGRADED)

@@ -86,7 +86,7 @@ def training_held_by_node() -> tuple[dict[str, float], dict[str, float]]:
     """What admitted training gangs hold on each node, from the scheduler's placements, in one query:
     ({node: units (devices; CPU cores on `cpu`)}, {node: CPU cores their workers reserve on accelerator nodes,
     with their devices, when their run starts}; on the CPU pool the cores are the units)."""
-    from controlplane.cluster.selectors import cores_share, cpus_per_device
+    from controlplane.cluster.selectors import capped_cores, cpus_per_device
 
     units: dict[str, float] = {}
     cpus: dict[str, float] = {}
@@ -94,17 +94,27 @@ def training_held_by_node() -> tuple[dict[str, float], dict[str, float]]:
     for placement, slug, cpus_per_worker, devices_per_worker in TrainingJob.objects.filter(
             state__in=HOLDING_STATES).exclude(admitted_accelerator_type="").values_list(
             "placement", "admitted_accelerator_type", "cpus_per_worker", "devices_per_worker"):
-        if slug != "cpu":  # what its workers reserve there (jobs.services.cores_on)
+        if slug != "cpu":  # what its workers reserve there (cores_on, with the ratio looked up once per type)
             if slug not in ratios:
                 ratios[slug] = cpus_per_device(accelerator_type=slug)
-            if ratios[slug] is not None:
-                cpus_per_worker = min(cpus_per_worker, cores_share(ratios[slug], devices_per_worker))
+            cpus_per_worker = capped_cores(cpus_per_worker, ratios[slug], devices_per_worker)
         for worker in placement or []:
             node = worker["node"]
             units[node] = units.get(node, 0.0) + sum(float(share) for _, share in worker["taken"])
             if slug != "cpu":
                 cpus[node] = cpus.get(node, 0.0) + float(cpus_per_worker)
     return units, cpus
+
+
+def cores_on(*, accelerator_type: str, devices_per_worker: int, cpus_per_worker: float) -> float:
+    """The cores a worker reserves on `accelerator_type`: its cores, but on an accelerator at most the cores its
+    devices come with (a job that also accepts the CPU pool keeps its size there; jobs.services.worker_cpus refuses
+    more for the others at submit)."""
+    from controlplane.cluster.selectors import capped_cores, cpus_per_device
+
+    if accelerator_type == "cpu":
+        return cpus_per_worker
+    return capped_cores(cpus_per_worker, cpus_per_device(accelerator_type=accelerator_type), devices_per_worker)
 
 
 def queue_depth() -> dict[str, int]:

@@ -39,7 +39,7 @@ def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_p
     asking for more could be put where Ray cannot reserve its cores, and its gang would never start (2 workers of
     4 devices at 1 core each on one 8-device node with 1 core). Unset: 1 core, or that share if smaller. A job that
     also accepts the CPU pool: the cores are its workers' size there (1 unless set); on an accelerator it reserves
-    at most that share (`cores_on`)."""
+    at most that share (`jobs.selectors.cores_on`)."""
     if "cpu" in accelerator_types:  # the cores are its size on the CPU pool; on accelerators, see cores_on
         return 1.0 if cpus_per_worker is None else cpus_per_worker
     limits = _worker_cpu_limits(accelerator_types=accelerator_types, devices_per_worker=devices_per_worker)
@@ -52,16 +52,6 @@ def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_p
                 f"per device, so a worker of {devices_per_worker} device(s) may reserve at most {most:g} (more could "
                 "not be reserved beside the other workers on its node)", field="cpus_per_worker")
     return cpus_per_worker
-
-
-def cores_on(*, accelerator_type: str, devices_per_worker: int, cpus_per_worker: float) -> float:
-    """The cores a worker reserves on `accelerator_type`: its cores, but on an accelerator at most the cores its
-    devices come with (a job that also accepts the CPU pool keeps its size there; `worker_cpus` refuses more for
-    the others at submit)."""
-    if accelerator_type == "cpu":
-        return cpus_per_worker
-    most = _worker_cpu_limits(accelerator_types=[accelerator_type], devices_per_worker=devices_per_worker)
-    return min(cpus_per_worker, most[accelerator_type]) if most else cpus_per_worker
 
 
 def _worker_cpu_limits(*, accelerator_types: list[str], devices_per_worker: int) -> dict[str, float]:

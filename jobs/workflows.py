@@ -34,7 +34,7 @@ from controlplane.datasets.fetching import DatasetUnavailable, dataset_local_fil
 from controlplane.tenancy.services import audit_record
 from jobs.models import FaultKind, TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
 from jobs.runtime.goodput import GoodputLedger
-from jobs.selectors import PAUSE_KEYS, goodput_ledger
+from jobs.selectors import PAUSE_KEYS, cores_on, goodput_ledger
 from jobs.states import JobState
 
 log = logging.getLogger(__name__)
@@ -70,12 +70,6 @@ def placement_nodes(job: TrainingJob) -> list[str]:
     return [entry["node"] for entry in job.placement or []]
 
 
-def _cores_on(**kwargs) -> float:
-    from jobs.services import cores_on
-
-    return cores_on(**kwargs)
-
-
 def build_launch(job: TrainingJob) -> TrainingLaunch:
     dataset_path = dataset_local_path(job)
     runtime = {
@@ -96,7 +90,7 @@ def build_launch(job: TrainingJob) -> TrainingLaunch:
     return TrainingLaunch(handle=job.compute_handle, job_id=job.pk, nodes=tuple(placement_nodes(job)),
                           accelerator_type=accelerator_type,
                           devices_per_worker=0.0 if accelerator_type == "cpu" else float(job.devices_per_worker),
-                          cpus_per_worker=_cores_on(accelerator_type=accelerator_type,
+                          cpus_per_worker=cores_on(accelerator_type=accelerator_type,
                                                    devices_per_worker=job.devices_per_worker,
                                                    cpus_per_worker=job.cpus_per_worker), runtime=runtime)
 

@@ -58,7 +58,7 @@ def test_a_job_from_before_the_rule_is_retried_with_the_cores_its_devices_come_w
 
 def test_a_job_that_also_accepts_the_cpu_pool_keeps_its_size_there_and_reserves_the_share_on_accelerators(
         api, demo_cluster):
-    from jobs.services import cores_on
+    from jobs.selectors import cores_on
 
     client = api("alpha", "member")
     response = submit(client, name="either", accelerator_types=["cpu", "nvidia-h100"], workers_min=1,

@@ -51,6 +51,12 @@ def cores_share(ratio: float, devices: float) -> float:
     return math.floor(ratio * devices * 10_000 + 1e-6) / 10_000
 
 
+def capped_cores(asked: float, ratio: float | None, devices: float) -> float:
+    """`asked` cores, but at most the share `devices` come with at `ratio` cores per device (`asked` when the ratio
+    is unknown): what a training worker or a replica reserves on an accelerator node."""
+    return asked if ratio is None else min(asked, cores_share(ratio, devices))
+
+
 def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:
     """The named pools with ``ready_node_count``: healthy, uncordoned nodes, the ones a plan can use."""
     ready = Q(nodes__health=NodeHealth.HEALTHY, nodes__cordoned=False)

@@ -252,16 +252,17 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
        priority: the cycle preempts it), and only for what the cohort's idle quota does not cover;
     3. the replicas that run on borrowed quota, as far as the cohort still lends: a deployment borrowing quota a
        lender's waiting work claims gets a limit below what it runs, and Serve scales in;
-    4. the headroom, one replica per deployment in turn, so no deployment's scale-out takes quota another one's
-       running replicas use or all the headroom of its queue."""
+    4. the headroom: one replica of room each first, then to those whose autoscaler wants more than they hold,
+       then to all, each in turn, so no deployment's scale-out takes quota another one's running replicas use or all
+       the headroom of its queue."""
     scratch = QuotaLedger(snapshot.cluster_queues)
     scratch.usage.update(ledger.usage)
-    live = [d for d in demands if _queue_of(d, snapshot) != SERVING_QUEUE and not d.all_or_none]
+    queue_of = {d.id: _queue_of(d, snapshot) for d in demands}
+    live = [d for d in demands if queue_of[d.id] != SERVING_QUEUE and not d.all_or_none]
     for demand in live:  # counted again below
-        scratch.add(_queue_of(demand, snapshot), demand.accelerator_type,
-                    -len(held[demand.id]) * demand.devices_per_replica)
+        scratch.add(queue_of[demand.id], demand.accelerator_type, -len(held[demand.id]) * demand.devices_per_replica)
     giveable = {(q, k): _giveable(running, touched - again, q, k)
-                for q, k in {(_queue_of(d, snapshot), d.accelerator_type) for d in live}}
+                for q, k in {(queue_of[d.id], d.accelerator_type) for d in live}}
     own_training = dict(giveable)  # the queue's own preemptible training (not already giving something back)
     counts = {d.id: 0 for d in live}
     reasons: dict[str, str] = {}
@@ -269,7 +270,7 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
     def within_nominal(demand: ServingDemand) -> bool:
         """Within nominal serving always may, its own preemptible training aside: that training then uses the
         rest, borrowing what it uses beyond nominal (which it gives back when the cohort needs it)."""
-        key = (_queue_of(demand, snapshot), demand.accelerator_type)
+        key = (queue_of[demand.id], demand.accelerator_type)
         step = demand.devices_per_replica
         if counts[demand.id] < demand.replicas_min \
                 or scratch.usage[key] - own_training[key] + step <= scratch.quota(*key).nominal + EPS:
@@ -291,7 +292,7 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
         scratch.add(queue, kind, amount)
 
     def borrowing(demand: ServingDemand) -> bool:
-        queue, kind = _queue_of(demand, snapshot), demand.accelerator_type
+        queue, kind = queue_of[demand.id], demand.accelerator_type
         step, own_claim = demand.devices_per_replica, claims.get((queue, kind), 0.0)
         scratch.add(queue, kind, -own_claim)  # the team's own waiting work does not hold its replicas off
         try:
@@ -317,8 +318,7 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
         if counts[demand.id] < len(held[demand.id]):
             claimants = sorted({queue for (queue, kind), amount in claims.items()
                                 if kind == demand.accelerator_type and amount > EPS
-                                and queue in scratch.members(_queue_of(demand, snapshot))
-                                and queue != _queue_of(demand, snapshot)})
+                                and queue in scratch.members(queue_of[demand.id]) and queue != queue_of[demand.id]})
             if claimants:
                 reasons[demand.id] += (f": gives back borrowed quota that waiting work of {', '.join(claimants)} needs"
                                        " within its nominal quota")
