@@ -102,7 +102,7 @@ def layout_text(spec: dict) -> str:
     text = f"TP{spec['tp']} PP{spec['pp']} DP{spec['dp']} mb{known('micro_batch_size')}"
     if spec.get("virtual_stages", 1) is None or spec.get("virtual_stages", 1) > 1:
         text += f" v{known('virtual_stages')}"
-    text += {"full": " full-rc", "selective": " sel-rc", "none": ""}[spec["recompute"]]
+    text += {"full": " full-rc", "selective": " sel-rc", "norms": " norm-rc", "none": ""}[spec["recompute"]]
     if spec.get("sequence_parallel") is None:
         text += " SP?"
     elif spec.get("sequence_parallel"):
@@ -279,8 +279,8 @@ def format_report(rows, cal, mixed, timing) -> str:
             f"{r['published_layout']:<30} "
             f"{r['published_tflops']:>6.1f} {r['predicted_tflops']:>6.1f} {r['error_pct']:>+6.1f} "
             f"{r['predicted_memory_gb']:>6.1f}  {r['chosen_layout']:<38} {_fmt(r['chosen_tflops'], 6)} "
-            f"{_fmt(r['chosen_speedup'], 5, 2)}  {r['chosen_run_features_layout']:<30} "
-            f"{_fmt(r['chosen_run_features_tflops'], 6)} {_fmt(r['chosen_run_features_speedup'], 5, 2)}")
+            f"{_fmt(r['chosen_speedup'], 5, 3)}  {r['chosen_run_features_layout']:<30} "
+            f"{_fmt(r['chosen_run_features_tflops'], 6)} {_fmt(r['chosen_run_features_speedup'], 5, 3)}")
     for r in rows:
         if r["resolved_unknowns"]:
             out.append(f"  {r['id']}: not published {', '.join(f'{k}={v}' for k, v in r['resolved_unknowns'].items())}"
@@ -301,6 +301,9 @@ def format_report(rows, cal, mixed, timing) -> str:
     faster = [r for r in rows if r["chosen_speedup"] is not None and r["chosen_speedup"] >= 1 - 1e-9]
     out.append(f"planner's own choice at least as fast as the published layout (by its model): {len(faster)} of "
                f"{len(rows)}")
+    for r in rows:
+        if r not in faster:
+            out.append(f"  not on {r['id']}: x{_fmt(r['chosen_speedup'], 0, 3).strip()} ({r['chosen_layout']})")
     out.append("")
     for c in cal:
         out.append(f"Calibration, {c['chip']}: one achievable_fraction, in use {c['in_use']}, least-squares fit on "

@@ -269,3 +269,16 @@ def test_schema_documents_plans(api):
     operation = schema["paths"]["/api/v1/plans/"]["post"]
     assert operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/PlanResult")
     assert "intra_node_gbps" in schema["components"]["schemas"]["NodePool"]["properties"]
+
+
+def test_a_plan_may_recompute_only_the_layer_norms(api, world):
+    """Llama 3 70B on 32 hypothetical H100s: without recomputation the layouts that rank first need more than
+    the device holds, and recomputing the two norms of each layer (cheap, memory-bound) is enough."""
+    response = post(api("alpha", "member"), {"model": "llama3-70b", "global_batch_size": 256,
+                                             "devices": [{"accelerator_type": "nvidia-h100", "count": 32}]})
+    assert response.status_code == 200, response.json()
+    best = response.json()["best"]
+    assert best["layout"]["recompute"] == "norms"
+    assert "layer-norm recompute" in best["description"]
+    assert "layer-norm recompute because without recomputation it would need" in best["reason"]
+    assert best["memory_gb"] <= best["memory_limit_gb"]

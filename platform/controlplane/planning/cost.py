@@ -26,11 +26,12 @@ Memory per device: weights (2 bytes/param), gradients (4: fp32, as 16-bit mixed 
   s b h (10 + 24/t) + 5 a s^2 b / t bytes (generalised to GQA, other FFN widths and gated MLPs; the 10 part
   divided by t under sequence parallelism; the s^2 part gone with FlashAttention, which keeps only its fp32
   softmax statistics, 4 a s b / t bytes, or with selective recompute; only the 2 s b h layer input under full
-  recompute). Of the 10, 2 are the two dropout masks (1 byte each) and of the 5 a s^2 b, 3 are the attention
-  dropout's mask and output: a model without dropout (Llama, ``ModelSpec.dropout``) stores s b h (8 + ...) and
-  2 a s^2 b / t. Times the micro-batches in flight on the stage (p - i on stage i under 1F1B; p + (p-1)/v on the
-  first stage when interleaved: Narayanan et al. SC'21 section 2.2.2, and Megatron-LM's compute_activation_memory,
-  interleaved_schedule_memory_penalty = 1 + (p-1)/(p v) times p), plus the output logits.
+  recompute; without the two layer norms' outputs, 4 s b h of the 10, under layer-norm recompute, which reads and
+  writes them again before the backward pass). Of the 10, 2 are the two dropout masks (1 byte each) and of the
+  5 a s^2 b, 3 are the attention dropout's mask and output: a model without dropout (Llama, ``ModelSpec.dropout``)
+  stores s b h (8 + ...) and 2 a s^2 b / t. Times the micro-batches in flight on the stage (p - i on stage i under
+  1F1B; p + (p-1)/v on the first stage when interleaved: Narayanan et al. SC'21 section 2.2.2, and Megatron-LM's
+  compute_activation_memory, interleaved_schedule_memory_penalty = 1 + (p-1)/(p v) times p), plus the output logits.
 
 Communication (ring collectives at ``LINK_EFFICIENCY`` of the link bandwidth):
   TP: 2 all-reduces of 2 b s h bytes per layer forward, 2 backward (+2 under full recompute), over NVLink;
@@ -292,10 +293,15 @@ class CostModel:
             # Softmax output (2 bytes), and with dropout its mask (1) and output (2): 5 a s^2 b, else 2 a s^2 b.
             scores = (5 if m.dropout else 2) * m.heads * s * s * b / tp
         full_bytes = split + replicated + scores
+        # The two layer norms' outputs (the QKV and first-MLP inputs, 2 bytes each, part of ``replicated``):
+        # what layer-norm recompute drops and rebuilds from the norms' inputs, which stay stored.
+        norm_outputs = 2 * BYTES_PER_VALUE * tokens * h / (tp if sequence_parallel else 1)
         if recompute == "full":
             stored = BYTES_PER_VALUE * tokens * h / (tp if sequence_parallel else 1)
         elif recompute == "selective":
             stored = split + replicated + (scores if flash else 0.0)
+        elif recompute == "norms":
+            stored = full_bytes - norm_outputs
         else:
             stored = full_bytes
 
@@ -307,6 +313,9 @@ class CostModel:
         elif recompute == "selective" and not flash:
             recompute_s = gemm_core / flops_per_s + ACTIVATION_TRAFFIC * scores / bandwidth
             recompute_flops = gemm_core
+        elif recompute == "norms":
+            # Memory-bound: each norm reads its input and writes its output again before the backward pass.
+            recompute_s, recompute_flops = ACTIVATION_TRAFFIC * norm_outputs / bandwidth, 0.0
         else:
             recompute_s, recompute_flops = 0.0, 0.0
 

@@ -21,7 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 PRECISIONS = ("bf16", "fp8")
-RECOMPUTE_MODES = ("none", "selective", "full")
+# Activation recomputation, from least to most: "norms" recomputes the two layer norms of each layer from their
+# inputs and keeps neither output (Megatron-core's --recompute-granularity selective --recompute-modules
+# layernorm); "selective" the attention core (Korthikanti et al. 2022); "full" the whole layer from its input.
+RECOMPUTE_MODES = ("none", "norms", "selective", "full")
+RECOMPUTE_LABELS = {"none": "no recompute", "norms": "layer-norm recompute", "selective": "selective recompute",
+                    "full": "full recompute"}
 
 # A matrix-multiply-bound chip reaches this fraction of its datasheet dense peak when nothing better is
 # known. ``CALIBRATED_ACHIEVABLE_FRACTION`` replaces it for chips with measured or published step times.
@@ -481,7 +486,7 @@ class Layout:
         if self.virtual_stages > 1:
             extras.append(f"interleaved x{self.virtual_stages}")
         if self.recompute != "none":
-            extras.append(f"{self.recompute} recompute")
+            extras.append(RECOMPUTE_LABELS[self.recompute])
         if self.sequence_parallel:
             extras.append("sequence parallel")
         if self.zero:

@@ -41,6 +41,7 @@ from controlplane.planning.cost import (
     CostModel,
 )
 from controlplane.planning.model import (
+    RECOMPUTE_LABELS,
     DevicePool,
     Layout,
     PlanRequest,
@@ -104,8 +105,10 @@ def _feature_ladder(request: PlanRequest, tp_max: int, dp: int, zero2: bool = Fa
     opts = request.options
     recomputes = ["none"]
     if opts.allow_recompute:
-        if opts.allow_selective_recompute and not opts.flash_attention:  # FlashAttention: nothing to save
-            recomputes.append("selective")
+        if opts.allow_selective_recompute:
+            recomputes.append("norms")  # two memory-bound norms again: far cheaper than any other rung
+            if not opts.flash_attention:  # FlashAttention: nothing to save
+                recomputes.append("selective")
         recomputes.append("full")
     sp = opts.allow_sequence_parallel and tp_max > 1
     zero = opts.allow_zero and dp > 1
@@ -116,8 +119,8 @@ def _feature_ladder(request: PlanRequest, tp_max: int, dp: int, zero2: bool = Fa
 
 def _feature_cost(layout: Layout) -> int:
     """How much machinery a layout needs, for breaking ties towards the simpler one."""
-    return ({"none": 0, "selective": 4, "full": 8}[layout.recompute] + 2 * layout.zero + layout.shard_gradients
-            + layout.sequence_parallel
+    return ({"none": 0, "norms": 2, "selective": 4, "full": 8}[layout.recompute] + 2 * layout.zero
+            + layout.shard_gradients + layout.sequence_parallel
             + (layout.virtual_stages > 1) + (layout.ep > 1))
 
 
@@ -303,19 +306,32 @@ class _Search:
                                         for pool, tp, count in zip(order, tp_choice, stage_counts, strict=True))
                             if micro * m.layers / speed > self.threshold:
                                 continue
-                            self._fit_heterogeneous(ladder, slots, dp, mbs)
+                            runs = tuple(zip(order, tp_choice, stage_counts, strict=True))
+                            self._fit_heterogeneous(ladder, slots, runs, dp, mbs)
 
-    def _fit_heterogeneous(self, ladder, slots, dp, mbs) -> None:
-        self.evaluated += 1
-        if balance_layers(self.cost, slots, dp, mbs, *ladder[-1]) is None:
-            return
+    def _fit_heterogeneous(self, ladder, slots, runs, dp, mbs) -> None:
+        """Evaluate the cheapest rung of the feature ladder whose layers fit (``runs``: the slots as (pool, tp,
+        stages) runs). A rung that cannot fit costs little (balance_layers stops at the memory caps). The
+        bounds of ``heterogeneous``, with the rung's recomputation, skip what cannot rank: before balancing
+        (then no later, slower rung can rank either), and after it, the widest stage's layers for every
+        micro-batch."""
+        micro = self.request.global_batch_size // (dp * mbs)
+        layers_total = self.request.model.layers
+        layer_cost = self.cost.layer_cost
         skipped = []
-        for recompute, sp, zero in ladder:
+        for index, (recompute, sp, zero) in enumerate(ladder):
+            if index:  # the first rung's bound was checked by the caller
+                speed = sum(count / layer_cost(pool, tp, mbs, recompute, sp, 1).time_s for pool, tp, count in runs)
+                if micro * layers_total / speed > self.threshold:
+                    return
             self.evaluated += 1
             layers = balance_layers(self.cost, slots, dp, mbs, recompute, sp, zero)
             if layers is None:
                 skipped.append((recompute, sp, zero, None))
                 continue
+            if micro * max(n * layer_cost(pool, tp, mbs, recompute, sp, 1).time_s
+                           for (pool, tp), n in zip(slots, layers, strict=True)) > self.threshold:
+                return
             stages = tuple(Stage(pool.name, tp, n) for (pool, tp), n in zip(slots, layers, strict=True))
             layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
                             sequence_parallel=sp)
@@ -421,13 +437,23 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
 
 
 def _ladder_note(skipped, chosen) -> str:
-    """Why the chosen layout recomputes: what the next cheaper rung would have needed."""
-    if not skipped:
-        return ""
-    recompute, _sp, _zero, used = skipped[-1]
-    previous = "without recomputation" if recompute == "none" else f"with {recompute} recompute"
-    need = f"it would need {used:.0f} GB per device" if used is not None else "its layers do not fit in memory"
-    return f"{chosen[0]} recompute because {previous} {need}"
+    """Why the chosen layout recomputes, or shards its gradients: what the last cheaper rung with less
+    recomputation, and the one with the same recomputation but ZeRO-1, would have needed."""
+
+    def need(used):
+        return f"it would need {used:.0f} GB per device" if used is not None else "its layers do not fit in memory"
+
+    notes = []
+    lighter = [rung for rung in skipped if rung[0] != chosen[0]]
+    if lighter:
+        recompute, _sp, _zero, used = lighter[-1]
+        previous = "without recomputation" if recompute == "none" else f"with {RECOMPUTE_LABELS[recompute]}"
+        notes.append(f"{RECOMPUTE_LABELS[chosen[0]]} because {previous} {need(used)}")
+    if chosen[2] == 2:
+        zero1 = [rung for rung in skipped if rung[0] == chosen[0] and rung[2] != 2]
+        if zero1:
+            notes.append(f"gradients sharded (ZeRO-2) because with ZeRO-1 {need(zero1[-1][3])}")
+    return "; ".join(notes)
 
 
 def _with_reason(prediction: Prediction, note: str) -> Prediction:

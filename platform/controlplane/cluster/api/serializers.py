@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from controlplane.cluster.models import AcceleratorType, Node, NodePool
 from controlplane.common.api import StrictInputSerializer
+from controlplane.planning.model import RECOMPUTE_MODES
 from controlplane.planning.presets import PRESET_NAMES
 
 
@@ -145,7 +146,7 @@ class PlanLayoutSerializer(serializers.Serializer):
     pp = serializers.IntegerField()
     ep = serializers.IntegerField()
     micro_batch_size = serializers.IntegerField()
-    recompute = serializers.ChoiceField(choices=["none", "selective", "full"])
+    recompute = serializers.ChoiceField(choices=list(RECOMPUTE_MODES))
     zero = serializers.BooleanField()
     virtual_stages = serializers.IntegerField()
     sequence_parallel = serializers.BooleanField()

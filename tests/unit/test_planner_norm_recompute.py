@@ -1,0 +1,136 @@
+"""Layer-norm recomputation in the planner (issue 9): Megatron-core's ``--recompute-granularity selective
+--recompute-modules layernorm`` drops the outputs of a layer's two norms (the QKV and first-MLP inputs) and
+rebuilds them from the norms' inputs, which stay stored, before the backward pass. By hand: what it saves and
+what it costs, where it sits on the search's ladder, and what it changes on Meta's 8,192-GPU Llama 3 layout.
+Also: the mixed-pool search's step-time bounds skip only what could not rank (same plans as without them)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from controlplane.planning import CostModel, DevicePool, DeviceType, Layout, PlanOptions, PlanRequest, plan
+from controlplane.planning import search as planner_search
+from controlplane.planning.cost import ACTIVATION_TRAFFIC, GB
+from controlplane.planning.presets import model_spec
+from controlplane.planning.search import _feature_ladder, _ladder_note
+from controlplane.planning.validation import compare, load_published_runs, model_for, request_for, run_device
+from tests.unit.test_planner_properties import requests
+
+H100 = DeviceType("nvidia-h100", {"bf16": 989.0}, memory_gb=80.0, memory_bandwidth_gbps=3350.0,
+                  achievable_fraction=0.6)
+LLAMA3_405B = model_spec("llama3-405b")
+DATA = load_published_runs()
+META_8192 = next(run for run in DATA["runs"] if run["id"] == "llama3-405b-table4-8192gpu")
+PER_LAYER = 533_200_896  # Llama 3 405B, TP8, SP, micro-batch 1, FlashAttention (test_planner_memory_model)
+
+
+def pool(nodes=2):
+    return DevicePool(H100, nodes=nodes, devices_per_node=8, intra_node_gbps=450.0, inter_node_gbps=50.0)
+
+
+@pytest.mark.parametrize("sequence_parallel", [True, False])
+def test_norm_recompute_drops_the_two_norm_outputs_and_reads_and_writes_them_again(sequence_parallel):
+    s, h, t = 8192, 16384, 8
+    cost = CostModel(PlanRequest(LLAMA3_405B, 2048, (pool(),)))
+    none = cost.layer_cost(cost.request.pools[0], t, 1, "none", sequence_parallel)
+    norms = cost.layer_cost(cost.request.pools[0], t, 1, "norms", sequence_parallel)
+    outputs = 2 * 2 * s * h / (t if sequence_parallel else 1)  # two norm outputs of 2 bytes per token and unit
+    assert none.stored_bytes - norms.stored_bytes == outputs
+    if sequence_parallel:
+        assert norms.stored_bytes == PER_LAYER - 67_108_864
+    # Memory-bound: written once and read once more, at the chip's bandwidth; no matrix FLOPs again.
+    assert norms.recompute_s == pytest.approx(ACTIVATION_TRAFFIC * outputs / (3350.0 * GB))
+    assert norms.recompute_flops == 0 and none.recompute_s == 0
+    assert (norms.fwd_s, norms.bwd_s, norms.tp_comm_s) == (none.fwd_s, none.bwd_s, none.tp_comm_s)
+    assert norms.working_bytes == none.working_bytes
+
+
+def test_norm_recompute_fits_metas_8192_gpu_layout_by_hand():
+    """The compared layout (TP8 PP16, 7/8x14/7 layers, V = 8, micro-batch 1, SP, ZeRO-2) needs 83.95 GB on the
+    second stage without recomputation; with the norms recomputed its 8 layers x (16 + 13/8) micro-batches
+    keep 466,092,032 bytes each instead of 533,200,896: 9.46 GB less, under the 76.97 GB limit."""
+    plain = compare(DATA, META_8192).prediction
+    request = request_for(DATA, META_8192, run_device(DATA, META_8192))
+    norms = CostModel(request).evaluate(Layout.from_dict({**plain.layout.as_dict(), "recompute": "norms"}))
+    saved = 8 * (16 + 13 / 8) * 67_108_864
+    assert norms.memory_breakdown["activations"] * 1e9 == pytest.approx(8 * (16 + 13 / 8) * (PER_LAYER - 67_108_864))
+    assert norms.memory_gb == pytest.approx(plain.memory_gb - saved / 1e9) and norms.memory_gb < 74.5
+    assert norms.fits and not plain.fits
+    # It costs the norms' memory traffic: about 0.1% of the step.
+    assert 1.0 < norms.step_time_s / plain.step_time_s < 1.002
+
+
+def test_the_planner_chooses_metas_8192_gpu_layout_with_the_norms_recomputed():
+    request = request_for(DATA, META_8192, run_device(DATA, META_8192))
+    best = plan(request).best
+    layout = best.layout
+    assert (layout.dp, layout.tp, layout.pp, layout.virtual_stages, layout.micro_batch_size) == (64, 8, 16, 8, 1)
+    assert [s.layers for s in layout.stages] == [7] + [8] * 14 + [7]
+    assert layout.recompute == "norms" and layout.sequence_parallel and layout.shard_gradients
+    assert best.fits
+    published_layout = compare(DATA, META_8192).prediction  # faster by the model, but over its memory limit
+    assert 0.998 < published_layout.step_time_s / best.step_time_s < 1.0
+    assert best.reason.endswith("layer-norm recompute because without recomputation it would need 84 GB per device; "
+                                "gradients sharded (ZeRO-2) because with ZeRO-1 it would need 85 GB per device.")
+    assert model_for(META_8192).layers == 126
+
+
+def test_the_ladder_puts_norm_recompute_right_after_none():
+    flash = PlanRequest(LLAMA3_405B, 64, (pool(),))
+    assert [rung[0] for rung in _feature_ladder(flash, 8, 4)] == ["none", "norms", "full"]
+    plain = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(flash_attention=False))
+    assert [rung[0] for rung in _feature_ladder(plain, 8, 4)] == ["none", "norms", "selective", "full"]
+    whole_layers_only = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(allow_selective_recompute=False))
+    assert [rung[0] for rung in _feature_ladder(whole_layers_only, 8, 4)] == ["none", "full"]
+    no_recompute = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(allow_recompute=False))
+    assert [rung[0] for rung in _feature_ladder(no_recompute, 8, 4)] == ["none"]
+
+
+def test_norm_recompute_round_trips_and_is_described():
+    layout = Layout.from_dict({"dp": 2, "micro_batch_size": 1, "recompute": "norms",
+                               "stages": [{"pool": "nvidia-h100", "tp": 8, "layers": 4}]})
+    assert layout.recompute == "norms" and Layout.from_dict(layout.as_dict()) == layout
+    assert layout.describe() == "DP2 x TP8 x PP1 on nvidia-h100 (micro-batch 1, layer-norm recompute)"
+    with pytest.raises(ValueError, match="recompute must be one of none, norms, selective, full"):
+        Layout.from_dict({**layout.as_dict(), "recompute": "layernorm"})
+
+
+def test_the_ladder_note_names_what_each_lighter_rung_would_have_needed():
+    assert _ladder_note([], ("none", True, 1)) == ""
+    # Only ZeRO-2 was needed: no word about recomputation.
+    assert _ladder_note([("none", True, 1, 90.4)], ("none", True, 2)) == (
+        "gradients sharded (ZeRO-2) because with ZeRO-1 it would need 90 GB per device")
+    assert _ladder_note([("none", True, 1, 95.0), ("none", True, 2, 84.0), ("norms", True, 1, 85.0)],
+                        ("norms", True, 2)) == (
+        "layer-norm recompute because without recomputation it would need 84 GB per device; "
+        "gradients sharded (ZeRO-2) because with ZeRO-1 it would need 85 GB per device")
+    assert _ladder_note([("none", True, 0, None), ("norms", True, 0, 120.2)], ("full", True, 0)) == (
+        "full recompute because with layer-norm recompute it would need 120 GB per device")
+    assert _ladder_note([("none", False, 0, None)], ("full", False, 0)) == (
+        "full recompute because without recomputation its layers do not fit in memory")
+
+
+class _Unbounded(planner_search._Search):
+    """The search without its step-time bounds: every layout is balanced and evaluated."""
+
+    threshold = property(lambda self: math.inf, lambda self, value: None)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(requests(heterogeneous=True))
+def test_the_mixed_search_bounds_skip_only_what_cannot_rank(planned):
+    bounded = plan(planned)
+    original = planner_search._Search
+    planner_search._Search = _Unbounded
+    try:
+        unbounded = plan(planned)
+    finally:
+        planner_search._Search = original
+    shown = [bounded.best, *bounded.alternatives] if bounded.best else []
+    reference = [unbounded.best, *unbounded.alternatives] if unbounded.best else []
+    assert [(p.layout, round(p.step_time_s, 9)) for p in shown] == [
+        (p.layout, round(p.step_time_s, 9)) for p in reference]
