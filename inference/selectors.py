@@ -123,6 +123,25 @@ def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, repl
     and other deployments counted, cohort borrowing as the scheduler allows it), or "" when they fit. The queue's own
     preemptible training does not hold them off: it gives the quota back, as it does to a replica a live deployment
     scales out to (mixed load)."""
+    return _serving_quota_refusals(deployment, accelerator_type)(replicas)
+
+
+def serving_quota_replicas(*, deployment: Deployment, accelerator_type: str) -> int:
+    """The most replicas of the deployment, up to replicas_max, that its ClusterQueue's quota takes on
+    `accelerator_type` now (as `serving_quota_refusal` counts; 0 when not even one fits)."""
+    refusal = _serving_quota_refusals(deployment, accelerator_type)
+    low, high = 0, deployment.replicas_max  # refusal("") for `low` replicas; more replicas never fit better
+    while low < high:
+        middle = (low + high + 1) // 2
+        if refusal(middle):
+            high = middle - 1
+        else:
+            low = middle
+    return low
+
+
+def _serving_quota_refusals(deployment: Deployment, accelerator_type: str):
+    """replicas -> serving_quota_refusal's answer, on one read of the quotas and their usage."""
     from controlplane.scheduling.mixed_load import serving_quota_refusal as refusal
     from controlplane.scheduling.quota import QuotaLedger
     from jobs.admission import cluster_queue_specs
@@ -135,7 +154,12 @@ def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, repl
                 ledger.add(queue, slug, amount)
     queue = deployment.local_queue.cluster_queue.name
     giveable = quota_usage(preemptible_only=True).get((queue, accelerator_type), 0.0)
-    return refusal(ledger, queue, accelerator_type, replicas * float(deployment.devices_per_replica), giveable)
+    per_replica = float(deployment.devices_per_replica)
+
+    def refusal_for(replicas: int) -> str:
+        return refusal(ledger, queue, accelerator_type, replicas * per_replica, giveable)
+
+    return refusal_for
 
 
 # ------------------------------------------------------------------------------------------ measurements

@@ -312,16 +312,17 @@ def deployment_deploy(*, deployment_id: int, backend) -> Deployment | None:
         deployment.pool = placement.pool or ""
         deployment.model_dir = model_dir
         deployment.compute_handle = service_handle(deployment)
+        quota_note = _limit_to_quota(deployment)
         decision = autoscaling_for(deployment)
         deployment.autoscaling = decision.to_dict()
         deployment.replicas_target = max(1, deployment.replicas_min)
         deployment.save(update_fields=["accelerator_type", "pool", "model_dir", "compute_handle", "autoscaling",
-                                       "replicas_target"])
+                                       "replicas_target", "replicas_limit"])
         where = f"pool {placement.pool}" if placement.pool else f"the {placement.accelerator_type} pools"
         deployment = transition(
             obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent, to=S.DEPLOYING,
             reason=f"deploying revision {deployment.revision} on {placement.accelerator_type} ({where}), "
-                   f"{deployment.replicas_min}-{deployment.replicas_max} replica(s), model {model_dir}",
+                   f"{deployment.replicas_min}-{deployment.replicas_max} replica(s){quota_note}, model {model_dir}",
             system=SYSTEM, data={"handle": deployment.compute_handle, "accelerator_type": placement.accelerator_type,
                                  "pool": placement.pool, "model_dir": model_dir,
                                  "autoscaling": decision.serve_config()})
@@ -352,7 +353,8 @@ def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | No
                                   f"{deployment.applied_revision or '-'}")
                 return deployment
             deployment.accelerator_type, deployment.pool = placement.accelerator_type, placement.pool or ""
-            fields += ["accelerator_type", "pool"]
+            _limit_to_quota(deployment)
+            fields += ["accelerator_type", "pool", "replicas_limit"]
         try:
             deployment.model_dir = resolve_model_dir(deployment)
         except ModelNotFound as exc:
@@ -378,6 +380,21 @@ def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | No
                            "autoscaling": decision.serve_config()})
     backend.deploy_service(build_spec(deployment, decision))
     return deployment
+
+
+def _limit_to_quota(deployment: Deployment) -> str:
+    """Set `replicas_limit` to what the ClusterQueue's quota takes on the type the deployment was just placed on, so
+    Serve's autoscaler is capped from the first deploy (the scheduling cycle keeps it up to date from then on: before,
+    a new deployment could scale to replicas_max past its quota until the next cycle); CPU replicas are not counted.
+    Returns a note for the deploy event ("" when the quota takes all of replicas_max)."""
+    allowed = deployment.replicas_max
+    if deployment.accelerator_type != "cpu" and float(deployment.devices_per_replica) > 0:
+        allowed = selectors.serving_quota_replicas(deployment=deployment,
+                                                   accelerator_type=deployment.accelerator_type)
+    deployment.replicas_limit = allowed if allowed < deployment.replicas_max else None
+    if deployment.replicas_limit is None:
+        return ""
+    return f" (its cluster queue's quota takes {replicas_allowed(deployment)} now)"
 
 
 def _note(deployment: Deployment, reason: str) -> None:

@@ -456,3 +456,31 @@ def test_a_replicas_server_reserves_the_cores_its_devices_come_with(api, backend
         "devices_per_replica": 1, "replicas_min": 1, "replicas_max": 2})
     spec = backend.services[Deployment.objects.get(pk=deployment_id).compute_handle]
     assert spec.cpus_per_replica == 0.125  # the demo's 1 core per 8 devices, not 0.25: a worker's share stays free
+
+
+def test_a_new_deployment_is_capped_at_its_quota_from_the_first_deploy(api, backend, model_dir):
+    """Before, replicas_limit was set by the next scheduling cycle only: until then Serve's autoscaler could scale a
+    new deployment to replicas_max past its queue's quota."""
+    from controlplane.quotas.models import ResourceQuota
+
+    ResourceQuota.objects.filter(cluster_queue__name="shared", accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=8)
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)  # 1-2 replicas of 8; the quota takes one (no cohort to borrow from)
+    assert deployment.replicas_limit == 1
+    assert backend.services[deployment.compute_handle].replicas_max == 1
+    assert deployment.autoscaling["max_replicas"] == 1
+    deploying = deployment.events.get(to_state="DEPLOYING").reason
+    assert "1-2 replica(s) (its cluster queue's quota takes 1 now)" in deploying, deploying
+    events = deployment.events.count()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    deployment.refresh_from_db()
+    assert deployment.replicas_limit == 1 and deployment.events.count() == events  # the cycle agrees: no new event
+
+
+def test_a_new_deployment_the_quota_takes_whole_has_no_limit(api, backend, model_dir):
+    deployment = deploy_h100(api("alpha", "member"), model_dir)  # shared's 16 take both replicas
+    assert deployment.replicas_limit is None
+    assert backend.services[deployment.compute_handle].replicas_max == 2
+    assert "quota takes" not in deployment.events.get(to_state="DEPLOYING").reason
