@@ -128,6 +128,7 @@ def run_features(data: dict, run: dict) -> PlanOptions:
                        allow_zero=spec.get("zero", False),
                        allow_sequence_parallel=spec.get("sequence_parallel", False) is not False,
                        allow_selective_recompute=spec["recompute"] == "selective",
+                       allow_norm_recompute=spec["recompute"] == "norms",  # no published run recomputes only norms
                        allow_recompute=spec["recompute"] != "none")
 
 

@@ -282,3 +282,11 @@ def test_a_plan_may_recompute_only_the_layer_norms(api, world):
     assert "layer-norm recompute" in best["description"]
     assert "layer-norm recompute because without recomputation it would need" in best["reason"]
     assert best["memory_gb"] <= best["memory_limit_gb"]
+    # Software that fuses each norm into the next linear layer cannot recompute the norms alone.
+    fused = post(api("alpha", "member"), {"model": "llama3-70b", "global_batch_size": 256,
+                                          "options": {"allow_norm_recompute": False},
+                                          "devices": [{"accelerator_type": "nvidia-h100", "count": 32}]})
+    assert fused.status_code == 200, fused.json()
+    answer = fused.json()
+    assert all(plan["layout"]["recompute"] != "norms" for plan in [answer["best"], *answer["alternatives"]])
+    assert answer["best"]["step_time_s"] > best["step_time_s"]

@@ -2,18 +2,29 @@
 --recompute-modules layernorm`` drops the outputs of a layer's two norms (the QKV and first-MLP inputs) and
 rebuilds them from the norms' inputs, which stay stored, before the backward pass. By hand: what it saves and
 what it costs, where it sits on the search's ladder, and what it changes on Meta's 8,192-GPU Llama 3 layout.
-Also: the mixed-pool search's step-time bounds skip only what could not rank (same plans as without them)."""
+Also: the search's step-time bounds and its skipping of slower rungs change no plan (against a search without them)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from controlplane.planning import CostModel, DevicePool, DeviceType, Layout, PlanOptions, PlanRequest, plan
+from controlplane.planning import (
+    CostModel,
+    DevicePool,
+    DeviceType,
+    Layout,
+    ModelSpec,
+    PlanOptions,
+    PlanRequest,
+    homogeneous_layout,
+    plan,
+)
 from controlplane.planning import search as planner_search
-from controlplane.planning.cost import ACTIVATION_TRAFFIC, GB
+from controlplane.planning.cost import ACTIVATION_TRAFFIC, GB, MEMORY_USABLE_FRACTION
 from controlplane.planning.presets import model_spec
 from controlplane.planning.search import _feature_ladder, _ladder_note
 from controlplane.planning.validation import compare, load_published_runs, model_for, request_for, run_device
@@ -29,6 +40,12 @@ PER_LAYER = 533_200_896  # Llama 3 405B, TP8, SP, micro-batch 1, FlashAttention 
 
 def pool(nodes=2):
     return DevicePool(H100, nodes=nodes, devices_per_node=8, intra_node_gbps=450.0, inter_node_gbps=50.0)
+
+
+class _Unbounded(planner_search._Search):
+    """The search without its step-time bounds: every layout is balanced and evaluated."""
+
+    threshold = property(lambda self: math.inf, lambda self, value: None)
 
 
 @pytest.mark.parametrize("sequence_parallel", [True, False])
@@ -83,8 +100,14 @@ def test_the_ladder_puts_norm_recompute_right_after_none():
     assert [rung[0] for rung in _feature_ladder(flash, 8, 4)] == ["none", "norms", "full"]
     plain = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(flash_attention=False))
     assert [rung[0] for rung in _feature_ladder(plain, 8, 4)] == ["none", "norms", "selective", "full"]
-    whole_layers_only = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(allow_selective_recompute=False))
-    assert [rung[0] for rung in _feature_ladder(whole_layers_only, 8, 4)] == ["none", "full"]
+    no_selective = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(allow_selective_recompute=False))
+    assert [rung[0] for rung in _feature_ladder(no_selective, 8, 4)] == ["none", "norms", "full"]
+    # Norms fused into the next linear layer (Transformer Engine) cannot be recomputed on their own.
+    fused = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(allow_norm_recompute=False))
+    assert [rung[0] for rung in _feature_ladder(fused, 8, 4)] == ["none", "full"]
+    fused_plain = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(allow_norm_recompute=False,
+                                                                       flash_attention=False))
+    assert [rung[0] for rung in _feature_ladder(fused_plain, 8, 4)] == ["none", "selective", "full"]
     no_recompute = PlanRequest(LLAMA3_405B, 64, (pool(),), PlanOptions(allow_recompute=False))
     assert [rung[0] for rung in _feature_ladder(no_recompute, 8, 4)] == ["none"]
 
@@ -111,25 +134,66 @@ def test_the_ladder_note_names_what_each_lighter_rung_would_have_needed():
         "full recompute because with layer-norm recompute it would need 120 GB per device")
     assert _ladder_note([("none", False, 0, None)], ("full", False, 0)) == (
         "full recompute because without recomputation its layers do not fit in memory")
+    # Without recomputation it fits with ZeRO-2 (tried first), but more slowly than with the norms recomputed.
+    assert _ladder_note([("none", True, 1, 79.4)], ("norms", True, 1), [("none", True, 2)]) == (
+        "layer-norm recompute because without recomputation it would need 79 GB per device with ZeRO-1, and with "
+        "ZeRO-2 it is slower")
+    # Without FlashAttention, the attention core may be the cheaper thing to recompute.
+    assert _ladder_note([("none", False, 0, 90.0)], ("selective", False, 0), [("norms", False, 0)]) == (
+        "selective recompute because without recomputation it would need 90 GB per device; layer-norm recompute "
+        "fits too, and is slower")
 
 
-class _Unbounded(planner_search._Search):
-    """The search without its step-time bounds: every layout is balanced and evaluated."""
+def test_selective_is_tried_where_norms_fits_and_wins_when_faster():
+    """Without FlashAttention or SP and with short sequences, recomputing the attention core costs less than
+    recomputing the norms (2 a s^2 b / t bytes of scores and their FLOPs against 8 s b h of norm traffic), and
+    both fit: the search must not stop at the norms rung (a review found it did)."""
+    model = ModelSpec(layers=48, hidden=8192, heads=64, seq_len=1024, vocab=32000, gated_mlp=True,
+                      ffn_hidden=28672, dropout=False)
+    request = PlanRequest(model, 256, (pool(nodes=4),), PlanOptions(flash_attention=False,
+                                                                    allow_sequence_parallel=False))
+    cost = CostModel(request)
+    search = _Unbounded(request)  # every shape kept
+    search.homogeneous(request.pools[0])
+    chosen = search.best_per_shape[(((request.pools[0].name, 8),), 1, 4)]
+    assert chosen.layout.recompute == "selective" and chosen.fits
+    norms = cost.evaluate(replace(chosen.layout, recompute="norms"))
+    assert norms.fits and norms.step_time_s > chosen.step_time_s
+    assert "layer-norm recompute fits too, and is slower" in chosen.reason
 
-    threshold = property(lambda self: math.inf, lambda self, value: None)
+
+def test_a_layout_that_fits_only_without_full_recomputation_is_found():
+    """Full recomputation keeps one whole layer's activations while it recomputes: on a 1-layer model with one
+    micro-batch that is more than it saves. A device that holds the layer without recomputation must get a plan
+    (before, the search checked the full-recompute rung first and called the request infeasible)."""
+    model = ModelSpec(layers=1, hidden=4096, heads=32, seq_len=4096, vocab=32000, dropout=False)
+    big = DevicePool(DeviceType("chip", {"bf16": 100.0}, 80.0, 1000.0, 0.5), nodes=1, devices_per_node=1,
+                     intra_node_gbps=100.0, inter_node_gbps=10.0)
+    probe = CostModel(PlanRequest(model, 1, (big,)))
+    one = homogeneous_layout(big, 1, 1, 1, 1, 1)
+    none = probe.evaluate(one).memory_gb
+    full = probe.evaluate(replace(one, recompute="full")).memory_gb
+    assert none < full
+    limit_gb = (none + full) / 2  # usable: between the two
+    small = replace(big, device=replace(big.device, memory_gb=limit_gb / MEMORY_USABLE_FRACTION))  # x 1e9 bytes
+    result = plan(PlanRequest(model, 1, (small,)))
+    assert result.best is not None, result.reason
+    assert result.best.layout.recompute == "none" and result.best.fits
 
 
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(requests(heterogeneous=True))
-def test_the_mixed_search_bounds_skip_only_what_cannot_rank(planned):
+def test_the_search_skips_only_what_cannot_rank_or_cannot_be_faster(planned):
+    """Against the search with neither its step-time bounds nor the skipping of rungs a fitting rung is never
+    slower than (every rung of every layout tried, every fitting one evaluated)."""
     bounded = plan(planned)
-    original = planner_search._Search
-    planner_search._Search = _Unbounded
+    original, dominated = planner_search._Search, planner_search._dominated
+    planner_search._Search, planner_search._dominated = _Unbounded, lambda rung, fitted: False
     try:
         unbounded = plan(planned)
     finally:
-        planner_search._Search = original
+        planner_search._Search, planner_search._dominated = original, dominated
     shown = [bounded.best, *bounded.alternatives] if bounded.best else []
     reference = [unbounded.best, *unbounded.alternatives] if unbounded.best else []
     assert [(p.layout, round(p.step_time_s, 9)) for p in shown] == [

@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 PRECISIONS = ("bf16", "fp8")
-# Activation recomputation, from least to most: "norms" recomputes the two layer norms of each layer from their
-# inputs and keeps neither output (Megatron-core's --recompute-granularity selective --recompute-modules
-# layernorm); "selective" the attention core (Korthikanti et al. 2022); "full" the whole layer from its input.
+# Activation recomputation: "norms" recomputes the two layer norms of each layer from their inputs and keeps
+# neither output (Megatron-core's --recompute-granularity selective --recompute-modules layernorm, where the norms
+# are modules of their own, not fused into the next linear layer); "selective" the attention core (Korthikanti et
+# al. 2022); "full" the whole layer from its input.
 RECOMPUTE_MODES = ("none", "norms", "selective", "full")
 RECOMPUTE_LABELS = {"none": "no recompute", "norms": "layer-norm recompute", "selective": "selective recompute",
                     "full": "full recompute"}
@@ -365,6 +366,9 @@ class PlanOptions:
 
     allow_recompute: bool = True
     allow_selective_recompute: bool = True  # False for frameworks that only checkpoint whole layers
+    # Layer-norm recomputation needs the norms as modules of their own: Megatron-core's --recompute-modules layernorm
+    # skips norms fused into the next linear layer (Transformer Engine's LayerNormColumnParallelLinear).
+    allow_norm_recompute: bool = True
     allow_zero: bool = True
     allow_interleave: bool = True
     allow_sequence_parallel: bool = True

@@ -19,7 +19,9 @@ Memory is a hard limit. For each candidate the search takes the cheapest way to 
 sequence parallelism, ZeRO-1 optimizer-state sharding (free in time in this model: reduce-scatter +
 all-gather move the bytes of one all-reduce), ZeRO-2 gradient sharding (a reduce-scatter per micro-batch,
 which costs time when it outlasts the micro-batch's backward pass, so the next rung that fits is tried
-too), selective recomputation (cheap), full recomputation. Heterogeneous pipelines stop at ZeRO-1.
+too), layer-norm recomputation (the two norms' outputs, rebuilt from their inputs: memory traffic only),
+selective recomputation (the attention core; only without FlashAttention), full recomputation. Heterogeneous
+pipelines stop at ZeRO-1.
 
 Everything is deterministic: same request, same plan, ties broken by fewer devices, then simpler layouts.
 """
@@ -101,14 +103,17 @@ def _feature_ladder(request: PlanRequest, tp_max: int, dp: int, zero2: bool = Fa
     """(recompute, sequence_parallel, zero) from fastest to most memory-saving. Sequence parallelism and
     ZeRO-1 are on whenever allowed and meaningful: in this model they save memory and never cost time (SP
     runs layer norm and dropout on 1/t of the tokens; ZeRO-1's reduce-scatter + all-gather move the bytes of
-    one all-reduce and the optimizer step touches 1/dp of the state). Only recomputation trades time."""
+    one all-reduce and the optimizer step touches 1/dp of the state). Only recomputation trades time. The one
+    pair not in order of time: without FlashAttention, selective recomputation (the attention core) may be
+    faster than norm recomputation (short sequences, no SP), so where norms fits, selective is tried too
+    (``_also_after``)."""
     opts = request.options
     recomputes = ["none"]
     if opts.allow_recompute:
-        if opts.allow_selective_recompute:
-            recomputes.append("norms")  # two memory-bound norms again: far cheaper than any other rung
-            if not opts.flash_attention:  # FlashAttention: nothing to save
-                recomputes.append("selective")
+        if opts.allow_norm_recompute:
+            recomputes.append("norms")  # two memory-bound norms again
+        if opts.allow_selective_recompute and not opts.flash_attention:  # FlashAttention: nothing to save
+            recomputes.append("selective")
         recomputes.append("full")
     sp = opts.allow_sequence_parallel and tp_max > 1
     zero = opts.allow_zero and dp > 1
@@ -243,10 +248,23 @@ class _Search:
                           virtual_stages=v, sequence_parallel=sp, shard_gradients=zero == 2)
 
         self.evaluated += 1
-        used = peak(ladder[-1])
-        if used > limit:
-            self._miss(used, limit, lambda: layout(ladder[-1]))
-            return
+        peaks = {ladder[-1]: peak(ladder[-1])}
+        if peaks[ladder[-1]] > limit:
+            # The last rung saves the most memory, except where full recomputation's one working layer outweighs
+            # what it saves (few layers, one micro-batch in flight): then a lighter rung may still fit. Of those,
+            # the ones with the most ZeRO and the most recomputation short of full need the least (norms and
+            # selective do not compare: both are checked).
+            lighter = [rung for rung in ladder if rung[0] != "full"]
+            most = max((int(rung[2]) for rung in lighter), default=0)
+            lightest = [rung for rung in lighter if int(rung[2]) == most]
+            lightest = [rung for rung in lightest if rung[0] != "none"] or lightest
+            for rung in lightest:
+                self.evaluated += 1
+                peaks[rung] = peak(rung)
+            least = min(peaks, key=lambda rung: peaks[rung])
+            if peaks[least] > limit:
+                self._miss(peaks[least], limit, lambda: layout(least))
+                return
         widest = max(split)
 
         def consider(rung, note):
@@ -254,17 +272,19 @@ class _Search:
             if micro * widest * cost.layer_cost(pool, tp, mbs, rung[0], rung[1], ep).time_s <= self.threshold:
                 self._consider(layout(rung), note)
 
-        skipped = []
-        for rung in ladder[:-1]:
-            self.evaluated += 1
-            used = peak(rung)
+        skipped, fitted = [], []
+        for rung in ladder:
+            if _dominated(rung, fitted):
+                continue
+            used = peaks.get(rung)
+            if used is None:
+                self.evaluated += 1
+                used = peaks[rung] = peak(rung)
             if used <= limit:
-                consider(rung, _ladder_note(skipped, rung))
-                if rung[2] != 2:
-                    return
+                consider(rung, _ladder_note(skipped, rung, fitted))
+                fitted.append(rung)
             else:
                 skipped.append((*rung, used / GB))
-        consider(ladder[-1], _ladder_note(skipped, ladder[-1]))
 
     # -- heterogeneous -------------------------------------------------------------------------------------
 
@@ -318,25 +338,28 @@ class _Search:
         micro = self.request.global_batch_size // (dp * mbs)
         layers_total = self.request.model.layers
         layer_cost = self.cost.layer_cost
-        skipped = []
-        for index, (recompute, sp, zero) in enumerate(ladder):
+        skipped, fitted = [], []
+        for index, rung in enumerate(ladder):
+            recompute, sp, zero = rung
+            if _dominated(rung, fitted):
+                continue
             if index:  # the first rung's bound was checked by the caller
                 speed = sum(count / layer_cost(pool, tp, mbs, recompute, sp, 1).time_s for pool, tp, count in runs)
                 if micro * layers_total / speed > self.threshold:
-                    return
+                    continue
             self.evaluated += 1
             layers = balance_layers(self.cost, slots, dp, mbs, recompute, sp, zero)
             if layers is None:
                 skipped.append((recompute, sp, zero, None))
                 continue
+            fitted.append(rung)
             if micro * max(n * layer_cost(pool, tp, mbs, recompute, sp, 1).time_s
                            for (pool, tp), n in zip(slots, layers, strict=True)) > self.threshold:
-                return
+                continue
             stages = tuple(Stage(pool.name, tp, n) for (pool, tp), n in zip(slots, layers, strict=True))
             layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
                             sequence_parallel=sp)
-            self._consider(layout, _ladder_note(skipped, (recompute, sp, zero)))
-            return
+            self._consider(layout, _ladder_note(skipped, rung, fitted[:-1]))
 
 
 def _memory_kinds(split: tuple[int, ...]) -> tuple[int, ...]:
@@ -436,9 +459,25 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
     return counts
 
 
-def _ladder_note(skipped, chosen) -> str:
+# Recomputation modes whose step is never slower than another's (the same layout otherwise): none before all,
+# all before full; norms and selective are not comparable (selective may be faster without FlashAttention).
+_NEVER_SLOWER = {("none", "norms"), ("none", "selective"), ("none", "full"), ("norms", "full"), ("selective", "full")}
+
+
+def _dominated(rung, fitted) -> bool:
+    """Whether a rung that already fits is never slower than `rung`: the same or a cheaper recomputation with no
+    more ZeRO (ZeRO-2's reduce-scatter per micro-batch may cost time, ZeRO-1 never does), so `rung` need not be
+    tried. What is left after a fit: the rungs that may be faster (more recomputation with less ZeRO, selective
+    after norms)."""
+    recompute, _sp, zero = rung
+    return any((done[0] == recompute or (done[0], recompute) in _NEVER_SLOWER) and int(done[2]) <= int(zero)
+               for done in fitted)
+
+
+def _ladder_note(skipped, chosen, fitted=()) -> str:
     """Why the chosen layout recomputes, or shards its gradients: what the last cheaper rung with less
-    recomputation, and the one with the same recomputation but ZeRO-1, would have needed."""
+    recomputation, and the one with the same recomputation but ZeRO-1, would have needed; and which rungs tried
+    before it fit too (``fitted``: it is shown only if it is faster than they are)."""
 
     def need(used):
         return f"it would need {used:.0f} GB per device" if used is not None else "its layers do not fit in memory"
@@ -448,7 +487,13 @@ def _ladder_note(skipped, chosen) -> str:
     if lighter:
         recompute, _sp, _zero, used = lighter[-1]
         previous = "without recomputation" if recompute == "none" else f"with {RECOMPUTE_LABELS[recompute]}"
-        notes.append(f"{RECOMPUTE_LABELS[chosen[0]]} because {previous} {need(used)}")
+        note = f"{RECOMPUTE_LABELS[chosen[0]]} because {previous} {need(used)}"
+        if any(done[0] == recompute for done in fitted):  # it fits with ZeRO-2, and is slower so
+            note += " with ZeRO-1, and with ZeRO-2 it is slower"
+        notes.append(note)
+    named = {chosen[0], *(rung[0] for rung in lighter[-1:])}
+    for other in dict.fromkeys(done[0] for done in fitted if done[0] not in named):  # (norms, before selective)
+        notes.append(f"{RECOMPUTE_LABELS[other]} fits too, and is slower")
     if chosen[2] == 2:
         zero1 = [rung for rung in skipped if rung[0] == chosen[0] and rung[2] != 2]
         if zero1:

@@ -112,6 +112,8 @@ class PlanOptionsSerializer(StrictInputSerializer):
 
     allow_recompute = serializers.BooleanField(required=False)
     allow_selective_recompute = serializers.BooleanField(required=False)
+    allow_norm_recompute = serializers.BooleanField(
+        required=False, help_text="recompute the two layer norms of each layer (needs unfused norm modules)")
     allow_zero = serializers.BooleanField(required=False, help_text="ZeRO-1 optimizer-state sharding")
     allow_interleave = serializers.BooleanField(required=False, help_text="interleaved 1F1B pipeline schedule")
     allow_sequence_parallel = serializers.BooleanField(required=False)
