@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from controlplane.common.lifecycle import record_event, transition
 from controlplane.compute.base import ServiceSpec, ServiceStatus
+from controlplane.quotas.services import lock_cluster_queues
 from inference import selectors
 from inference.autoscaling import AutoscalingDecision, Sla, adjust_autoscaling, initial_autoscaling
 from inference.models import Deployment, DeploymentEvent
@@ -277,6 +278,7 @@ def build_spec(deployment: Deployment, decision: AutoscalingDecision) -> Service
 def deployment_deploy(*, deployment_id: int, backend) -> Deployment | None:
     """PENDING -> DEPLOYING and deploy; stays PENDING (with why) without room, FAILED without a model."""
     with transaction.atomic():
+        lock_cluster_queues()  # placed against quotas: not while a scheduling cycle (or another deploy) decides
         deployment = Deployment.objects.select_for_update(of=("self",)).select_related("source_job").filter(
             pk=deployment_id).first()
         if deployment is None or deployment.state != S.PENDING:
@@ -341,11 +343,12 @@ def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | No
     if deployment.state not in LIVE_STATES:
         return deployment
     with transaction.atomic():
+        lock_cluster_queues()  # its replica limit is decided against quotas (as deployment_deploy)
         deployment = Deployment.objects.select_for_update(of=("self",)).select_related("source_job").get(
             pk=deployment_id)
         if deployment.state not in LIVE_STATES or deployment.applied_revision == deployment.revision:
             return deployment
-        fields = ["model_dir", "autoscaling", "replicas_target"]
+        fields = ["model_dir", "autoscaling", "replicas_target", "replicas_limit"]
         if deployment.accelerator_type not in deployment.accelerator_types:
             placement, why = choose_placement(deployment)
             if placement is None:
@@ -353,8 +356,9 @@ def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | No
                                   f"{deployment.applied_revision or '-'}")
                 return deployment
             deployment.accelerator_type, deployment.pool = placement.accelerator_type, placement.pool or ""
-            _limit_to_quota(deployment)
-            fields += ["accelerator_type", "pool", "replicas_limit"]
+            fields += ["accelerator_type", "pool"]
+        # The revision may change the type, replicas_max or the devices per replica: the quota's limit follows now.
+        quota_note = _limit_to_quota(deployment)
         try:
             deployment.model_dir = resolve_model_dir(deployment)
         except ModelNotFound as exc:
@@ -375,7 +379,8 @@ def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | No
         deployment.save(update_fields=fields)
         record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
                      to_state=deployment.state, system=SYSTEM,
-                     reason=f"rolling update to revision {deployment.revision} on {deployment.accelerator_type}",
+                     reason=f"rolling update to revision {deployment.revision} on {deployment.accelerator_type}"
+                            f"{quota_note}",
                      data={"revision": deployment.revision, "model_dir": deployment.model_dir,
                            "autoscaling": decision.serve_config()})
     backend.deploy_service(build_spec(deployment, decision))

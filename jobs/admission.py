@@ -21,6 +21,7 @@ from controlplane.common.bulk import write_fields
 from controlplane.common.lifecycle import record_event, record_events_many, transition_many
 from controlplane.common.tasks import dispatch_many_on_commit
 from controlplane.quotas.models import ClusterQueue
+from controlplane.quotas.services import lock_cluster_queues
 from controlplane.scheduling.efficiency import (
     EfficiencyMatrix,
     chip_facts_from_accelerator_facts,
@@ -285,7 +286,7 @@ def _limit_replicas(limits: dict[str, tuple[int, str]]) -> None:
 
 @transaction.atomic
 def run_cycle() -> CycleResult:
-    list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
+    lock_cluster_queues()
     snapshot, jobs = load_snapshot()
     result = _schedule_with_serving(snapshot)
     from jobs.tasks import launch_training_job, stop_training_run
@@ -410,7 +411,7 @@ def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = Fals
     `require_all`: move only if every worker finds a new node (a slow node: a gang that keeps running
     slowly is better than a smaller one), and record nothing otherwise.
     """
-    list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
+    lock_cluster_queues()
     job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
     if job is None or job.state not in HOLDING_STATES or not job.admitted_accelerator_type:
         return None

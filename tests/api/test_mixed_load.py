@@ -484,3 +484,47 @@ def test_a_new_deployment_the_quota_takes_whole_has_no_limit(api, backend, model
     assert deployment.replicas_limit is None
     assert backend.services[deployment.compute_handle].replicas_max == 2
     assert "quota takes" not in deployment.events.get(to_state="DEPLOYING").reason
+
+
+def test_a_revision_is_capped_at_what_the_quota_takes_when_it_is_applied(api, backend, model_dir):
+    """From a review: only a revision that moved a deployment to another type had its limit recomputed; one raising
+    replicas_max on the same type ran uncapped until the next scheduling cycle."""
+    from controlplane.quotas.models import ResourceQuota
+
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)  # 1-2 replicas of 8 H100; shared's 16 take both
+    assert deployment.replicas_limit is None
+    ResourceQuota.objects.filter(cluster_queue__name="shared", accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=24)  # 3 replicas' worth
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.patch(f"/api/v1/deployments/{deployment.pk}/", {"replicas_max": 4}, format="json")
+    assert response.status_code == 200, response.json()
+    deployment.refresh_from_db()
+    assert (deployment.revision, deployment.replicas_limit) == (2, 3)
+    assert backend.services[deployment.compute_handle].replicas_max == 3
+    update = deployment.events.filter(reason__startswith="rolling update").last().reason
+    assert update == "rolling update to revision 2 on nvidia-h100 (its cluster queue's quota takes 3 now)", update
+
+
+def test_placing_a_deployment_locks_the_cluster_queues_first(api, backend, model_dir):
+    """Deploying decides against quotas like the scheduling cycle does, so it takes the same locks, in the same
+    order (the cluster queues, then the deployment row): a cycle between the deploy's read and its write would
+    otherwise lift the new limit, and two deploys could share the same headroom (from a review)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = api("alpha", "member")
+    with CaptureQueriesContext(connection) as queries, TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post("/api/v1/deployments/", {
+            **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+            "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 2}, format="json")
+    assert response.status_code == 201, response.json()
+    statements = [q["sql"] for q in queries.captured_queries]
+    locks = [i for i, sql in enumerate(statements)
+             if sql.startswith('SELECT "quotas_clusterqueue"."id" AS "id" FROM "quotas_clusterqueue"')]
+    assert locks, "the cluster queues were not locked"
+    # The deploy's first statement after the lock reads (locks) the deployment row.
+    following = statements[locks[0] + 1]
+    assert following.startswith('SELECT "inference_deployment"."id"') and '"inference_deployment"."id" =' in following
+    if connection.features.has_select_for_update:  # PostgreSQL (CI's second pass): the rows are locked
+        assert statements[locks[0]].endswith("FOR UPDATE") and "FOR UPDATE" in following

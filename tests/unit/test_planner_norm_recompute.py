@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from controlplane.planning import (
     CostModel,
@@ -25,6 +26,7 @@ from controlplane.planning import (
 )
 from controlplane.planning import search as planner_search
 from controlplane.planning.cost import ACTIVATION_TRAFFIC, GB, MEMORY_USABLE_FRACTION
+from controlplane.planning.model import RECOMPUTE_MODES, Stage
 from controlplane.planning.presets import model_spec
 from controlplane.planning.search import _feature_ladder, _ladder_note
 from controlplane.planning.validation import compare, load_published_runs, model_for, request_for, run_device
@@ -198,3 +200,91 @@ def test_the_search_skips_only_what_cannot_rank_or_cannot_be_faster(planned):
     reference = [unbounded.best, *unbounded.alternatives] if unbounded.best else []
     assert [(p.layout, round(p.step_time_s, 9)) for p in shown] == [
         (p.layout, round(p.step_time_s, 9)) for p in reference]
+
+
+# -- against every layout, evaluated one by one ---------------------------------------------------------------
+
+@st.composite
+def tight_requests(draw):
+    """A small model on one pool, and the memory of a device chosen so that only the few leanest layouts fit."""
+    heads = draw(st.sampled_from([8, 16, 32]))
+    model = ModelSpec(layers=draw(st.integers(1, 4)), hidden=heads * 128, heads=heads,
+                      seq_len=draw(st.sampled_from([1024, 4096])), vocab=draw(st.sampled_from([1000, 32000])),
+                      dropout=draw(st.booleans()), gated_mlp=draw(st.booleans()))
+    chip = DeviceType("chip", {"bf16": 400.0}, 80.0, 2000.0, 0.5)
+    roomy = DevicePool(chip, nodes=draw(st.sampled_from([1, 2, 4])), devices_per_node=draw(st.sampled_from([1, 2, 4])),
+                       intra_node_gbps=300.0, inter_node_gbps=25.0)
+    options = PlanOptions(flash_attention=draw(st.booleans()), allow_interleave=False, allow_heterogeneous=False,
+                          max_micro_batch=4)
+    batch = draw(st.sampled_from([2, 4, 8]))
+    layouts = _every_layout(PlanRequest(model, batch, (roomy,), options))
+    needs = sorted(CostModel(PlanRequest(model, batch, (roomy,), options)).memory(layout)[0] for layout in layouts)
+    rank = draw(st.integers(0, 5))
+    usable = needs[min(rank, len(needs) - 1)] * (1 + 1e-6)
+    tight = replace(roomy, device=replace(chip, memory_gb=usable / MEMORY_USABLE_FRACTION / 1e9))
+    return PlanRequest(model, batch, (tight,), options)
+
+
+def _every_layout(request: PlanRequest) -> list[Layout]:
+    """Every homogeneous layout the search may try (no interleaving), with every recomputation and ZeRO level."""
+    model, pool = request.model, request.pools[0]
+    flash = request.options.flash_attention
+    layouts = []
+    for tp in planner_search._tensor_degrees(request, pool):
+        for pp in range(1, model.layers + 1):
+            for split in planner_search.stage_splits(model.layers, pp):
+                for dp in planner_search.divisors(request.global_batch_size):
+                    if dp * tp * pp > pool.devices:
+                        continue
+                    for mbs in planner_search.divisors(request.global_batch_size // dp):
+                        if mbs > request.options.max_micro_batch:
+                            break
+                        for recompute in RECOMPUTE_MODES:
+                            if recompute == "selective" and flash:
+                                continue
+                            for zero in ((0,) if dp == 1 else (1, 2)):
+                                layouts.append(Layout(dp=dp, stages=tuple(Stage(pool.name, tp, n) for n in split),
+                                                      micro_batch_size=mbs, recompute=recompute, zero=bool(zero),
+                                                      shard_gradients=zero == 2, sequence_parallel=tp > 1))
+    return [layout for layout in layouts if not CostModel(request).problem(layout)]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(tight_requests())
+def test_the_plan_is_the_fastest_layout_that_fits_of_all_evaluated_one_by_one(request):
+    """An independent reference for the search's pruning, ladder and memory pre-checks: every layout evaluated by
+    the cost model. (A review found the search calling requests infeasible that had layouts fitting with ZeRO-1 or
+    without full recomputation, whose one working layer or one unsharded layer of ZeRO-2 gradients can need more
+    than they save.)"""
+    cost = CostModel(request)
+    fitting = [p for p in (cost.evaluate(layout) for layout in _every_layout(request)) if p.fits]
+    result = plan(request)
+    if not fitting:
+        assert result.best is None
+        return
+    assert result.best is not None, result.reason
+    assert result.best.step_time_s == pytest.approx(min(p.step_time_s for p in fitting), rel=1e-9)
+
+
+def test_a_mixed_pipeline_whose_layers_memory_held_back_tries_the_rungs_that_save_memory():
+    """Llama 2 70B on 128 H100 + 256 A100 (the planner benchmark's third mixed case): without recomputation memory
+    caps the H100 stage's layers; with the norms recomputed it takes more of them and the step is faster. Before,
+    the mixed search stopped at the first rung that fit; the plan must be the reference search's."""
+    from controlplane.cluster.accelerator_facts import facts_by_slug
+    from controlplane.planning.model import device_type_from_facts
+    from controlplane.planning.presets import model_spec as preset
+
+    facts = facts_by_slug()
+    pools = (DevicePool(device_type_from_facts(facts["nvidia-h100"]), 16, 8, 450.0, 50.0),
+             DevicePool(device_type_from_facts(facts["nvidia-a100"]), 32, 8, 300.0, 25.0))
+    request = PlanRequest(preset("llama2-70b"), 512, pools)
+    best = plan(request).best
+    original, dominated = planner_search._Search, planner_search._dominated
+    planner_search._Search, planner_search._dominated = _Unbounded, lambda rung, fitted: False
+    try:
+        reference = plan(request).best
+    finally:
+        planner_search._Search, planner_search._dominated = original, dominated
+    assert best.layout == reference.layout and best.step_time_s == pytest.approx(reference.step_time_s, rel=1e-12)
+    assert best.layout.heterogeneous and best.layout.recompute == "norms"

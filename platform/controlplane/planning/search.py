@@ -106,7 +106,7 @@ def _feature_ladder(request: PlanRequest, tp_max: int, dp: int, zero2: bool = Fa
     one all-reduce and the optimizer step touches 1/dp of the state). Only recomputation trades time. The one
     pair not in order of time: without FlashAttention, selective recomputation (the attention core) may be
     faster than norm recomputation (short sequences, no SP), so where norms fits, selective is tried too
-    (``_also_after``)."""
+    (``_dominated``)."""
     opts = request.options
     recomputes = ["none"]
     if opts.allow_recompute:
@@ -250,18 +250,22 @@ class _Search:
         self.evaluated += 1
         peaks = {ladder[-1]: peak(ladder[-1])}
         if peaks[ladder[-1]] > limit:
-            # The last rung saves the most memory, except where full recomputation's one working layer outweighs
-            # what it saves (few layers, one micro-batch in flight): then a lighter rung may still fit. Of those,
-            # the ones with the most ZeRO and the most recomputation short of full need the least (norms and
-            # selective do not compare: both are checked).
-            lighter = [rung for rung in ladder if rung[0] != "full"]
-            most = max((int(rung[2]) for rung in lighter), default=0)
-            lightest = [rung for rung in lighter if int(rung[2]) == most]
-            lightest = [rung for rung in lightest if rung[0] != "none"] or lightest
-            for rung in lightest:
+            # The last rung usually saves the most memory, but not always: full recomputation holds one whole
+            # layer's activations while it recomputes, and ZeRO-2 one layer's unsharded gradients, which on a stage
+            # of one or two layers can outweigh what they save. No rung needs less than the last one's peak less
+            # those two (it stores at least full recomputation's activations, sharded gradients, sharded optimizer
+            # state): past that, nothing fits; else every rung is checked before giving up.
+            last = ladder[-1]
+            layer = cost.layer_cost(pool, tp, mbs, last[0], last[1], ep)
+            slack = ((layer.working_bytes if last[0] == "full" else 0.0)
+                     + (GRAD_BYTES * (layer.dense_params + layer.expert_params) if last[2] == 2 else 0.0))
+            if peaks[last] - slack > limit * (1 + 1e-9):
+                self._miss(peaks[last], limit, lambda: layout(last))
+                return
+            for rung in ladder[:-1]:
                 self.evaluated += 1
                 peaks[rung] = peak(rung)
-            least = min(peaks, key=lambda rung: peaks[rung])
+            least = min(ladder, key=lambda rung: peaks[rung])
             if peaks[least] > limit:
                 self._miss(peaks[least], limit, lambda: layout(least))
                 return
@@ -332,9 +336,10 @@ class _Search:
     def _fit_heterogeneous(self, ladder, slots, runs, dp, mbs) -> None:
         """Evaluate the cheapest rung of the feature ladder whose layers fit (``runs``: the slots as (pool, tp,
         stages) runs). A rung that cannot fit costs little (balance_layers stops at the memory caps). The
-        bounds of ``heterogeneous``, with the rung's recomputation, skip what cannot rank: before balancing
-        (then no later, slower rung can rank either), and after it, the widest stage's layers for every
-        micro-batch."""
+        bounds of ``heterogeneous``, with the rung's recomputation, skip what cannot rank: before balancing, and
+        after it, the widest stage's layers for every micro-batch. A rung that fits makes the rungs it is never
+        slower than unnecessary (``_dominated``) only where memory held no stage back: otherwise a rung that
+        saves memory may give a faster chip more layers."""
         micro = self.request.global_batch_size // (dp * mbs)
         layers_total = self.request.model.layers
         layer_cost = self.cost.layer_cost
@@ -348,18 +353,19 @@ class _Search:
                 if micro * layers_total / speed > self.threshold:
                     continue
             self.evaluated += 1
-            layers = balance_layers(self.cost, slots, dp, mbs, recompute, sp, zero)
+            layers, capped = _balance(self.cost, slots, dp, mbs, recompute, sp, zero)
             if layers is None:
                 skipped.append((recompute, sp, zero, None))
                 continue
-            fitted.append(rung)
+            if not capped:  # (where memory held a stage back, a rung saving memory may balance the layers better)
+                fitted.append(rung)
             if micro * max(n * layer_cost(pool, tp, mbs, recompute, sp, 1).time_s
                            for (pool, tp), n in zip(slots, layers, strict=True)) > self.threshold:
                 continue
             stages = tuple(Stage(pool.name, tp, n) for (pool, tp), n in zip(slots, layers, strict=True))
             layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
                             sequence_parallel=sp)
-            self._consider(layout, _ladder_note(skipped, rung, fitted[:-1]))
+            self._consider(layout, _ladder_note(skipped, rung, [done for done in fitted if done != rung]))
 
 
 def _memory_kinds(split: tuple[int, ...]) -> tuple[int, ...]:
@@ -373,7 +379,15 @@ def _memory_kinds(split: tuple[int, ...]) -> tuple[int, ...]:
 
 def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs: int, recompute: str,
                    sequence_parallel: bool, zero: bool) -> list[int] | None:
-    """Layers per stage for a pipeline of ``slots`` (pool, tp), or None when the model cannot fit.
+    """Layers per stage for a pipeline of ``slots`` (pool, tp), or None when the model cannot fit (see
+    ``_balance``)."""
+    return _balance(cost, slots, dp, mbs, recompute, sequence_parallel, zero)[0]
+
+
+def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs: int, recompute: str,
+             sequence_parallel: bool, zero: bool) -> tuple[list[int] | None, bool]:
+    """Layers per stage for a pipeline of ``slots`` (pool, tp), or None when the model cannot fit; and whether
+    memory held a stage back (a stage got as many layers as fit in its memory, fewer than the model has).
 
     Each stage's time per micro-batch and memory are linear in its layer count (a per-layer part plus a
     fixed part: embedding, output layer, point-to-point sends). Find the smallest common time T such that
@@ -383,7 +397,7 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
     total = req.model.layers
     p = len(slots)
     if p > total:
-        return None
+        return None, False
     micro = req.global_batch_size // (dp * mbs)
     optimizer_share = OPTIMIZER_BYTES / dp if zero else OPTIMIZER_BYTES
     state_bytes = WEIGHT_BYTES + GRAD_BYTES + optimizer_share
@@ -407,10 +421,10 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
         fixed.append(f)
         cap = math.floor(room / (static_bytes + stored_bytes * min(p - index, micro)))
         if cap < 1:
-            return None
+            return None, False
         caps.append(min(cap, total))
     if sum(caps) < total:
-        return None
+        return None, False
     # The continuous optimum, stage caps included: stages whose share would exceed their cap are held at it.
     free = set(range(p))
     held = 0
@@ -437,7 +451,7 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
         heapq.heapify(heap)
         while deficit > 0:
             if not heap:
-                return None
+                return None, False
             _, i = heapq.heappop(heap)
             counts[i] += 1
             deficit -= 1
@@ -455,8 +469,8 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
             if counts[i] > 1:
                 heapq.heappush(heap, (-(fixed[i] + counts[i] * per_layer[i]), i))
     if min(counts) < 1:
-        return None
-    return counts
+        return None, False
+    return counts, any(count >= cap and cap < total for count, cap in zip(counts, caps, strict=True))
 
 
 # Recomputation modes whose step is never slower than another's (the same layout otherwise): none before all,

@@ -11,6 +11,13 @@ from controlplane.tenancy.models import Team
 from controlplane.tenancy.services import audit_record
 
 
+def lock_cluster_queues() -> None:
+    """Lock every ClusterQueue row, in id order, until the transaction ends: what decides against quotas (the
+    scheduling cycle, re-placing a gang, placing a deployment) takes this first, so two such decisions never read
+    the same free quota. Always before any job or deployment row (one order: no deadlock)."""
+    list(ClusterQueue.objects.select_for_update().order_by("id").values_list("id", flat=True))
+
+
 @transaction.atomic
 def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str = "",
                          quotas: list[dict] = ()) -> ClusterQueue:
