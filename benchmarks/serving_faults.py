@@ -176,6 +176,18 @@ def established_connections(pid: int, port: int) -> int:
     return count
 
 
+def accept_queue(port: int) -> int:
+    """Connections waiting to be accepted on the listening socket of `port` (the LISTEN entry's rx_queue in /proc)."""
+    waiting = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.readlines()[1:]:
+                parts = line.split()
+                if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "0A":
+                    waiting += int(parts[4].split(":")[1], 16)
+    return waiting
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -338,7 +350,7 @@ class Kill:
     target: str  # "replica" | "gateway worker"
     pid: int
     probed_at: float  # when the in-flight count on the process was taken
-    in_flight_probe: int  # requests on the process at probed_at (Serve's count / accepted connections)
+    in_flight_probe: int  # requests on the process at probed_at (Serve's count / its connections and the accept queue)
     killed_at: float
     replaced_at: float | None = None  # a replacement runs: a new replica RUNNING, a new gunicorn worker
     others: list[int] = field(default_factory=list)
@@ -378,10 +390,14 @@ def kill_replica(backend) -> Kill:
 
 
 def kill_gateway_worker(server: GatewayServer) -> Kill:
+    """SIGKILL a gunicorn worker. In flight on it: the connections it holds, and those waiting in the shared
+    listening socket's accept queue, any of which it may accept before it dies (CI, 2026-11-26: a request queued
+    there failed uncounted, 2 failed with 1 counted). Stopping the worker first (SIGSTOP) to count exactly was tried:
+    requests then waited on the stopped worker and failed after the kill."""
     workers = server.worker_pids()
     victim = workers[0]
     probed_at = time.monotonic()
-    ongoing = established_connections(victim, server.port)
+    ongoing = established_connections(victim, server.port) + accept_queue(server.port)
     killed_at = sigkill_and_wait_dead(victim)
     kill = Kill("gateway worker", victim, probed_at, ongoing, killed_at,
                 others=[pid for pid in workers if pid != victim])
@@ -400,7 +416,11 @@ def kill_report(kill: Kill, outcomes: list[Outcome], *, settle_s: float) -> dict
     at = kill.killed_at
     in_flight = [o for o in outcomes if o.started < at < o.ended]
     failed = [o for o in outcomes if not o.ok]
-    failed_in_flight = [o for o in failed if o.started < at < o.ended]
+    # A request the kill broke may end before `at`: the client sees its connection reset while this process is
+    # still polling /proc for the death (2026-11-26 on this host: four resets 0-1 ms before `at`, all started before
+    # it, counted as failures of requests started after the kill). In flight at the kill: started before the process
+    # was gone, ended after the kill began (its probe, just before the signal).
+    failed_in_flight = [o for o in failed if o.started < at and o.ended > kill.probed_at]
     window = [o for o in outcomes if o.started >= kill.probed_at and o.started < at]
     before = [o for o in outcomes if o.ok and at - settle_s <= o.ended < at]
     rate_before = len(before) / settle_s
