@@ -166,26 +166,22 @@ def established_connections(pid: int, port: int) -> int:
                 link = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if link.startswith("socket:["):
                     inodes.add(link[len("socket:["):-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(FileNotFoundError), open(table) as f:
-            for line in f.readlines()[1:]:
-                parts = line.split()
-                if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "01" and parts[9] in inodes:
-                    count += 1
-    return count
+    return sum(1 for parts in _tcp_sockets(port) if parts[3] == "01" and parts[9] in inodes)
 
 
 def accept_queue(port: int) -> int:
     """Connections waiting to be accepted on the listening socket of `port` (the LISTEN entry's rx_queue in /proc)."""
-    waiting = 0
+    return sum(int(parts[4].split(":")[1], 16) for parts in _tcp_sockets(port) if parts[3] == "0A")
+
+
+def _tcp_sockets(port: int):
+    """The fields of each /proc/net/tcp(6) entry whose local port is `port`."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(FileNotFoundError), open(table) as f:
             for line in f.readlines()[1:]:
                 parts = line.split()
-                if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "0A":
-                    waiting += int(parts[4].split(":")[1], 16)
-    return waiting
+                if int(parts[1].rsplit(":", 1)[1], 16) == port:
+                    yield parts
 
 
 def free_port() -> int:

@@ -183,6 +183,17 @@ def test_a_layout_that_fits_only_without_full_recomputation_is_found():
     assert result.best.layout.recompute == "none" and result.best.fits
 
 
+def _reference_plan(request: PlanRequest):
+    """plan() with neither the search's step-time bounds nor its skipping of rungs a fitting rung is never slower
+    than: every rung of every layout tried, every fitting one evaluated."""
+    original, dominated = planner_search._Search, planner_search._dominated
+    planner_search._Search, planner_search._dominated = _Unbounded, lambda rung, fitted: False
+    try:
+        return plan(request)
+    finally:
+        planner_search._Search, planner_search._dominated = original, dominated
+
+
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(requests(heterogeneous=True))
@@ -190,12 +201,7 @@ def test_the_search_skips_only_what_cannot_rank_or_cannot_be_faster(planned):
     """Against the search with neither its step-time bounds nor the skipping of rungs a fitting rung is never
     slower than (every rung of every layout tried, every fitting one evaluated)."""
     bounded = plan(planned)
-    original, dominated = planner_search._Search, planner_search._dominated
-    planner_search._Search, planner_search._dominated = _Unbounded, lambda rung, fitted: False
-    try:
-        unbounded = plan(planned)
-    finally:
-        planner_search._Search, planner_search._dominated = original, dominated
+    unbounded = _reference_plan(planned)
     shown = [bounded.best, *bounded.alternatives] if bounded.best else []
     reference = [unbounded.best, *unbounded.alternatives] if unbounded.best else []
     assert [(p.layout, round(p.step_time_s, 9)) for p in shown] == [
@@ -218,7 +224,8 @@ def tight_requests(draw):
                           max_micro_batch=4)
     batch = draw(st.sampled_from([2, 4, 8]))
     layouts = _every_layout(PlanRequest(model, batch, (roomy,), options))
-    needs = sorted(CostModel(PlanRequest(model, batch, (roomy,), options)).memory(layout)[0] for layout in layouts)
+    probe = CostModel(PlanRequest(model, batch, (roomy,), options))
+    needs = sorted(probe.memory(layout)[0] for layout in layouts)
     rank = draw(st.integers(0, 5))
     usable = needs[min(rank, len(needs) - 1)] * (1 + 1e-6)
     tight = replace(roomy, device=replace(chip, memory_gb=usable / MEMORY_USABLE_FRACTION / 1e9))
@@ -246,7 +253,8 @@ def _every_layout(request: PlanRequest) -> list[Layout]:
                                 layouts.append(Layout(dp=dp, stages=tuple(Stage(pool.name, tp, n) for n in split),
                                                       micro_batch_size=mbs, recompute=recompute, zero=bool(zero),
                                                       shard_gradients=zero == 2, sequence_parallel=tp > 1))
-    return [layout for layout in layouts if not CostModel(request).problem(layout)]
+    cost = CostModel(request)
+    return [layout for layout in layouts if not cost.problem(layout)]
 
 
 @settings(max_examples=60, deadline=None, derandomize=True,
@@ -280,11 +288,6 @@ def test_a_mixed_pipeline_whose_layers_memory_held_back_tries_the_rungs_that_sav
              DevicePool(device_type_from_facts(facts["nvidia-a100"]), 32, 8, 300.0, 25.0))
     request = PlanRequest(preset("llama2-70b"), 512, pools)
     best = plan(request).best
-    original, dominated = planner_search._Search, planner_search._dominated
-    planner_search._Search, planner_search._dominated = _Unbounded, lambda rung, fitted: False
-    try:
-        reference = plan(request).best
-    finally:
-        planner_search._Search, planner_search._dominated = original, dominated
+    reference = _reference_plan(request).best
     assert best.layout == reference.layout and best.step_time_s == pytest.approx(reference.step_time_s, rel=1e-12)
     assert best.layout.heterogeneous and best.layout.recompute == "norms"

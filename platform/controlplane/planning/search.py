@@ -309,7 +309,6 @@ class _Search:
                     if any(not c for c in counts):
                         continue
                     ladder = _feature_ladder(req, max(tp_choice), dp)
-                    sequence_parallel = ladder[0][1]
                     for stage_counts in itertools.product(*counts):
                         if sum(stage_counts) > m.layers:
                             continue
@@ -317,41 +316,31 @@ class _Search:
                                    for pool, tp, count in zip(order, tp_choice, stage_counts, strict=True))
                         if self._lower_bound(rate) > self.threshold:
                             continue
-                        slots = [(pool, tp) for pool, tp, count in zip(order, tp_choice, stage_counts, strict=True)
-                                 for _ in range(count)]
+                        runs = tuple(zip(order, tp_choice, stage_counts, strict=True))
+                        slots = [(pool, tp) for pool, tp, count in runs for _ in range(count)]
                         for mbs in HETEROGENEOUS_MICRO_BATCHES:
                             if mbs > req.options.max_micro_batch or gbs % (dp * mbs):
                                 continue
-                            # A tighter bound for this micro-batch size: with per-layer times c_i (no
-                            # recompute, the cheapest rung), L layers need t_max >= L / sum(1/c_i).
-                            micro = gbs // (dp * mbs)
-                            speed = sum(count / self.cost.layer_cost(pool, tp, mbs, "none", sequence_parallel,
-                                                                     1).time_s
-                                        for pool, tp, count in zip(order, tp_choice, stage_counts, strict=True))
-                            if micro * m.layers / speed > self.threshold:
-                                continue
-                            runs = tuple(zip(order, tp_choice, stage_counts, strict=True))
                             self._fit_heterogeneous(ladder, slots, runs, dp, mbs)
 
     def _fit_heterogeneous(self, ladder, slots, runs, dp, mbs) -> None:
         """Evaluate the cheapest rung of the feature ladder whose layers fit (``runs``: the slots as (pool, tp,
-        stages) runs). A rung that cannot fit costs little (balance_layers stops at the memory caps). The
-        bounds of ``heterogeneous``, with the rung's recomputation, skip what cannot rank: before balancing, and
-        after it, the widest stage's layers for every micro-batch. A rung that fits makes the rungs it is never
-        slower than unnecessary (``_dominated``) only where memory held no stage back: otherwise a rung that
-        saves memory may give a faster chip more layers."""
+        stages) runs). A rung that cannot fit costs little (balance_layers stops at the memory caps). Bounds on
+        the step time skip what cannot rank: before balancing, with per-layer times c_i of the rung, L layers need
+        t_max >= L / sum(1/c_i); after it, the widest stage's layers for every micro-batch. A rung that fits
+        makes the rungs it is never slower than unnecessary (``_dominated``) only where memory held no stage
+        back: otherwise a rung that saves memory may give a faster chip more layers."""
         micro = self.request.global_batch_size // (dp * mbs)
         layers_total = self.request.model.layers
         layer_cost = self.cost.layer_cost
         skipped, fitted = [], []
-        for index, rung in enumerate(ladder):
+        for rung in ladder:
             recompute, sp, zero = rung
             if _dominated(rung, fitted):
                 continue
-            if index:  # the first rung's bound was checked by the caller
-                speed = sum(count / layer_cost(pool, tp, mbs, recompute, sp, 1).time_s for pool, tp, count in runs)
-                if micro * layers_total / speed > self.threshold:
-                    continue
+            speed = sum(count / layer_cost(pool, tp, mbs, recompute, sp, 1).time_s for pool, tp, count in runs)
+            if micro * layers_total / speed > self.threshold:
+                continue
             self.evaluated += 1
             layers, capped = _balance(self.cost, slots, dp, mbs, recompute, sp, zero)
             if layers is None:
