@@ -418,6 +418,10 @@ def kill_report(kill: Kill, outcomes: list[Outcome], *, settle_s: float) -> dict
     # was gone, ended after the kill began (its probe, just before the signal).
     failed_in_flight = [o for o in failed if o.started < at and o.ended > kill.probed_at]
     window = [o for o in outcomes if o.started >= kill.probed_at and o.started < at]
+    # ... and those waiting at the probe for their first byte: a router or listening socket may still hand them to
+    # the process before it dies (CI, 2026-11-26: a replica kill failed 3 with 2 counted)
+    waiting = [o for o in outcomes if o.started < kill.probed_at < o.ended
+               and (o.first_byte is None or o.first_byte > kill.probed_at)]
     before = [o for o in outcomes if o.ok and at - settle_s <= o.ended < at]
     rate_before = len(before) / settle_s
     after_ok = sorted(o.ended for o in outcomes if o.ok and o.started > at)
@@ -431,7 +435,8 @@ def kill_report(kill: Kill, outcomes: list[Outcome], *, settle_s: float) -> dict
         "target": kill.target,
         "pid": kill.pid,
         "requests_in_flight": len(in_flight),
-        "in_flight_on_killed": kill.in_flight_probe + len(window),  # counted there, plus any started since
+        # counted there, plus any started since or still waiting to be served at the probe (an upper bound)
+        "in_flight_on_killed": kill.in_flight_probe + len(window) + len(waiting),
         "failed": len(failed),
         "failed_not_in_flight": len(failed) - len(failed_in_flight),
         "failed_kinds": sorted({o.kind for o in failed}),
