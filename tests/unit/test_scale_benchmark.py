@@ -41,12 +41,29 @@ def test_a_follow_on_snapshot_applies_the_decisions_and_tops_the_queue_up():
     schedule(after)  # and the core takes it
 
 
-def test_the_benchmark_reports_first_and_follow_on_cycles(tmp_path, capsys):
-    assert main(["--sizes", "1000", "--pending", "300", "--cycles", "2", "--follow-on", "2",
+def test_a_steady_snapshot_takes_as_many_arrivals_as_workloads_finished():
+    snapshot = build_snapshot(1000, 400, seed=3)
+    result = schedule(snapshot)
+    after = follow_on(snapshot, result, random.Random(0), cycle=0, pending=400, finish=0.1, steady=True)
+    started = {a.workload_id for a in result.admitted} | {w.workload_id for w in result.waiting if w.held}
+    before = len(snapshot.running) - len(result.preempted) + len(started)
+    finished = int(before * 0.1)
+    assert len(after.running) == before - finished
+    arrivals = [w for w in after.pending if w.id.startswith("c0-")]
+    left = len(snapshot.pending) - len(started) + len(result.preempted)  # waiting before the arrivals
+    assert len(arrivals) == min(finished, 400 - left) and len(after.pending) == left + len(arrivals)
+    assert len(after.pending) < 400  # not topped up: the first cycle admitted more than finished
+
+
+def test_the_benchmark_reports_first_follow_on_and_steady_cycles(tmp_path, capsys):
+    assert main(["--sizes", "1000", "--pending", "300", "--cycles", "2", "--follow-on", "2", "--steady", "3",
                  "--out", str(tmp_path / "scale")]) == 0
     out = capsys.readouterr().out
-    assert "first cycles" in out and "follow-on cycles" in out and "target: p99 < 100 ms" in out
+    assert "first cycles" in out and "follow-on cycles" in out and "steady cycles" in out
+    assert "target: p99 < 100 ms" in out and "steady p99" in out
     import json
 
     row = json.loads((tmp_path / "scale.json").read_text())["results"][0]
     assert row["follow_cycles"] == 2 and len(row["follow_times_ms"]) == 2 and row["follow_p99_ms"] > 0
+    assert row["steady_cycles"] == 3 and len(row["steady_times_ms"]) == 3 and row["steady_p99_ms"] > 0
+    assert len(row["steady_admitted"]) == 3 and row["steady_pending_at_end"] <= 300

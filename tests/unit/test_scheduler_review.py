@@ -28,15 +28,30 @@ def test_elastic_victim_with_a_worker_on_a_node_unknown_to_the_state():
     assert schedule(snap) == expected  # KeyError: 'gone' in _Victims.release_of
 
 
+def test_a_victim_on_a_node_unknown_to_the_state_is_stopped_without_a_crash():
+    """v's only worker is on a node the snapshot no longer lists: stopping it frees nothing (as _State counts it). The
+    trial stops v first (least work since its checkpoint), then u, whose node p takes; v is then put back, as p's
+    quota does not need it. The trial's release looked the node up: KeyError, and the whole cycle failed."""
+    nodes = (NodeSpec("a0", "p", H, "lg", 8),)
+    queues = (ClusterQueueSpec("q", {H: Quota(16)}),)
+    v = Running(Workload("v", "q", (H,), 8.0, priority=0), H, (whole("gone", 0, 8),))
+    u = Running(Workload("u", "q", (H,), 8.0, priority=0), H, (whole("a0", 0, 8),), 5.0)
+    snap = Snapshot(nodes, queues, (v, u), (Workload("p", "q", (H,), 8.0, priority=5),))
+    expected = reference_schedule(snap)
+    assert [p.workload_id for p in expected.preempted] == ["u"]
+    assert schedule(snap) == expected
+
+
 def test_memo_stale_after_another_types_trial_frees_this_types_nodes():
     """x runs as type B but its workers sit on a0, a node of type A (a malformed snapshot: the platform builds
     Running from the admitted type, so this needs a node moved between types). w1 (A, 2 x 8) walks and fails
     (bound 1); wb (B) then preempts x and v, which frees a0 (type A) without any A victim being taken; w3 (shaped
-    as w1) would now fit by preempting y1, y2, but the remembered walk (same taken count, same usages) skips it."""
+    as w1) would now fit by preempting y1, y2, but the remembered walk (same taken count, same usages) skips it.
+    (B's quota of 8 makes wb need x's quota too: else x, whose devices give wb nothing, would be put back.)"""
     A, B = "type-a", "type-b"
     nodes = (NodeSpec("a0", "pa", A, "lga", 8), NodeSpec("a1", "pa", A, "lga", 8), NodeSpec("a2", "pa", A, "lga", 8),
              NodeSpec("a3", "pa", A, "lga", 8), NodeSpec("b0", "pb", B, "lgb", 8))
-    queues = (ClusterQueueSpec("q", {A: Quota(1000), B: Quota(1000)}),)
+    queues = (ClusterQueueSpec("q", {A: Quota(1000), B: Quota(8)}),)
 
     def run(name, t, node, first, count, priority, work=0.0):
         return Running(Workload(name, "q", (t,), float(count), priority=priority), t, (whole(node, first, count),),

@@ -52,13 +52,15 @@ class RefState:
             self.ledger.add(r.workload.cluster_queue, r.accelerator_type, r.usage)
             self.running[r.workload.id] = r
         self.started_before = frozenset(self.running)
+        self.walked = frozenset()  # running workloads a successful preemption trial walked (put back or not)
 
     def nodes_of(self, t):
         return [n for n in self.nodes.values() if n.accelerator_type == t]
 
     def release(self, workers):
         for w in workers:
-            self.nodes[w.node].give_back(w.taken)
+            if w.node in self.nodes:
+                self.nodes[w.node].give_back(w.taken)
 
 
 def reference_schedule(snap: Snapshot) -> CycleResult:
@@ -142,7 +144,8 @@ def ref_preemption(state, wl, types, already):
     for t in types:
         within = ledger.usage[(wl.cluster_queue, t)] + wl.demand() <= ledger.quota(wl.cluster_queue, t).nominal + EPS
         candidates = sorted((r for r in state.running.values() if r.accelerator_type == t
-                             and r.workload.id not in already and r.workload.preemptible and not r.settled
+                             and r.workload.id not in already and r.workload.id not in state.walked
+                             and r.workload.preemptible and not r.settled
                              and r.workload.id in state.started_before
                              and (r.workload.priority < wl.priority
                                   or (r.workload.cluster_queue != wl.cluster_queue
@@ -174,6 +177,24 @@ def ref_preemption(state, wl, types, already):
                 break
         else:
             continue
+        # Put back each victim stopped before the one that made it fit, last first, if the preemptor fits without it.
+        # Every workload walked is not a candidate again in this cycle.
+        originals = {r.workload.id: r for r in candidates}
+        trial.walked = state.walked | {p.workload_id for p in victims} | {s.workload_id for s in shrinks}
+        stopped = victims if shrinks else victims[:-1]
+        for p in reversed(stopped):
+            r = originals[p.workload_id]
+            for w in (w for w in r.workers if w.node in trial.nodes):
+                free = trial.nodes[w.node].device_free
+                for i, share in w.taken:
+                    free[i] = max(0.0, free[i] - share)
+            trial.ledger.add(r.workload.cluster_queue, t, r.usage)
+            trial.running[r.workload.id] = r
+            if ref_fits(trial, wl, t):
+                victims = [v for v in victims if v.workload_id != p.workload_id]
+                continue
+            trial.release(r.workers)
+            trial.ledger.add(r.workload.cluster_queue, t, -trial.running.pop(r.workload.id).usage)
         placement = place_gang(trial.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
         trial.ledger.add(wl.cluster_queue, t, wl.demand())
         trial.running[wl.id] = Running(wl, t, tuple(placement.workers))
@@ -580,8 +601,9 @@ def test_a_preemption_trial_that_could_not_free_a_whole_node_is_not_run():
     assert walk(snap) is True
     result = schedule(snap)
     [wait] = result.waiting
-    assert wait.held is not None and wait.held.workers[0].node == "n0"  # victims in victim order, up to low3
-    assert [p.workload_id for p in result.preempted] == ["low0", "low1", "low2", "low3"]
+    assert wait.held is not None and wait.held.workers[0].node == "n0"
+    # The walk stops victims in victim order up to low3; low1 and low2 (on n1 and n2) are put back: not needed
+    assert [p.workload_id for p in result.preempted] == ["low0", "low3"]
     assert result == reference_schedule(snap)
 
 

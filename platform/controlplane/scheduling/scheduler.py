@@ -18,8 +18,12 @@ Rules (issue 3), in the order applied:
    job reclaimed its queue's quota from the preemptor, and the two preempted each other in every
    cycle (found by the Q1 quota soak). Victims are the lowest priority, then the least work lost since
    their last checkpoint; an elastic victim is shrunk before it is stopped; each victim at most once;
-   nothing happens unless the preemptor then fits. Victims checkpoint first; the preemptor's devices
-   and quota stay reserved until they are free.
+   nothing happens unless the preemptor then fits. The trial stops candidates in that order until the
+   preemptor fits, then puts back, from the last to the first, every one it still fits without (Kueue's
+   minimal preemption): the walk stops victims wherever they run, and before, one 8-device worker could
+   stop dozens of small jobs on other nodes. Every workload a successful trial walked, put back or not,
+   is no candidate again in the cycle (it may be in the next one). Victims checkpoint first; the
+   preemptor's devices and quota stay reserved until they are free.
 8. Elastic growth: running workloads below `workers_max` grow into capacity nobody waits for.
 The cycle is a pure function of the snapshot: the same snapshot gives the same decisions.
 
@@ -680,18 +684,41 @@ class _Undo:
         self.running: dict[str, Running | None] = {}
 
     def release(self, workers) -> None:
+        """Free the devices of `workers` (a victim stopped or shrunk in the trial)."""
+        for free, index, share in self._entries(workers):
+            # (a share >= 1 gives 1.0, as min(1.0, free + share) does: free is never below 0.0)
+            free[index] = 1.0 if share >= 1.0 else min(1.0, free[index] + share)
+        self._refresh(workers)
+
+    def take(self, workers) -> None:
+        """Occupy the devices of `workers` again (a victim put back), as _State counts a running workload's."""
+        for free, index, share in self._entries(workers):
+            free[index] = 0.0 if share >= 1.0 else max(0.0, free[index] - share)
+        self._refresh(workers)
+
+    def _entries(self, workers):
+        """(the node's device_free, device index, share) of each device entry of `workers` on a node the state
+        counts, the node's devices saved for undo first. A node the snapshot no longer lists, or device indexes
+        beyond a node's current size (it shrank since), hold nothing, as in _State."""
         nodes, saved = self.state.nodes, self.devices
         for worker in workers:
-            node = nodes[worker.node]
+            node = nodes.get(worker.node)
+            if node is None:
+                continue
             free = node.device_free
             if node.name not in saved:
                 saved[node.name] = free[:]
             size = len(free)
             for index, share in worker.taken:
-                if index < size:  # a node that shrank since: its lost devices hold nothing (as in _State)
-                    # (a share >= 1 gives 1.0, as min(1.0, free + share) does: free is never below 0.0)
-                    free[index] = 1.0 if share >= 1.0 else min(1.0, free[index] + share)
-            node.pool.refresh(node)
+                if index < size:
+                    yield free, index, share
+
+    def _refresh(self, workers) -> None:
+        nodes = self.state.nodes
+        for worker in workers:
+            node = nodes.get(worker.node)
+            if node is not None:
+                node.pool.refresh(node)
 
     def add(self, queue: str, accelerator_type: str, amount: float) -> None:
         key = (queue, accelerator_type)
@@ -996,6 +1023,9 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         if not fitted:
             undo.undo()
             continue
+        # Every workload the trial walked leaves the candidate lists, the ones put back too: a later trial of this
+        # cycle does not walk them again (each running workload is walked by one successful trial per cycle at most)
+        victims = _add_back(state, workload, accelerator_type, undo, victims, gone, last_shrunk=bool(shrinks))
         # Hold the freed devices and quota for the preemptor until the victims are gone.
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
@@ -1007,6 +1037,33 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
             pool_victims.gone(running)
         return victims, shrinks, accelerator_type
     return None
+
+
+def _add_back(state: _State, workload: Workload, accelerator_type: str, undo: _Undo, victims: list[Preempt],
+              gone: list[Running], last_shrunk: bool) -> list[Preempt]:
+    """The victims the preemptor still needs: each one stopped before the one that made it fit, from the last to the
+    first, is put back (its devices and quota taken again) and stays running if the preemptor still fits without it
+    (Kueue's minimal preemption). The walk releases victims wherever they run until some node has room, so for one
+    8-device worker it could stop dozens of small jobs on other nodes (found by the scale benchmark's steady cycles:
+    35 victims holding 54 devices for an 8-device gang, thousands preempted per cycle on 100k accelerators with ten
+    arrivals). Those kept run on: the lowest priority and least work since a checkpoint are still stopped first."""
+    stopped = {p.workload_id: p for p in victims}
+    walked = [running for running in gone if running.workload.id in stopped]
+    if not last_shrunk:
+        walked = walked[:-1]  # the one that made it fit is needed
+    kept: set[str] = set()
+    for running in reversed(walked):
+        victim = running.workload
+        undo.take(running.workers)
+        undo.add(victim.cluster_queue, accelerator_type, running.usage)
+        undo.set_running(victim.id, running)
+        if _fits(state, workload, accelerator_type):
+            kept.add(victim.id)
+            continue
+        undo.release(running.workers)
+        undo.add(victim.cluster_queue, accelerator_type, -running.usage)
+        undo.set_running(victim.id, None)
+    return [p for p in victims if p.workload_id not in kept] if kept else victims
 
 
 def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
