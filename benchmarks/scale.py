@@ -295,7 +295,7 @@ def measure(accelerators: int, pending: int, cycles: int, seed: int, follow_cycl
             steady_cycles: int = 0) -> dict:
     snapshots = [build_snapshot(accelerators, pending, seed + v) for v in range(min(cycles, SNAPSHOT_VARIANTS))]
     first = snapshots[0]
-    times, admitted, preempted, waiting = [], [], [], []
+    times, admitted, preempted, waiting, preemptors = [], [], [], [], []
     for cycle in range(cycles):
         snapshot = snapshots[cycle % len(snapshots)]
         gc.collect()
@@ -305,6 +305,7 @@ def measure(accelerators: int, pending: int, cycles: int, seed: int, follow_cycl
         admitted.append(len(result.admitted))
         preempted.append(len(result.preempted) + len(result.shrunk))
         waiting.append(len(result.waiting))
+        preemptors.append(sum(1 for wait in result.waiting if wait.held is not None))
     gc.collect()
     tracemalloc.start()
     tracemalloc.reset_peak()
@@ -323,6 +324,7 @@ def measure(accelerators: int, pending: int, cycles: int, seed: int, follow_cycl
         "admitted_per_cycle": round(statistics.fmean(admitted), 1),
         "preempted_or_shrunk_per_cycle": round(statistics.fmean(preempted), 1),
         "waiting_per_cycle": round(statistics.fmean(waiting), 1),
+        "preemptors_per_cycle": round(statistics.fmean(preemptors), 1),
         "times_ms": [round(t, 3) for t in times],
         **measure_follow_on(first, pending, follow_cycles, seed, steady_cycles),
     }
@@ -331,7 +333,8 @@ def measure(accelerators: int, pending: int, cycles: int, seed: int, follow_cycl
 COLUMNS = (("accelerators", "accelerators", "d"), ("nodes", "nodes", "d"), ("pending", "pending", "d"),
            ("running", "running", "d"), ("cycles", "cycles", "d"), ("p50_ms", "p50 ms", ".1f"),
            ("p99_ms", "p99 ms", ".1f"), ("peak_mib", "peak MiB", ".1f"), ("admitted_per_cycle", "admitted", ".0f"),
-           ("preempted_or_shrunk_per_cycle", "preempt+shrink", ".0f"), ("waiting_per_cycle", "waiting", ".0f"))
+           ("preempted_or_shrunk_per_cycle", "preempt+shrink", ".0f"), ("preemptors_per_cycle", "preemptors", ".0f"),
+           ("waiting_per_cycle", "waiting", ".0f"))
 FOLLOW_COLUMNS = (("accelerators", "accelerators", "d"), ("follow_cycles", "follow-on cycles", "d"),
                   ("follow_p50_ms", "p50 ms", ".1f"), ("follow_p99_ms", "p99 ms", ".1f"),
                   ("follow_admitted_per_cycle", "admitted", ".0f"),
