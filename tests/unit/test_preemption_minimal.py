@@ -61,13 +61,15 @@ def test_the_victim_that_made_room_stays_a_victim_and_earlier_ones_needed_for_qu
     assert result == reference_schedule(snap)
 
 
-def _without(running, gone: set[str], shrunk: dict[str, set]) -> tuple[Running, ...]:
+def _without(running, gone: set[str], shrunk: dict[str, int]) -> tuple[Running, ...]:
+    """`running` without the workloads `gone`, and those in `shrunk` without their last that many workers (a shrink
+    releases the workers beyond the minimum; by position, as two fractional workers may have equal placements)."""
     kept = []
     for r in running:
         if r.workload.id in gone:
             continue
         if r.workload.id in shrunk:
-            r = Running(r.workload, r.accelerator_type, tuple(w for w in r.workers if w not in shrunk[r.workload.id]),
+            r = Running(r.workload, r.accelerator_type, r.workers[:len(r.workers) - shrunk[r.workload.id]],
                         r.work_since_checkpoint_s)
         kept.append(r)
     return tuple(kept)
@@ -76,7 +78,8 @@ def _without(running, gone: set[str], shrunk: dict[str, set]) -> tuple[Running, 
 @pytest.mark.parametrize("seed", range(150))
 def test_every_victim_is_needed(seed):
     """For each pending workload alone on a random snapshot: if it preempts, then with any one of its victims left
-    running (the others stopped, shrinks applied) it would not start without preempting."""
+    running (the others stopped, shrinks applied), or only shrunk to its minimum when elastic, it would not start
+    without preempting."""
     snap = random_snapshot(random.Random(seed))
     for workload in snap.pending:
         alone = Snapshot(snap.nodes, snap.cluster_queues, snap.running, (workload,),
@@ -85,11 +88,18 @@ def test_every_victim_is_needed(seed):
         victims = {p.workload_id for p in result.preempted}
         if not victims:
             continue
-        shrunk = {s.workload_id: set(s.released) for s in result.shrunk}
+        shrunk = {s.workload_id: len(s.released) for s in result.shrunk}
         for victim in victims:
             running = _without(snap.running, victims - {victim}, shrunk)
             again = schedule(Snapshot(snap.nodes, snap.cluster_queues, running, (workload,), alone.type_preference))
             assert not again.admitted, (workload.id, victim, sorted(victims))
+            stopped = next(r for r in snap.running if r.workload.id == victim)
+            if len(stopped.workers) > stopped.workload.workers_min:  # nor with it only shrunk to its minimum
+                at_min = {**shrunk, victim: len(stopped.workers) - stopped.workload.workers_min}
+                running = _without(snap.running, victims - {victim}, at_min)
+                again = schedule(Snapshot(snap.nodes, snap.cluster_queues, running, (workload,),
+                                          alone.type_preference))
+                assert not again.admitted, (workload.id, victim, "at its minimum", sorted(victims))
 
 
 def test_the_random_snapshots_do_exercise_preemption():
@@ -124,3 +134,21 @@ def test_a_workload_a_trial_put_back_is_not_walked_again_in_the_cycle_but_is_in_
     after = Snapshot(nodes, queues, (running[1], running[2], Running(big1, H, held.workers)), (small,))
     result = schedule(after)
     assert [(p.workload_id, p.for_workload) for p in result.preempted] == [("a0", "small")]
+
+
+def test_an_elastic_victim_that_need_not_stop_is_only_shrunk():
+    """v1 (elastic, 1-3 workers) is walked first and, shrunk, still not enough: it is stopped; v2 then makes room.
+    Putting v1 back whole leaves p no room, but at its minimum it does: v1 is shrunk, not stopped (a review found
+    v1 stopped)."""
+    nodes = (NodeSpec("n0", "p", H, "lg", 8),)
+    queues = (ClusterQueueSpec("q", {H: Quota(64)}),)
+    v1 = Running(Workload("v1", "q", (H,), 1.0, 1, 3), H, tuple(whole("n0", d, 1) for d in range(3)), 0.0)
+    v2 = job("v2", "n0", 3, 2, work=10.0)
+    h = job("h", "n0", 5, 3, priority=9)
+    snap = Snapshot(nodes, queues, (v1, v2, h), (Workload("p", "q", (H,), 4.0, priority=5),))
+    result = schedule(snap)
+    assert [p.workload_id for p in result.preempted] == ["v2"]
+    assert [(s.workload_id, s.to_workers, s.released) for s in result.shrunk] == [
+        ("v1", 1, (whole("n0", 1, 1), whole("n0", 2, 1)))]
+    assert result.waiting[0].held.workers == (WorkerPlacement("n0", ((1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0))),)
+    assert result == reference_schedule(snap)

@@ -182,19 +182,28 @@ def ref_preemption(state, wl, types, already):
         originals = {r.workload.id: r for r in candidates}
         trial.walked = state.walked | {p.workload_id for p in victims} | {s.workload_id for s in shrinks}
         stopped = victims if shrinks else victims[:-1]
+        converted = []
         for p in reversed(stopped):
             r = originals[p.workload_id]
-            for w in (w for w in r.workers if w.node in trial.nodes):
-                free = trial.nodes[w.node].device_free
-                for i, share in w.taken:
-                    free[i] = max(0.0, free[i] - share)
-            trial.ledger.add(r.workload.cluster_queue, t, r.usage)
-            trial.running[r.workload.id] = r
-            if ref_fits(trial, wl, t):
-                victims = [v for v in victims if v.workload_id != p.workload_id]
-                continue
-            trial.release(r.workers)
-            trial.ledger.add(r.workload.cluster_queue, t, -trial.running.pop(r.workload.id).usage)
+            v = r.workload
+            # whole, or else (elastic above its minimum) at its minimum: shrunk instead of stopped
+            for workers in (r.workers, r.workers[:v.workers_min]) if len(r.workers) > v.workers_min else (r.workers,):
+                for w in (w for w in workers if w.node in trial.nodes):
+                    free = trial.nodes[w.node].device_free
+                    for i, share in w.taken:
+                        free[i] = max(0.0, free[i] - share)
+                trial.ledger.add(v.cluster_queue, t, len(workers) * v.devices_per_worker)
+                trial.running[v.id] = Running(v, t, workers, r.work_since_checkpoint_s)
+                if ref_fits(trial, wl, t):
+                    victims = [x for x in victims if x.workload_id != v.id]
+                    if len(workers) < len(r.workers):
+                        kind = "lower priority" if v.priority < wl.priority else "borrowed quota reclaimed"
+                        converted.insert(0, Shrink(v.id, v.workers_min, r.workers[v.workers_min:], wl.id,
+                                                   f"shrunk to {v.workers_min} workers for {wl.id} ({kind})"))
+                    break
+                trial.release(workers)
+                trial.ledger.add(v.cluster_queue, t, -trial.running.pop(v.id).usage)
+        shrinks = converted + shrinks
         placement = place_gang(trial.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
         trial.ledger.add(wl.cluster_queue, t, wl.demand())
         trial.running[wl.id] = Running(wl, t, tuple(placement.workers))

@@ -1025,7 +1025,9 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
             continue
         # Every workload the trial walked leaves the candidate lists, the ones put back too: a later trial of this
         # cycle does not walk them again (each running workload is walked by one successful trial per cycle at most)
-        victims = _add_back(state, workload, accelerator_type, undo, victims, gone, last_shrunk=bool(shrinks))
+        victims, kept_shrunk = _add_back(state, workload, accelerator_type, undo, victims, gone,
+                                         last_shrunk=bool(shrinks))
+        shrinks = kept_shrunk + shrinks
         # Hold the freed devices and quota for the preemptor until the victims are gone.
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
@@ -1040,30 +1042,44 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
 
 
 def _add_back(state: _State, workload: Workload, accelerator_type: str, undo: _Undo, victims: list[Preempt],
-              gone: list[Running], last_shrunk: bool) -> list[Preempt]:
+              gone: list[Running], last_shrunk: bool) -> tuple[list[Preempt], list[Shrink]]:
     """The victims the preemptor still needs: each one stopped before the one that made it fit, from the last to the
     first, is put back (its devices and quota taken again) and stays running if the preemptor still fits without it
-    (Kueue's minimal preemption). The walk releases victims wherever they run until some node has room, so for one
-    8-device worker it could stop dozens of small jobs on other nodes (found by the scale benchmark's steady cycles:
-    35 victims holding 54 devices for an 8-device gang, thousands preempted per cycle on 100k accelerators with ten
-    arrivals). Those kept run on: the lowest priority and least work since a checkpoint are still stopped first."""
+    (Kueue's minimal preemption); an elastic one that cannot stay whole stays at its minimum if that is enough (it is
+    shrunk, not stopped). The walk releases victims wherever they run until some node has room, so for one 8-device
+    worker it could stop dozens of small jobs on other nodes (found by the scale benchmark's steady cycles: 35
+    victims holding 54 devices for an 8-device gang, thousands preempted per cycle on 100k accelerators with ten
+    arrivals). Those kept run on: the lowest priority and least work since a checkpoint are still stopped first.
+    Returns the victims still stopped and the ones now only shrunk (in walk order)."""
     stopped = {p.workload_id: p for p in victims}
     walked = [running for running in gone if running.workload.id in stopped]
     if not last_shrunk:
         walked = walked[:-1]  # the one that made it fit is needed
     kept: set[str] = set()
+    shrunk: list[Shrink] = []
     for running in reversed(walked):
         victim = running.workload
-        undo.take(running.workers)
-        undo.add(victim.cluster_queue, accelerator_type, running.usage)
-        undo.set_running(victim.id, running)
-        if _fits(state, workload, accelerator_type):
-            kept.add(victim.id)
-            continue
-        undo.release(running.workers)
-        undo.add(victim.cluster_queue, accelerator_type, -running.usage)
-        undo.set_running(victim.id, None)
-    return [p for p in victims if p.workload_id not in kept] if kept else victims
+        for workers in (running.workers, running.workers[:victim.workers_min]):
+            usage = len(workers) * victim.devices_per_worker
+            undo.take(workers)
+            undo.add(victim.cluster_queue, accelerator_type, usage)
+            undo.set_running(victim.id, Running(victim, accelerator_type, workers, running.work_since_checkpoint_s)
+                             if workers is not running.workers else running)
+            if _fits(state, workload, accelerator_type):
+                kept.add(victim.id)
+                if workers is not running.workers:
+                    kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
+                    shrunk.append(Shrink(victim.id, victim.workers_min, running.workers[victim.workers_min:],
+                                         workload.id, f"shrunk to {victim.workers_min} workers for {workload.id} "
+                                                      f"({kind})"))
+                break
+            undo.release(workers)
+            undo.add(victim.cluster_queue, accelerator_type, -usage)
+            undo.set_running(victim.id, None)
+            if len(running.workers) <= victim.workers_min:
+                break  # not elastic above its minimum: nothing smaller to try
+    shrunk.reverse()
+    return ([p for p in victims if p.workload_id not in kept] if kept else victims), shrunk
 
 
 def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
