@@ -117,9 +117,9 @@ def test_the_random_snapshots_do_exercise_preemption():
 
 def test_a_workload_a_trial_put_back_is_not_walked_again_in_the_cycle_but_is_in_the_next():
     """big1 (8 devices) walks a0 (n1 cannot be freed: h1 outranks it) and then c0, whose node it takes; a0 is put
-    back. Walked once, a0 is no candidate for small (4 devices) in this cycle, which waits, and is in the next one.
-    (So each running workload is walked by one successful trial per cycle: without that, every trial walked the
-    same put-back workloads again, and the 100k benchmark's first cycle took 16-21 s instead of about 0.6 s.)"""
+    back, spared for the rest of the cycle: small (4 devices) reaches it first and waits, and preempts it in the next
+    cycle. (Without that rule every trial walked the same put-back workloads again, and the 100k benchmark's first
+    cycle took 16-21 s instead of about 0.6 s.)"""
     nodes = tuple(NodeSpec(f"n{i}", "p", H, "lg", 8) for i in range(2))
     queues = (ClusterQueueSpec("q", {H: Quota(64)}),)
     running = (job("c0", "n0", 0, 8, work=100.0), job("a0", "n1", 0, 4, work=0.0), job("h1", "n1", 4, 4, priority=9))
@@ -151,4 +151,19 @@ def test_an_elastic_victim_that_need_not_stop_is_only_shrunk():
     assert [(s.workload_id, s.to_workers, s.released) for s in result.shrunk] == [
         ("v1", 1, (whole("n0", 1, 1), whole("n0", 2, 1)))]
     assert result.waiting[0].held.workers == (WorkerPlacement("n0", ((1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0))),)
+    assert result == reference_schedule(snap)
+
+
+def test_a_later_preemptor_waits_rather_than_stop_a_victim_ranked_after_one_spared():
+    """As above, but n1's other job b0 has priority 2: small could make room on n1 by stopping b0 alone. a0 (priority
+    0), spared by big's trial, ranks before it, so small waits a cycle instead of stopping b0 (a review found b0
+    stopped while a0 ran on)."""
+    nodes = tuple(NodeSpec(f"n{i}", "p", H, "lg", 8) for i in range(2))
+    queues = (ClusterQueueSpec("q", {H: Quota(64)}),)
+    running = (job("c0", "n0", 0, 8, work=100.0), job("a0", "n1", 0, 4), job("b0", "n1", 4, 4, priority=2))
+    snap = Snapshot(nodes, queues, running, (Workload("big", "q", (H,), 8.0, priority=3, arrival=0),
+                                             Workload("small", "q", (H,), 4.0, priority=3, arrival=1)))
+    result = schedule(snap)
+    assert [(p.workload_id, p.for_workload) for p in result.preempted] == [("c0", "big")]
+    assert [w.workload_id for w in result.waiting if w.held is None] == ["small"]
     assert result == reference_schedule(snap)

@@ -52,7 +52,7 @@ class RefState:
             self.ledger.add(r.workload.cluster_queue, r.accelerator_type, r.usage)
             self.running[r.workload.id] = r
         self.started_before = frozenset(self.running)
-        self.walked = frozenset()  # running workloads a successful preemption trial walked (put back or not)
+        self.spared = frozenset()  # running workloads a successful preemption trial walked and put back whole
 
     def nodes_of(self, t):
         return [n for n in self.nodes.values() if n.accelerator_type == t]
@@ -144,7 +144,7 @@ def ref_preemption(state, wl, types, already):
     for t in types:
         within = ledger.usage[(wl.cluster_queue, t)] + wl.demand() <= ledger.quota(wl.cluster_queue, t).nominal + EPS
         candidates = sorted((r for r in state.running.values() if r.accelerator_type == t
-                             and r.workload.id not in already and r.workload.id not in state.walked
+                             and r.workload.id not in already
                              and r.workload.preemptible and not r.settled
                              and r.workload.id in state.started_before
                              and (r.workload.priority < wl.priority
@@ -158,6 +158,8 @@ def ref_preemption(state, wl, types, already):
             if v.cluster_queue != wl.cluster_queue and v.cluster_queue in trial.ledger.queues \
                     and trial.ledger.borrowed(v.cluster_queue, t) <= EPS:
                 continue  # another queue within its nominal quota keeps what it runs
+            if v.id in state.spared:
+                break  # put back by an earlier trial of the cycle: the trial fails (see below)
             kind = "lower priority" if v.priority < wl.priority else "borrowed quota reclaimed"
             if len(r.workers) > v.workers_min:
                 released = r.workers[v.workers_min:]
@@ -177,10 +179,12 @@ def ref_preemption(state, wl, types, already):
                 break
         else:
             continue
+        if not ref_fits(trial, wl, t):
+            continue  # stopped at a spared workload
         # Put back each victim stopped before the one that made it fit, last first, if the preemptor fits without it.
-        # Every workload walked is not a candidate again in this cycle.
+        # Those put back whole are spared for the rest of the cycle.
         originals = {r.workload.id: r for r in candidates}
-        trial.walked = state.walked | {p.workload_id for p in victims} | {s.workload_id for s in shrinks}
+        walked = {p.workload_id for p in victims} | {s.workload_id for s in shrinks}
         stopped = victims if shrinks else victims[:-1]
         converted = []
         for p in reversed(stopped):
@@ -204,6 +208,7 @@ def ref_preemption(state, wl, types, already):
                 trial.release(workers)
                 trial.ledger.add(v.cluster_queue, t, -trial.running.pop(v.id).usage)
         shrinks = converted + shrinks
+        trial.spared = state.spared | (walked - {p.workload_id for p in victims} - {s.workload_id for s in shrinks})
         placement = place_gang(trial.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
         trial.ledger.add(wl.cluster_queue, t, wl.demand())
         trial.running[wl.id] = Running(wl, t, tuple(placement.workers))

@@ -20,9 +20,11 @@ Rules (issue 3), in the order applied:
    their last checkpoint; an elastic victim is shrunk before it is stopped; each victim at most once;
    nothing happens unless the preemptor then fits. The trial stops candidates in that order until the
    preemptor fits, then puts back, from the last to the first, every one it still fits without (Kueue's
-   minimal preemption): the walk stops victims wherever they run, and before, one 8-device worker could
-   stop dozens of small jobs on other nodes. Every workload a successful trial walked, put back or not,
-   is no candidate again in the cycle (it may be in the next one). Victims checkpoint first; the
+   minimal preemption; an elastic one that need not stop is only shrunk): the walk stops victims
+   wherever they run, and before, one 8-device worker could stop dozens of small jobs on other nodes.
+   Those put back whole are spared for the rest of the cycle: a later trial that reaches one stops
+   there and preempts nothing (its preemptor waits a cycle), so no victim ranked after a spared one is
+   taken and the spared ones are not walked again and again. Victims checkpoint first; the
    preemptor's devices and quota stay reserved until they are free.
 8. Elastic growth: running workloads below `workers_max` grow into capacity nobody waits for.
 The cycle is a pure function of the snapshot: the same snapshot gives the same decisions.
@@ -555,6 +557,7 @@ class _Victims:
         self.cache: dict[tuple, tuple[dict[str, float], float, float, float]] = {}
         self.released: dict[str, tuple[float, float, list]] = {}  # id -> release_of(...), made when first needed
         self.walks: dict[tuple, tuple[int, tuple, int]] = {}  # _room_after_all's failed walks
+        self.spared: set[str] = set()  # walked by a successful trial and put back whole (_plan_preemption)
 
     def release_of(self, running: Running, nodes: dict[str, _Node]) -> tuple[float, float, list]:
         """What a trial taking `running` subtracts from its queue's usage, in the trial's steps (shrunk to its
@@ -995,6 +998,8 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
                     - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
                 live.discard(queue)  # and, being no longer borrowing, the rest of it
                 continue  # another queue within its nominal quota keeps it (see rule 7)
+            if victim.id in pool_victims.spared:
+                break  # an earlier trial put it back: taking anyone ranked after it would break the victim order
             gone.append(running)
             kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
             if len(running.workers) > victim.workers_min:  # shrink an elastic victim before stopping it
@@ -1023,11 +1028,15 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         if not fitted:
             undo.undo()
             continue
-        # Every workload the trial walked leaves the candidate lists, the ones put back too: a later trial of this
-        # cycle does not walk them again (each running workload is walked by one successful trial per cycle at most)
         victims, kept_shrunk = _add_back(state, workload, accelerator_type, undo, victims, gone,
                                          last_shrunk=bool(shrinks))
         shrinks = kept_shrunk + shrinks
+        # The ones put back whole stay candidates, spared: a later trial of the cycle that reaches one stops there
+        # and preempts nothing (its preemptor waits a cycle), so it neither walks them all again nor takes a victim
+        # ranked after one of them.
+        taken = {p.workload_id for p in victims} | {s.workload_id for s in shrinks}
+        pool_victims.spared.update(r.workload.id for r in gone if r.workload.id not in taken)
+        gone = [r for r in gone if r.workload.id in taken]
         # Hold the freed devices and quota for the preemptor until the victims are gone.
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
@@ -1144,7 +1153,7 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
     left: dict[str, float] = {}  # a queue's usage of the type as the trial would leave it
     extra: dict[_Node, int] = {}  # node -> whole devices the victims so far free there
     shared: dict[tuple, float] = {}  # (node, index) -> free share of a device victims so far hold a fraction of
-    released = victims.released
+    released, spared = victims.released, victims.spared
     for running in victims.candidates(workload.priority, reclaim, already, live):
         victim = running.workload
         queue = victim.cluster_queue
@@ -1153,6 +1162,8 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
                 and used - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
             live.discard(queue)
             continue
+        if victim.id in spared:
+            break  # the trial stops here (_plan_preemption)
         entries = released.get(victim.id)
         if entries is None:
             entries = victims.release_of(running, state.nodes)
