@@ -22,9 +22,11 @@ Rules (issue 3), in the order applied:
    preemptor fits, then puts back, from the last to the first, every one it still fits without (Kueue's
    minimal preemption; an elastic one that need not stop is only shrunk): the walk stops victims
    wherever they run, and before, one 8-device worker could stop dozens of small jobs on other nodes.
-   Those put back whole are spared for the rest of the cycle: a later trial that reaches one stops
-   there and preempts nothing (its preemptor waits a cycle), so no victim ranked after a spared one is
-   taken and the spared ones are not walked again and again. Victims checkpoint first; the
+   Those put back whole are spared for the rest of the cycle: a later trial on their accelerator type
+   that reaches one stops there and preempts nothing on that type (its preemptor may still preempt on
+   another accepted type, whose victims are ranked on their own, or waits a cycle), so no victim of the
+   type ranked after a spared one is taken and the spared ones are not walked again and again
+   (_room_after_all's bound walk stops there too). Victims checkpoint first; the
    preemptor's devices and quota stay reserved until they are free.
 8. Elastic growth: running workloads below `workers_max` grow into capacity nobody waits for.
 The cycle is a pure function of the snapshot: the same snapshot gives the same decisions.
