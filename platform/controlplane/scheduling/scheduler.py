@@ -1003,7 +1003,7 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
             if victim.id in pool_victims.spared:
                 break  # an earlier trial put it back: taking anyone ranked after it would break the victim order
             gone.append(running)
-            kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
+            kind = _preemption_kind(victim, workload)
             if len(running.workers) > victim.workers_min:  # shrink an elastic victim before stopping it
                 released = running.workers[victim.workers_min:]
                 undo.release(released)
@@ -1030,15 +1030,13 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
         if not fitted:
             undo.undo()
             continue
-        victims, kept_shrunk = _add_back(state, workload, accelerator_type, undo, victims, gone,
-                                         last_shrunk=bool(shrinks))
+        victims, kept_shrunk, put_back = _add_back(state, workload, accelerator_type, undo, victims, gone,
+                                                   last_shrunk=bool(shrinks))
         shrinks = kept_shrunk + shrinks
-        # The ones put back whole stay candidates, spared: a later trial of the cycle that reaches one stops there
-        # and preempts nothing (its preemptor waits a cycle), so it neither walks them all again nor takes a victim
-        # ranked after one of them.
-        taken = {p.workload_id for p in victims} | {s.workload_id for s in shrinks}
-        pool_victims.spared.update(r.workload.id for r in gone if r.workload.id not in taken)
-        gone = [r for r in gone if r.workload.id in taken]
+        # The ones put back whole stay candidates, spared: a later trial on this type that reaches one stops there
+        # and preempts nothing on it, so it neither walks them all again nor takes a victim ranked after one of them.
+        pool_victims.spared.update(put_back)
+        gone = [r for r in gone if r.workload.id not in put_back]
         # Hold the freed devices and quota for the preemptor until the victims are gone.
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
@@ -1053,7 +1051,7 @@ def _plan_preemption(state: _State, workload: Workload, types, already: set[str]
 
 
 def _add_back(state: _State, workload: Workload, accelerator_type: str, undo: _Undo, victims: list[Preempt],
-              gone: list[Running], last_shrunk: bool) -> tuple[list[Preempt], list[Shrink]]:
+              gone: list[Running], last_shrunk: bool) -> tuple[list[Preempt], list[Shrink], set[str]]:
     """The victims the preemptor still needs: each one stopped before the one that made it fit, from the last to the
     first, is put back (its devices and quota taken again) and stays running if the preemptor still fits without it
     (Kueue's minimal preemption); an elastic one that cannot stay whole stays at its minimum if that is enough (it is
@@ -1061,12 +1059,12 @@ def _add_back(state: _State, workload: Workload, accelerator_type: str, undo: _U
     worker it could stop dozens of small jobs on other nodes (found by the scale benchmark's steady cycles: 35
     victims holding 54 devices for an 8-device gang, thousands preempted per cycle on 100k accelerators with ten
     arrivals). Those kept run on: the lowest priority and least work since a checkpoint are still stopped first.
-    Returns the victims still stopped and the ones now only shrunk (in walk order)."""
-    stopped = {p.workload_id: p for p in victims}
+    Returns the victims still stopped, the ones now only shrunk (in walk order) and the ids of those put back whole."""
+    stopped = {p.workload_id for p in victims}
     walked = [running for running in gone if running.workload.id in stopped]
     if not last_shrunk:
         walked = walked[:-1]  # the one that made it fit is needed
-    kept: set[str] = set()
+    kept: set[str] = set()  # put back, whole or at the minimum
     shrunk: list[Shrink] = []
     for running in reversed(walked):
         victim = running.workload
@@ -1079,10 +1077,9 @@ def _add_back(state: _State, workload: Workload, accelerator_type: str, undo: _U
             if _fits(state, workload, accelerator_type):
                 kept.add(victim.id)
                 if workers is not running.workers:
-                    kind = "lower priority" if victim.priority < workload.priority else "borrowed quota reclaimed"
                     shrunk.append(Shrink(victim.id, victim.workers_min, running.workers[victim.workers_min:],
                                          workload.id, f"shrunk to {victim.workers_min} workers for {workload.id} "
-                                                      f"({kind})"))
+                                                      f"({_preemption_kind(victim, workload)})"))
                 break
             undo.release(workers)
             undo.add(victim.cluster_queue, accelerator_type, -usage)
@@ -1090,7 +1087,12 @@ def _add_back(state: _State, workload: Workload, accelerator_type: str, undo: _U
             if len(running.workers) <= victim.workers_min:
                 break  # not elastic above its minimum: nothing smaller to try
     shrunk.reverse()
-    return ([p for p in victims if p.workload_id not in kept] if kept else victims), shrunk
+    whole = kept - {s.workload_id for s in shrunk}
+    return ([p for p in victims if p.workload_id not in kept] if kept else victims), shrunk, whole
+
+
+def _preemption_kind(victim: Workload, preemptor: Workload) -> str:
+    return "lower priority" if victim.priority < preemptor.priority else "borrowed quota reclaimed"
 
 
 def _could_fit(state: _State, workload: Workload, accelerator_type: str, victims: _Victims,
