@@ -33,6 +33,12 @@ def builtin_layout_check(*, hyperparameters: dict, workers_min: int, workers_max
         raise ValidationFailed(str(exc), field="hyperparameters") from None
 
 
+# The smallest worker on the CPU pool, in cores: its size there. Ray reserves CPU in steps of 0.0001 core; a worker of
+# 0 cores would count nothing against quota and fit anywhere (and one of 0 stopped every scheduling cycle: the
+# scheduler divides by a worker's size).
+MIN_CPU_WORKER_CORES = 0.01
+
+
 def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_per_worker: float | None) -> float:
     """The CPU cores each worker reserves with its devices. On accelerator nodes at most the nodes' cores per
     device times the worker's devices (`cpus_per_device`): the scheduler places workers by devices, so a worker
@@ -41,6 +47,11 @@ def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_p
     also accepts the CPU pool: the cores are its workers' size there (1 unless set); on an accelerator it reserves
     at most that share (`jobs.selectors.cores_on`)."""
     if "cpu" in accelerator_types:  # the cores are its size on the CPU pool; on accelerators, see cores_on
+        if cpus_per_worker is not None and cpus_per_worker < MIN_CPU_WORKER_CORES:
+            raise ValidationFailed(
+                f"{cpus_per_worker:g} cores per worker: a worker on the CPU pool reserves at least "
+                f"{MIN_CPU_WORKER_CORES:g} core (its cores are its size there, counted against quota)",
+                field="cpus_per_worker")
         return 1.0 if cpus_per_worker is None else cpus_per_worker
     limits = _worker_cpu_limits(accelerator_types=accelerator_types, devices_per_worker=devices_per_worker)
     if cpus_per_worker is None:

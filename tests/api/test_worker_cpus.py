@@ -116,3 +116,20 @@ def test_a_launch_on_an_accelerator_reserves_the_share_for_a_job_that_also_accep
     assert build_launch(job).cpus_per_worker == 0.125
     job.admitted_accelerator_type = "cpu"
     assert build_launch(job).cpus_per_worker == 4
+
+
+def test_a_cpu_worker_of_no_cores_is_refused_with_the_field_and_why(api, demo_cluster):
+    """QA found a job of 0 cores on the CPU pool accepted (201); every scheduling cycle after it then failed (the
+    scheduler divides by a worker's size), so no team's job was admitted until it was cancelled. A tiny size was
+    accepted too and counted next to nothing against quota."""
+    client = api("alpha", "member")
+    for number, cores in enumerate((0, 1e-9, 0.005)):
+        response = submit(client, name=f"tiny-{number}", accelerator_types=["cpu"], devices_per_worker=0,
+                          cpus_per_worker=cores)
+        assert response.status_code == 400, (cores, response.json())
+        assert "cpus_per_worker" in str(response.json()) and "at least 0.01 core" in str(response.json())
+        assert not TrainingJob.objects.filter(name__startswith="tiny").exists()
+    also = submit(client, name="also-cpu", accelerator_types=["nvidia-h100", "cpu"], cpus_per_worker=0)
+    assert also.status_code == 400 and "cpus_per_worker" in str(also.json())
+    assert submit(client, name="small", accelerator_types=["cpu"], devices_per_worker=0,
+                  cpus_per_worker=0.01).status_code == 201

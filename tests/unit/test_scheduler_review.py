@@ -108,3 +108,25 @@ def test_a_training_job_mixed_load_shrank_does_not_count_as_its_queues_non_preem
     assert [a.workload_id for a in result.admitted] == ["N"], result.waiting
     assert not any(p.workload_id == "J" for p in result.preempted)  # still left alone in this cycle
     assert result == reference_schedule(plan.snapshot)
+
+
+def test_a_workload_of_no_devices_waits_and_the_cycle_goes_on():
+    """One workload asking for 0 (or NaN) per worker, as a job of 0 CPU cores once did, raised ZeroDivisionError and
+    so stopped the whole cycle: nobody else was admitted. It now waits, saying why; the others are scheduled."""
+    from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
+    from controlplane.scheduling.placement import WorkerPlacement
+    from controlplane.scheduling.scheduler import schedule
+
+    nodes = (NodeSpec("c0", "cpu-pool", "cpu", "g0", 8),)
+    queues = (ClusterQueueSpec("q", {"cpu": Quota(8)}),)
+    zero = Workload("zero", "q", ("cpu",), devices_per_worker=0.0)
+    nan = Workload("nan", "q", ("cpu",), devices_per_worker=float("nan"), arrival=1)
+    fine = Workload("fine", "q", ("cpu",), devices_per_worker=2.0, arrival=2)
+    grown = Workload("grown", "q", ("cpu",), devices_per_worker=0.0, workers_max=3)  # stored before the rule
+    running = (Running(grown, "cpu", (WorkerPlacement("c0", ((0, 0.0),)),)),)
+    result = schedule(Snapshot(nodes, queues, running=running, pending=(zero, nan, fine)))
+    assert [a.workload_id for a in result.admitted] == ["fine"]
+    waits = {w.workload_id: w for w in result.waiting}
+    assert waits["zero"].position == 1 and waits["nan"].position == 2
+    assert "asks for 0 devices (CPU cores on cpu) per worker: a worker must ask for more than 0" in waits["zero"].reason
+    assert not result.grown

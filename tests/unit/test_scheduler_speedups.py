@@ -72,6 +72,11 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             positions[q] += 1
             result.waiting.append(Wait(wl.id, positions[q], f"cluster queue {q} does not exist"))
             continue
+        if not 0 < wl.devices_per_worker < float("inf"):
+            positions[q] += 1
+            result.waiting.append(Wait(wl.id, positions[q], f"asks for {wl.devices_per_worker:g} devices (CPU cores on "
+                                       "cpu) per worker: a worker must ask for more than 0 (and a finite amount)"))
+            continue
         types = tuple(snap.type_preference.get(wl.id, wl.accepted_types))
         reasons = []
         for t in types:
@@ -242,7 +247,7 @@ def ref_reserve(state, wl, types):
 def ref_grow(state, result, preempted, waiting_types):
     admitted_now = {a.workload_id for a in result.admitted}
     for r in sorted((r for r in state.running.values() if r.workload.id not in preempted
-                     and len(r.workers) < r.workload.workers_max),
+                     and len(r.workers) < r.workload.workers_max and 0 < r.workload.devices_per_worker < float("inf")),
                     key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id)):
         wl, t, added = r.workload, r.accelerator_type, []
         if t in waiting_types:

@@ -71,6 +71,7 @@ from controlplane.scheduling.placement import EPS, WorkerPlacement
 from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger, non_preemptible_refusal
 
 _WHOLE = 1.0 - EPS
+_INF = float("inf")
 _SLACK = _WHOLE - 1e-6  # a device whose free share reaches this may be whole in the trial (sums in another order)
 _EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
 
@@ -865,6 +866,10 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             result.waiting.append(Wait(workload.id, positions[workload.cluster_queue],
                                        f"cluster queue {workload.cluster_queue} does not exist"))
             continue
+        if not 0.0 < workload.devices_per_worker < _INF:  # one such workload must not stop the whole cycle
+            positions[workload.cluster_queue] += 1
+            result.waiting.append(Wait(workload.id, positions[workload.cluster_queue], _size_refusal(workload)))
+            continue
         types = tuple(snapshot.type_preference.get(workload.id, workload.accepted_types))
         kind = (workload.cluster_queue, types, workload.devices_per_worker, workload.workers_min, workload.priority,
                 workload.preemptible)
@@ -905,6 +910,11 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
 
     _grow_elastic(state, result, preempted, waiting_types)
     return result
+
+
+def _size_refusal(workload: Workload) -> str:
+    return (f"asks for {workload.devices_per_worker:g} devices (CPU cores on cpu) per worker: a worker must ask for "
+            "more than 0 (and a finite amount)")
 
 
 def _by_priority_arrival_id(items, workload: str = "") -> list:
@@ -1268,7 +1278,7 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
     elastic = _by_priority_arrival_id(
         [r for r in (running_now.get(i) for i in state.elastic)
          if r is not None and r.workload.id not in preempted and len(r.workers) < r.workload.workers_max
-         and r.accelerator_type not in waiting_types],
+         and r.accelerator_type not in waiting_types and 0.0 < r.workload.devices_per_worker < _INF],
         "workload.")
     # Per (type, shape): a heap of (free - devices, name, seq, free, node) over nodes with a slot for the shape;
     # nodes only lose capacity here, so an entry is current iff its node's free is unchanged (and it has a slot).
