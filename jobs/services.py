@@ -65,6 +65,27 @@ def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_p
     return cpus_per_worker
 
 
+def worker_shape_check(*, accelerator_types: list[str], devices_per_worker: int, cpus_per_worker: float) -> None:
+    """Refuse a worker no node of any accepted type could hold, even empty (9 devices where every H100 node has 8):
+    such a job would wait for ever. A type with no known nodes yet may get bigger ones, so it passes."""
+    from controlplane.cluster.models import Node
+
+    largest: dict[str, float] = {}
+    for slug, devices, cpus in Node.objects.filter(pool__accelerator_type__slug__in=list(accelerator_types)) \
+            .values_list("pool__accelerator_type__slug", "capacity_devices", "capacity_cpus"):
+        largest[slug] = max(largest.get(slug, 0.0), float(int(cpus)) if slug == "cpu" else devices)
+    too_small = []
+    for slug in accelerator_types:
+        size, unit = (cpus_per_worker, "cores") if slug == "cpu" else (devices_per_worker, "devices")
+        if slug not in largest or size <= largest[slug] + 1e-9:
+            return
+        too_small.append(f"the largest {slug} node has {largest[slug]:g} {unit}, a worker asks for {size:g}")
+    if too_small:
+        field = "devices_per_worker" if any(slug != "cpu" for slug in accelerator_types) else "cpus_per_worker"
+        raise ValidationFailed("no node of an accepted type could hold one worker, even empty "
+                               f"({'; '.join(too_small)})", field=field)
+
+
 def _worker_cpu_limits(*, accelerator_types: list[str], devices_per_worker: int) -> dict[str, float]:
     """{accepted accelerator type: the most cores a worker of `devices_per_worker` devices may reserve there}, for
     the types with known nodes."""
@@ -111,6 +132,8 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
         raise ValidationFailed("accelerator workers need at least 1 device each", field="devices_per_worker")
     cpus_per_worker = worker_cpus(accelerator_types=accelerator_types, devices_per_worker=devices_per_worker,
                                   cpus_per_worker=cpus_per_worker)
+    worker_shape_check(accelerator_types=accelerator_types, devices_per_worker=devices_per_worker,
+                       cpus_per_worker=cpus_per_worker)
     parallel_plan: dict = {}
     if parallelism:
         from jobs.planning import gang_size_from_plan, plan_job_parallelism

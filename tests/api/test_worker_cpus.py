@@ -133,3 +133,18 @@ def test_a_cpu_worker_of_no_cores_is_refused_with_the_field_and_why(api, demo_cl
     assert also.status_code == 400 and "cpus_per_worker" in str(also.json())
     assert submit(client, name="small", accelerator_types=["cpu"], devices_per_worker=0,
                   cpus_per_worker=0.01).status_code == 201
+
+
+def test_a_worker_no_node_of_an_accepted_type_could_hold_is_refused(api, demo_cluster):
+    """QA found a 1 x 9-device H100 job on 8-device nodes accepted; it waited for ever (and took a reservation every
+    cycle). Refused now, naming the field; a type that can hold it lets it pass."""
+    client = api("alpha", "member")
+    response = submit(client, name="fat", devices_per_worker=9)
+    assert response.status_code == 400, response.json()
+    assert "devices_per_worker" in str(response.json())
+    assert "the largest nvidia-h100 node has 8 devices, a worker asks for 9" in str(response.json())
+    assert not TrainingJob.objects.filter(name="fat").exists()
+    on_cpu = submit(client, name="cores", accelerator_types=["cpu"], devices_per_worker=0, cpus_per_worker=64)
+    assert on_cpu.status_code == 400 and "cpus_per_worker" in str(on_cpu.json()), on_cpu.json()
+    assert "the largest cpu node has" in str(on_cpu.json())
+    assert submit(client, name="fits", devices_per_worker=8).status_code == 201

@@ -51,7 +51,8 @@ def test_gang_is_all_or_none_and_packed_into_one_leaf_group():
     assert [a.workload_id for a in result.admitted] == ["two"]
     two = result.admitted[0]
     assert len({w.node for w in two.workers}) == 2 and "leaf group(s) h-lg0" in two.reason
-    assert result.waiting[0].workload_id == "five" and "needs 5 x 8" in result.waiting[0].reason
+    assert result.waiting[0].workload_id == "five" and "can never hold it" in result.waiting[0].reason
+    assert "at most 4 workers of 8 even with nothing running, it needs 5" in result.waiting[0].reason
 
 
 def test_backfill_lets_small_jobs_pass_a_blocked_head_which_keeps_a_reservation():

@@ -130,3 +130,34 @@ def test_a_workload_of_no_devices_waits_and_the_cycle_goes_on():
     assert waits["zero"].position == 1 and waits["nan"].position == 2
     assert "asks for 0 devices (CPU cores on cpu) per worker: a worker must ask for more than 0" in waits["zero"].reason
     assert not result.grown
+
+
+def test_a_gang_no_node_could_ever_hold_takes_no_reservation_and_says_so():
+    """QA found a 1 x 9-device job on 8-device nodes holding a reservation of 9 devices in every cycle, for good: a
+    1 x 8 job of another cluster queue then waited on 7 free devices. Nor does 3 x 6 on two 8-device nodes fit
+    ever. Neither reserves now, and the reason says the nodes can never hold it; the next gang that can reserves."""
+    from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
+    from controlplane.scheduling.placement import WorkerPlacement
+    from controlplane.scheduling.scheduler import schedule
+    from tests.unit.test_scheduler_speedups import reference_schedule
+
+    nodes = (NodeSpec("h0", "p", "h100", "g0", 8), NodeSpec("h1", "p", "h100", "g0", 8))
+    queues = (ClusterQueueSpec("a", {"h100": Quota(32)}), ClusterQueueSpec("b", {"h100": Quota(32)}))
+    small = Workload("small", "b", ("h100",), devices_per_worker=1.0)
+    running = (Running(small, "h100", (WorkerPlacement("h0", ((0, 1.0),)),)),)
+    fat = Workload("fat", "a", ("h100",), devices_per_worker=9.0, priority=5)
+    three = Workload("three", "a", ("h100",), devices_per_worker=6.0, workers_min=3, priority=5, arrival=1)
+    whole = Workload("whole", "b", ("h100",), devices_per_worker=8.0, arrival=2)
+    snapshot = Snapshot(nodes, queues, running=running, pending=(fat, three, whole))
+    result = schedule(snapshot)
+    assert result == reference_schedule(snapshot)
+    assert [a.workload_id for a in result.admitted] == ["whole"]
+    waits = {w.workload_id: w for w in result.waiting}
+    assert not waits["fat"].reserved and not waits["three"].reserved
+    assert waits["fat"].reason == ("h100 nodes can never hold it: its 2 schedulable nodes (the largest with 8 devices) "
+                                   "would hold at most 0 workers of 9 even with nothing running, it needs 1")
+    assert "would hold at most 2 workers of 6 even with nothing running, it needs 3" in waits["three"].reason
+    # a gang that fits the nodes once they are free still reserves, as before
+    big = Workload("big", "a", ("h100",), devices_per_worker=8.0, workers_min=2, priority=5, arrival=3)
+    result = schedule(Snapshot(nodes, queues, running=running, pending=(fat, big)))
+    assert {w.workload_id: w.reserved for w in result.waiting} == {"fat": False, "big": True}

@@ -31,6 +31,7 @@ from controlplane.scheduling.model import (
     Workload,
 )
 from controlplane.scheduling.placement import EPS, NodeState, WorkerPlacement, place_gang
+from controlplane.scheduling.placement import _slots as place_slots
 from controlplane.scheduling.quota import QuotaCheck, QuotaLedger, non_preemptible_refusal
 from controlplane.scheduling.scheduler import schedule
 from tests.unit.test_scheduler_core import running_from
@@ -87,7 +88,12 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             placement = place_gang(state.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
             if placement is None:
                 nodes = [n for n in state.nodes_of(t) if n.schedulable]
+                most = ref_most_slots(nodes, wl.devices_per_worker)
                 reasons.append(f"no schedulable {t} nodes" if not nodes else
+                               f"{t} nodes can never hold it: its {len(nodes)} schedulable nodes (the largest with "
+                               f"{max(n.capacity for n in nodes)} devices) would hold at most {most} workers of "
+                               f"{wl.devices_per_worker:g} even with nothing running, it needs {wl.workers_min}"
+                               if most < wl.workers_min else
                                f"not enough free {t}: {sum(n.free_total() for n in nodes):g} devices free on "
                                f"{len(nodes)} nodes, needs {wl.workers_min} x {wl.devices_per_worker:g} placed all "
                                "at once")
@@ -222,11 +228,16 @@ def ref_preemption(state, wl, types, already):
     return None
 
 
+def ref_most_slots(nodes, devices):
+    """Workers of `devices` the (schedulable) nodes could hold with every device free."""
+    empty = [NodeState(n.name, n.pool, n.accelerator_type, n.leaf_group, [1.0] * n.capacity) for n in nodes]
+    return sum(place_slots(n, devices) for n in empty)
+
+
 def ref_reserve(state, wl, types):
     for t in types:
         nodes = [n for n in state.nodes_of(t) if n.schedulable]
-        if not ref_check(state, wl, t, wl.demand()).ok or \
-                sum(n.capacity for n in nodes) + EPS < wl.demand():
+        if not ref_check(state, wl, t, wl.demand()).ok or ref_most_slots(nodes, wl.devices_per_worker) < wl.workers_min:
             continue
         by_group = defaultdict(list)
         for n in nodes:

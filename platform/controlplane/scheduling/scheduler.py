@@ -166,6 +166,7 @@ class _Pool:
         self.stale = False
         self.whole_sum = 0
         self.info: dict[float, tuple[int, int, int]] = {}
+        self.most: dict[float, int] = {}  # most_slots, per shape
         for node in nodes:
             node.measure()
             if node.schedulable:
@@ -211,6 +212,19 @@ class _Pool:
                 info = (0, int((1.0 + EPS) // devices), int((0.0 + EPS) // devices))
             self.info[devices] = info
         return info
+
+    def most_slots(self, devices: float) -> int:
+        """How many workers of `devices` the schedulable nodes could hold were nothing running (as slots_for on
+        every device free): fewer than a gang's workers, and it can never be placed on these nodes."""
+        most = self.most.get(devices)
+        if most is None:
+            if devices >= 1.0 - EPS:
+                divisor = max(1, round(devices))
+                most = sum([node.capacity // divisor for node in self.sched])
+            else:
+                most = sum([node.capacity for node in self.sched]) * int((1.0 + EPS) // devices)
+            self.most[devices] = most
+        return most
 
     def slots(self, devices: float) -> int:
         if devices not in self.total:
@@ -971,6 +985,11 @@ def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -
     pool = state.pool(accelerator_type)
     if not pool.sched:
         return f"no schedulable {accelerator_type} nodes"
+    most = pool.most_slots(workload.devices_per_worker)
+    if most < workload.workers_min:
+        return (f"{accelerator_type} nodes can never hold it: its {len(pool.sched)} schedulable nodes (the largest "
+                f"with {max(node.capacity for node in pool.sched)} devices) would hold at most {most} workers of "
+                f"{workload.devices_per_worker:g} even with nothing running, it needs {workload.workers_min}")
     free = pool.free_total()
     return (f"not enough free {accelerator_type}: {free:g} devices free on {len(pool.sched)} nodes, needs "
             f"{workload.workers_min} x {workload.devices_per_worker:g} placed all at once")
@@ -1241,15 +1260,16 @@ def _allowed(state: _State, workload: Workload, accelerator_type: str, amount: f
 
 
 def _reserve(state: _State, workload: Workload, types) -> bool:
-    """Set aside the free devices the blocked head workload will need on its first feasible type."""
+    """Set aside the free devices the blocked head workload will need on its first feasible type: one whose quota
+    takes it and whose nodes could hold its gang were they empty (before, a gang no node could hold, 1 x 9 devices on
+    8-device nodes, reserved 9 devices in every cycle and kept other queues' jobs off them for good)."""
     for accelerator_type in types:
         if not _allowed(state, workload, accelerator_type, workload.demand(),
                         state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand())):
             continue
         pool = state.pool(accelerator_type)
-        capacity = sum(node.capacity for node in pool.sched)
-        if capacity + EPS < workload.demand():
-            continue
+        if pool.most_slots(workload.devices_per_worker) < workload.workers_min:
+            continue  # its nodes could never hold the gang: it would hold their devices for ever
         ordered = sorted(pool.groups.values(), key=lambda group: (-sum(n.free for n in group), group[0].leaf_group))
         remaining = workload.demand()
         for group in ordered:
