@@ -57,9 +57,14 @@ log = logging.getLogger(__name__)
 def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload:
     types = tuple(job.accelerator_types)
     preemptible = job.priority_class.preemptible if job.priority_class else True
+    size = job.units_per_worker(accelerator_type or types[0])
+    # A pending job that accepts the CPU pool and an accelerator is cores on the one, devices on the other (before,
+    # its first type's size was used on every type: 4 cores became 4 H100s).
+    sizes = () if accelerator_type else tuple((slug, job.units_per_worker(slug)) for slug in types
+                                               if job.units_per_worker(slug) != size)
     return Workload(
         id=str(job.pk), cluster_queue=job.local_queue.cluster_queue.name, accepted_types=types,
-        devices_per_worker=job.units_per_worker(accelerator_type or types[0]), workers_min=job.workers_min,
+        devices_per_worker=size, sizes=sizes, workers_min=job.workers_min,
         workers_max=job.workers_max, priority=job.priority_class.value if job.priority_class else 0,
         arrival=job.created_at.timestamp(), workload_class=job_workload_class(job),
         preemptible=preemptible and (job.state == JobState.QUEUED or job.state in PREEMPTIBLE_STATES),

@@ -148,3 +148,32 @@ def test_a_worker_no_node_of_an_accepted_type_could_hold_is_refused(api, demo_cl
     assert on_cpu.status_code == 400 and "cpus_per_worker" in str(on_cpu.json()), on_cpu.json()
     assert "the largest cpu node has" in str(on_cpu.json())
     assert submit(client, name="fits", devices_per_worker=8).status_code == 201
+
+
+def test_a_job_accepting_the_cpu_pool_and_an_accelerator_is_sized_per_type_by_the_cycle(api, demo_cluster):
+    """QA found such a job admitted as `1 x 4 nvidia-h100` (its 4 cores, its size on the CPU pool listed first, used as
+    devices), and `H100:8` + cpu counted as 8 cores on the CPU pool. Each type now gets the job's size there."""
+    from django.test import TestCase
+
+    from jobs.admission import _workload, run_cycle
+    from jobs.services import training_job_enqueue
+
+    client = api("alpha", "member")
+    fill = submit(client, name="fill", workers_min=1, workers_max=1, devices_per_worker=8)
+    first_cpu = submit(client, name="cpu-first", accelerator_types=["cpu", "nvidia-h100"], workers_min=1,
+                       workers_max=1, devices_per_worker=1, cpus_per_worker=4)  # no CPU node has 4 cores
+    eight = submit(client, name="h100-first", accelerator_types=["nvidia-h100", "cpu"], workers_min=1,
+                   workers_max=1, devices_per_worker=8, cpus_per_worker=1)
+    jobs = [TrainingJob.objects.get(pk=r.json()["id"]) for r in (fill, first_cpu, eight)]
+    assert _workload(jobs[1]).devices_per_worker == 4 and _workload(jobs[1]).on("nvidia-h100").devices_per_worker == 1
+    assert _workload(jobs[2]).on("cpu").devices_per_worker == 1 and not _workload(jobs[0]).sizes
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        for job in jobs:
+            training_job_enqueue(job_id=job.pk)
+        run_cycle()
+    _, cpu_first, h100_first = (TrainingJob.objects.get(pk=job.pk) for job in jobs)
+    assert cpu_first.admitted_accelerator_type == "nvidia-h100"
+    assert sum(len(w["taken"]) for w in cpu_first.placement) == 1  # one device, not four
+    # no H100 node has 8 free devices left: it falls back to the CPU pool, where it is 1 core (not 8)
+    assert h100_first.admitted_accelerator_type == "cpu", h100_first.state_reason
+    assert [len(w["taken"]) for w in h100_first.placement] == [1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import random
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -73,14 +74,16 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             positions[q] += 1
             result.waiting.append(Wait(wl.id, positions[q], f"cluster queue {q} does not exist"))
             continue
-        if not 0 < wl.devices_per_worker < float("inf"):
+        if not all(0 < size < float("inf") for size in (wl.devices_per_worker, *(z for _, z in wl.sizes))):
             positions[q] += 1
             result.waiting.append(Wait(wl.id, positions[q], f"asks for {wl.devices_per_worker:g} devices (CPU cores on "
                                        "cpu) per worker: a worker must ask for more than 0 (and a finite amount)"))
             continue
         types = tuple(snap.type_preference.get(wl.id, wl.accepted_types))
         reasons = []
+        pending = wl
         for t in types:
+            wl = pending.on(t)  # its size on this type
             check = ref_check(state, wl, t, wl.demand())
             if not check.ok:
                 reasons.append(check.reason)
@@ -107,6 +110,7 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             result.admitted.append(Admit(wl.id, t, workers, check.borrowed, why))
             break
         else:
+            wl = pending
             positions[q] += 1
             waiting_types.update(types)
             plan = ref_preemption(state, wl, types, done)
@@ -117,7 +121,7 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                 done.update([v.workload_id for v in victims] + [s.workload_id for s in shrinks])
                 names = ", ".join([v.workload_id for v in victims] + [f"{s.workload_id} (shrunk)" for s in shrinks])
                 reason = f"waiting for {names} to checkpoint and release {t} devices"
-                borrowed = min(wl.demand(), state.ledger.borrowed(q, t))
+                borrowed = min(state.running[wl.id].usage, state.ledger.borrowed(q, t))
                 held = Admit(wl.id, t, state.running[wl.id].workers, borrowed, reason)
                 result.waiting.append(Wait(wl.id, positions[q], reason, reserved=True, held=held))
                 continue
@@ -150,9 +154,10 @@ def ref_fits(state, wl, t):
         copy.deepcopy(state.nodes_of(t)), workers=wl.workers_min, devices=wl.devices_per_worker) is not None
 
 
-def ref_preemption(state, wl, types, already):
+def ref_preemption(state, pending, types, already):
     ledger = state.ledger
     for t in types:
+        wl = pending.on(t)
         within = ledger.usage[(wl.cluster_queue, t)] + wl.demand() <= ledger.quota(wl.cluster_queue, t).nominal + EPS
         candidates = sorted((r for r in state.running.values() if r.accelerator_type == t
                              and r.workload.id not in already
@@ -234,8 +239,9 @@ def ref_most_slots(nodes, devices):
     return sum(place_slots(n, devices) for n in empty)
 
 
-def ref_reserve(state, wl, types):
+def ref_reserve(state, pending, types):
     for t in types:
+        wl = pending.on(t)
         nodes = [n for n in state.nodes_of(t) if n.schedulable]
         if not ref_check(state, wl, t, wl.demand()).ok or ref_most_slots(nodes, wl.devices_per_worker) < wl.workers_min:
             continue
@@ -345,6 +351,9 @@ def random_snapshot(rng: random.Random) -> Snapshot:
                                 workers + rng.choice((0, 0, 1, 2)), rng.randint(0, 4), float(rng.randint(0, 20)),
                                 preemptible=rng.random() > 0.15))
     preference = {w.id: tuple(reversed(w.accepted_types)) for w in pending if rng.random() < 0.2}
+    # some accept several types at different sizes (as a job accepting the CPU pool and an accelerator)
+    pending = [replace(w, sizes=tuple((t, rng.choice((0.5, 1.0, 2.0, 4.0))) for t in w.accepted_types[1:]))
+               if len(w.accepted_types) > 1 and rng.random() < 0.25 else w for w in pending]
     return Snapshot(tuple(nodes), tuple(queues), tuple(running), tuple(pending), preference)
 
 

@@ -9,7 +9,7 @@ every workload left waiting, its position and the reason it waits.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controlplane.scheduling.placement import WorkerPlacement
 
@@ -44,9 +44,21 @@ class Workload:
     arrival: float = 0.0
     workload_class: str = "default"
     preemptible: bool = True
+    # Per accepted type, the worker's size there where it differs from `devices_per_worker`: a job that accepts the
+    # CPU pool and an accelerator is so many cores on the one and so many devices on the other.
+    sizes: tuple[tuple[str, float], ...] = ()
 
     def demand(self, workers: int | None = None) -> float:
         return (self.workers_min if workers is None else workers) * self.devices_per_worker
+
+    def on(self, accelerator_type: str) -> Workload:
+        """This workload as it would run on `accelerator_type`: its size there (itself when it has one size)."""
+        if not self.sizes:
+            return self
+        for slug, size in self.sizes:
+            if slug == accelerator_type:
+                return replace(self, devices_per_worker=size, sizes=())
+        return replace(self, sizes=())
 
 
 @dataclass(frozen=True)

@@ -880,13 +880,14 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             result.waiting.append(Wait(workload.id, positions[workload.cluster_queue],
                                        f"cluster queue {workload.cluster_queue} does not exist"))
             continue
-        if not 0.0 < workload.devices_per_worker < _INF:  # one such workload must not stop the whole cycle
+        if not all(0.0 < size < _INF for size in (workload.devices_per_worker, *(z for _, z in workload.sizes))):
+            # (one such workload must not stop the whole cycle)
             positions[workload.cluster_queue] += 1
             result.waiting.append(Wait(workload.id, positions[workload.cluster_queue], _size_refusal(workload)))
             continue
         types = tuple(snapshot.type_preference.get(workload.id, workload.accepted_types))
         kind = (workload.cluster_queue, types, workload.devices_per_worker, workload.workers_min, workload.priority,
-                workload.preemptible)
+                workload.preemptible, workload.sizes)
         seen = failed.get(kind)
         if seen is not None and seen[0] == state.versions(types):
             plan, reasons = None, seen[1]
@@ -941,10 +942,12 @@ def _by_priority_arrival_id(items, workload: str = "") -> list:
     return ordered
 
 
-def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, list[str]]:
+def _try_admit(state: _State, pending: Workload, types) -> tuple[Admit | None, list[str]]:
     reasons = []
-    ledger, queue, demand = state.ledger, workload.cluster_queue, workload.demand()
+    ledger, queue = state.ledger, pending.cluster_queue
     for accelerator_type in types:
+        workload = pending.on(accelerator_type)  # its size on this type
+        demand = workload.demand()
         check = ledger.check(queue, accelerator_type, demand)
         why = state.fixed_refusal(workload, accelerator_type, demand)
         if why:  # (said even when the cohort lends too little: more lending would not help it)
@@ -977,7 +980,7 @@ def _try_admit(state: _State, workload: Workload, types) -> tuple[Admit | None, 
 def _held_admission(state: _State, workload: Workload, accelerator_type: str, reason: str) -> Admit:
     """What `_plan_preemption` set aside for the preemptor, as the admission it becomes once the victims are gone."""
     held = state.running[workload.id]
-    borrowed = min(workload.demand(), state.ledger.borrowed(workload.cluster_queue, accelerator_type))
+    borrowed = min(held.usage, state.ledger.borrowed(workload.cluster_queue, accelerator_type))
     return Admit(workload.id, accelerator_type, held.workers, borrowed, reason)
 
 
@@ -995,11 +998,12 @@ def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -
             f"{workload.workers_min} x {workload.devices_per_worker:g} placed all at once")
 
 
-def _plan_preemption(state: _State, workload: Workload, types, already: set[str]):
-    """Victims that make `workload` fit, or None. On success the state already excludes them and
+def _plan_preemption(state: _State, pending: Workload, types, already: set[str]):
+    """Victims that make `pending` fit, or None. On success the state already excludes them and
     holds the preemptor's devices and quota, so no later workload can take them."""
     ledger = state.ledger
     for accelerator_type in types:
+        workload = pending.on(accelerator_type)  # its size on this type
         borrowing = ledger.borrowing(accelerator_type)
         reclaim: set[str] = set()
         if _within_nominal(state, workload, accelerator_type):
@@ -1259,11 +1263,12 @@ def _allowed(state: _State, workload: Workload, accelerator_type: str, amount: f
     return check.ok and not state.fixed_refusal(workload, accelerator_type, amount)
 
 
-def _reserve(state: _State, workload: Workload, types) -> bool:
+def _reserve(state: _State, pending: Workload, types) -> bool:
     """Set aside the free devices the blocked head workload will need on its first feasible type: one whose quota
     takes it and whose nodes could hold its gang were they empty (before, a gang no node could hold, 1 x 9 devices on
     8-device nodes, reserved 9 devices in every cycle and kept other queues' jobs off them for good)."""
     for accelerator_type in types:
+        workload = pending.on(accelerator_type)  # its size on this type
         if not _allowed(state, workload, accelerator_type, workload.demand(),
                         state.ledger.check(workload.cluster_queue, accelerator_type, workload.demand())):
             continue
