@@ -80,12 +80,14 @@ def _placement_from_json(data) -> tuple[WorkerPlacement, ...]:
 
 
 def cluster_queue_specs() -> list[ClusterQueueSpec]:
-    """Every ClusterQueue with its quotas and cohort, as the scheduling core reads them."""
+    """Every ClusterQueue with its quotas, cohort and preemption policies, as the scheduling core reads them."""
     queues = []
     for queue in ClusterQueue.objects.prefetch_related("quotas__accelerator_type").order_by("name"):
         quotas = {q.accelerator_type.slug: Quota(q.nominal_quota, q.borrowing_limit, q.lending_limit)
                   for q in queue.quotas.all()}
-        queues.append(ClusterQueueSpec(queue.name, quotas, queue.cohort or None))
+        queues.append(ClusterQueueSpec(queue.name, quotas, queue.cohort or None,
+                                       preemption_within_queue=queue.preemption_within_queue,
+                                       reclaim_within_cohort=queue.reclaim_within_cohort))
     return queues
 
 

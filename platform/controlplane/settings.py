@@ -351,6 +351,7 @@ SPECTACULAR_SETTINGS = {
         "DeploymentStateEnum": "inference.states.DeploymentState",
         "RoleEnum": "controlplane.tenancy.models.Role",
         "PreemptionPolicyEnum": "controlplane.quotas.models.PreemptionPolicy",
+        "ReclaimPolicyEnum": "controlplane.quotas.models.ReclaimPolicy",
     },
 }
 

@@ -196,3 +196,36 @@ def test_console_queues_page_shows_usage_and_waiting_jobs(api, cluster, world):
     assert used[("shared", "nvidia-h100")] == 16 and used[("shared", "nvidia-a100")] == 0
     assert "waiter" in page and "needs to borrow" in page
     assert "beta-secret" not in page  # another team's waiting job is never shown
+
+
+def test_a_cluster_queue_whose_policy_says_never_preempts_nothing_within_it(api, cluster, world):
+    """QA found a queue's preemption_within_queue = Never shown in the API and console but ignored by the cycle: the
+    urgent job still preempted the low one. The cycle now reads both policies (reclaim_within_cohort too)."""
+    from controlplane.quotas.models import ClusterQueue
+    from controlplane.quotas.services import priority_class_create
+    from jobs.admission import cluster_queue_specs
+
+    ClusterQueue.objects.filter(pk=world["cluster_queue"].pk).update(preemption_within_queue="Never",
+                                                                     reclaim_within_cohort="Never")
+    spec = next(q for q in cluster_queue_specs() if q.name == world["cluster_queue"].name)
+    assert (spec.preemption_within_queue, spec.reclaim_within_cohort) == ("Never", "Never")
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    low = submit(client, name="low", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    assert status(client, low)["state"] == "ADMITTED"
+    urgent = submit(client, name="urgent", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"],
+                    priority="urgent")
+    assert status(client, low)["state"] == "ADMITTED"
+    assert status(client, urgent)["state"] == "QUEUED"
+    ClusterQueue.objects.filter(pk=world["cluster_queue"].pk).update(preemption_within_queue="LowerPriority")
+    run_cycle()
+    assert status(client, low)["state"] == "QUEUED"  # preempted once the policy allows it
+
+
+def test_a_new_cluster_queue_reclaims_lent_quota_of_any_priority_by_default():
+    """The default keeps the behaviour from before the policies were read (reclaim "Any"), and the migration moved
+    stored queues' old default ("LowerPriority", then ignored) to it."""
+    from controlplane.quotas.models import ClusterQueue, ReclaimPolicy
+
+    assert ClusterQueue._meta.get_field("reclaim_within_cohort").default == ReclaimPolicy.ANY
+    assert ClusterQueue._meta.get_field("preemption_within_queue").default == "LowerPriority"

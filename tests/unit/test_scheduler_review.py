@@ -161,3 +161,43 @@ def test_a_gang_no_node_could_ever_hold_takes_no_reservation_and_says_so():
     big = Workload("big", "a", ("h100",), devices_per_worker=8.0, workers_min=2, priority=5, arrival=3)
     result = schedule(Snapshot(nodes, queues, running=running, pending=(fat, big)))
     assert {w.workload_id: w.reserved for w in result.waiting} == {"fat": False, "big": True}
+
+
+def test_the_cluster_queue_preemption_policies():
+    """Kueue's policies, per preemptor's queue: within its own queue LowerPriority (default) or Never; in other queues
+    of its cohort that borrow, Any priority while it reclaims within its nominal (default), only LowerPriority, or
+    Never."""
+    from dataclasses import replace
+
+    from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
+    from controlplane.scheduling.placement import WorkerPlacement
+    from controlplane.scheduling.scheduler import schedule
+    from tests.unit.test_scheduler_speedups import reference_schedule
+
+    nodes = (NodeSpec("h0", "p", "h100", "g0", 8),)
+    a = ClusterQueueSpec("a", {"h100": Quota(8)}, "c")
+    b = ClusterQueueSpec("b", {"h100": Quota(0)}, "c")  # whatever b runs, it borrows from a
+
+    def decide(spec, own_priority, borrower_priority, preemptor_priority=1):
+        running = []
+        if own_priority is not None:  # a job of a on devices 0-3, b's borrower on 4-7
+            running.append(Running(Workload("own", "a", ("h100",), 4.0, priority=own_priority), "h100",
+                                   (WorkerPlacement("h0", tuple((i, 1.0) for i in range(4))),)))
+        first = 4 if own_priority is not None else 0  # else b's borrower holds the whole node
+        running.append(Running(Workload("borrower", "b", ("h100",), 8.0 - first, priority=borrower_priority), "h100",
+                               (WorkerPlacement("h0", tuple((i, 1.0) for i in range(first, 8))),)))
+        new = Workload("new", "a", ("h100",), 4.0, priority=preemptor_priority)
+        snapshot = Snapshot(nodes, (spec, b), running=tuple(running), pending=(new,))
+        result = schedule(snapshot)
+        assert result == reference_schedule(snapshot)
+        return [p.workload_id for p in result.preempted]
+
+    # within its own queue: a lower-priority job of a (ranked before b's higher-priority borrower)
+    assert decide(a, 0, 5) == ["own"]
+    assert decide(replace(a, preemption_within_queue="Never"), 0, 5) == ["borrower"]  # it reclaims instead
+    assert decide(replace(a, preemption_within_queue="Never", reclaim_within_cohort="Never"), 0, 5) == []
+    # reclaim: a runs nothing, b borrows all of a's quota at priority 5 (higher than the preemptor's 1)
+    assert decide(a, None, 5) == ["borrower"]
+    assert decide(replace(a, reclaim_within_cohort="LowerPriority"), None, 5) == []
+    assert decide(replace(a, reclaim_within_cohort="LowerPriority"), None, 0) == ["borrower"]
+    assert decide(replace(a, reclaim_within_cohort="Never"), None, 0) == []

@@ -158,9 +158,14 @@ def ref_preemption(state, pending, types, already):
     ledger = state.ledger
     for t in types:
         wl = pending.on(t)
+        spec = ledger.queues[wl.cluster_queue]
         within = ledger.usage[(wl.cluster_queue, t)] + wl.demand() <= ledger.quota(wl.cluster_queue, t).nominal + EPS
+        within = within and spec.reclaim_within_cohort == "Any"  # reclaims borrowed quota of any priority
         candidates = sorted((r for r in state.running.values() if r.accelerator_type == t
                              and r.workload.id not in already
+                             and (r.workload.cluster_queue != wl.cluster_queue
+                                  or spec.preemption_within_queue != "Never")
+                             and (r.workload.cluster_queue == wl.cluster_queue or spec.reclaim_within_cohort != "Never")
                              and r.workload.preemptible and not r.settled
                              and r.workload.id in state.started_before
                              and (r.workload.priority < wl.priority
@@ -354,6 +359,9 @@ def random_snapshot(rng: random.Random) -> Snapshot:
     # some accept several types at different sizes (as a job accepting the CPU pool and an accelerator)
     pending = [replace(w, sizes=tuple((t, rng.choice((0.5, 1.0, 2.0, 4.0))) for t in w.accepted_types[1:]))
                if len(w.accepted_types) > 1 and rng.random() < 0.25 else w for w in pending]
+    # some queues with other preemption policies (drawn after everything else, so the rest is as before)
+    queues = [replace(q, preemption_within_queue=rng.choice(("LowerPriority", "LowerPriority", "Never")),
+                      reclaim_within_cohort=rng.choice(("Any", "Any", "LowerPriority", "Never"))) for q in queues]
     return Snapshot(tuple(nodes), tuple(queues), tuple(running), tuple(pending), preference)
 
 

@@ -20,8 +20,20 @@ from controlplane.tenancy.models import SLUG_VALIDATOR, Team
 
 
 class PreemptionPolicy(models.TextChoices):
+    """May a workload take lower-priority workloads of its own ClusterQueue (Kueue's withinClusterQueue)."""
+
     NEVER = "Never", "Never"
     LOWER_PRIORITY = "LowerPriority", "Lower priority"
+
+
+class ReclaimPolicy(models.TextChoices):
+    """May a workload take workloads of other ClusterQueues of its cohort that use more than their nominal quota
+    (Kueue's reclaimWithinCohort): of any priority while its own queue reclaims quota within its nominal, only
+    lower-priority ones, or none."""
+
+    NEVER = "Never", "Never"
+    LOWER_PRIORITY = "LowerPriority", "Lower priority"
+    ANY = "Any", "Any priority"
 
 
 class ClusterQueue(models.Model):
@@ -29,8 +41,7 @@ class ClusterQueue(models.Model):
     cohort = models.SlugField(max_length=63, blank=True, help_text="queues in one cohort lend idle quota")
     preemption_within_queue = models.CharField(max_length=16, choices=PreemptionPolicy.choices,
                                                default=PreemptionPolicy.LOWER_PRIORITY)
-    reclaim_within_cohort = models.CharField(max_length=16, choices=PreemptionPolicy.choices,
-                                             default=PreemptionPolicy.LOWER_PRIORITY)
+    reclaim_within_cohort = models.CharField(max_length=16, choices=ReclaimPolicy.choices, default=ReclaimPolicy.ANY)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -28,6 +28,12 @@ class ClusterQueueSpec:
     name: str
     quotas: Mapping[str, Quota]
     cohort: str | None = None
+    # Kueue's preemption policies (rule 7 of scheduler.py): may a workload of this queue take lower-priority
+    # workloads of its own queue ("LowerPriority") or not ("Never"); may it take workloads of other queues of its
+    # cohort that use more than their nominal quota: of any priority while it reclaims quota within its own nominal
+    # ("Any"), only lower-priority ones ("LowerPriority"), or none ("Never").
+    preemption_within_queue: str = "LowerPriority"
+    reclaim_within_cohort: str = "Any"
 
 
 @dataclass(frozen=True)

@@ -600,14 +600,18 @@ class _Victims:
         entry = self.released[victim.id] = (steps[0], steps[1], [(n, w, f) for n, (w, f) in per_node.items()])
         return entry
 
-    def eligible(self, own: str, borrowing: frozenset[str]) -> frozenset[str]:
-        """The queues a preemptor of queue `own` may take victims from: its own, and those above their nominal
-        quota (`borrowing`) or without quota."""
-        key = (own, borrowing)
+    def eligible(self, own: str, borrowing: frozenset[str], within: bool = True,
+                 others: bool = True) -> frozenset[str]:
+        """The queues a preemptor of queue `own` may take lower-priority victims from: its own (unless `within` is
+        False: its policy says Never), and (unless `others` is False) those above their nominal quota (`borrowing`)
+        or without quota."""
+        key = (own, borrowing, within, others)
         hit = self.eligible_cache.get(key)
         if hit is None:
             hit = self.eligible_cache[key] = frozenset(
-                queue for queue in self.positions if queue == own or queue in borrowing or queue in self.unknown)
+                queue for queue in self.positions
+                if (within and queue == own) or (others and queue != own
+                                                 and (queue in borrowing or queue in self.unknown)))
         return hit
 
     def gone(self, running: Running) -> None:
@@ -1005,12 +1009,14 @@ def _plan_preemption(state: _State, pending: Workload, types, already: set[str])
     for accelerator_type in types:
         workload = pending.on(accelerator_type)  # its size on this type
         borrowing = ledger.borrowing(accelerator_type)
+        own = workload.cluster_queue
+        spec = ledger.queues[own]
         reclaim: set[str] = set()
-        if _within_nominal(state, workload, accelerator_type):
-            reclaim = {queue for queue in ledger.members(workload.cluster_queue)
-                       if queue != workload.cluster_queue and queue in borrowing}
+        if spec.reclaim_within_cohort == "Any" and _within_nominal(state, workload, accelerator_type):
+            reclaim = {queue for queue in ledger.members(own) if queue != own and queue in borrowing}
         pool_victims = state.victims(accelerator_type)
-        queues = pool_victims.eligible(workload.cluster_queue, borrowing)
+        queues = pool_victims.eligible(own, borrowing, spec.preemption_within_queue != "Never",
+                                       spec.reclaim_within_cohort != "Never")
         if not _could_fit(state, workload, accelerator_type, pool_victims, reclaim, queues):
             continue  # no candidates, or even every candidate would not make room: preempt nothing
         live = set(queues | reclaim)
