@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 
 from controlplane.cluster.models import NodePool
-from controlplane.cluster.plans import plan_estimate
+from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE, plan_estimate
 from controlplane.common.errors import ValidationFailed
 from controlplane.planning import Layout
 
@@ -39,6 +39,24 @@ def _summary(best: dict, accelerator_type: str, count: int, pool: dict) -> dict:
             "pool": {key: pool[key] for key in ("devices_per_node", "intra_node_gbps", "inter_node_gbps")}}
 
 
+def plan_options(options) -> dict:
+    """``parallelism.options`` read exactly as POST /api/v1/plans/ reads ``options`` (its serializer: booleans as DRF
+    reads them, so "no" is false; max_micro_batch 1-256; max_alternatives 0-20; no unknown keys). ValidationFailed
+    (field "parallelism") naming ``options.<field>`` otherwise."""
+    from controlplane.cluster.api.serializers import PlanOptionsSerializer
+
+    data = PlanOptionsSerializer(data=options)
+    if not data.is_valid():
+        problems = []
+        for name, messages in data.errors.items():
+            where = "options" if name in ("non_field_errors", "detail") else f"options.{name}"
+            if not isinstance(messages, list | tuple):
+                messages = [messages]
+            problems.append(f"{where}: {' '.join(str(message) for message in messages)}")
+        raise ValidationFailed("; ".join(problems), field="parallelism")
+    return dict(data.validated_data)
+
+
 def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], workers: int,
                          devices_per_worker: int) -> dict:
     """The stored plan: per accepted type the best layout for `workers` x `devices_per_worker` devices,
@@ -56,6 +74,10 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
     batch = parallelism["global_batch_size"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValidationFailed("global_batch_size: must be a positive integer", field="parallelism")
+    if batch > MAX_GLOBAL_BATCH_SIZE:  # the cap of POST /api/v1/plans/
+        raise ValidationFailed(f"global_batch_size: must be at most {MAX_GLOBAL_BATCH_SIZE:,} sequences per step, "
+                               f"got {batch:,}", field="parallelism")
+    options = plan_options(parallelism.get("options", {}))
     from jobs.calibration import planner_fractions
 
     fractions = planner_fractions()
@@ -75,7 +97,7 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             device.update(intra_node_gbps=link.intra_node_gbps, inter_node_gbps=link.inter_node_gbps)
         try:
             answer = plan_estimate(model=parallelism["model"], global_batch_size=batch, devices=[device],
-                                   options=parallelism.get("options"), fractions=fractions)
+                                   options=options, fractions=fractions)
         except ValidationFailed as exc:
             if exc.field in ("model", "options", "global_batch_size"):
                 raise ValidationFailed(f"{exc.field}: {exc}", field="parallelism") from exc

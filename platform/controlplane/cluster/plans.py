@@ -44,6 +44,9 @@ from controlplane.planning.presets import model_spec
 MAX_POOLS_MIXED = 2
 MAX_POOLS = 4
 MAX_DEVICES = 32768
+# Sequences per optimizer step, on every path that plans (POST /api/v1/plans/ and a job's parallelism: auto): the
+# search tries every divisor of it as the data-parallel size, and 10**13 took 11 s.
+MAX_GLOBAL_BATCH_SIZE = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -194,12 +197,24 @@ def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions
         if not link.known:
             raise ValidationFailed(f"{where}: {link.note}; give intra_node_gbps and inter_node_gbps",
                                    field="devices")
-        name = slug if slug not in taken else f"{slug}-{index}"
+        name = _free_name(slug, index, taken)
         pool = DevicePool(device=device, nodes=nodes, devices_per_node=per_node, intra_node_gbps=link.intra_node_gbps,
                           inter_node_gbps=link.inter_node_gbps, name=name)
         taken.add(name)
         entries.append(_Entry(pool, "hypothetical", accelerator, link, None, _fraction_note(slug, fractions)))
     return entries
+
+
+def _free_name(slug: str, index: int, taken: set[str]) -> str:
+    """A name for hypothetical device group ``index`` of type ``slug`` that no node pool or earlier group of the
+    request has: the slug, else ``slug-index``, else ``slug-index+1``, ... (a node pool may be named
+    "nvidia-h100-1")."""
+    if slug not in taken:
+        return slug
+    suffix = index
+    while f"{slug}-{suffix}" in taken:
+        suffix += 1
+    return f"{slug}-{suffix}"
 
 
 # -- pricing and comparison ---------------------------------------------------------------------------------
@@ -322,7 +337,10 @@ def plan_estimate(*, model: str | Mapping, global_batch_size: int, pools: Sequen
         request = PlanRequest(model=spec, global_batch_size=global_batch_size,
                               pools=tuple(entry.pool for entry in entries), options=plan_options)
     except ValueError as exc:
-        raise ValidationFailed(str(exc), field="global_batch_size") from exc
+        # Only the batch is the caller's to get wrong here (pool names are made unique above); anything else is
+        # filed under the pools it is about, not under global_batch_size.
+        field = "global_batch_size" if str(exc).startswith("global_batch_size") else ("pools" if pools else "devices")
+        raise ValidationFailed(str(exc), field=field) from exc
     by_name = {entry.pool.name: entry for entry in entries}
     answer = _result(plan(request), by_name)
     return {

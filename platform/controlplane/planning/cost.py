@@ -193,6 +193,9 @@ class CostModel:
         self.pools = {pool.name: pool for pool in request.pools}
         self._layer_cache: dict[tuple, LayerCost] = {}
         self._extras_cache: dict[tuple, tuple[float, float, float, float]] = {}
+        # The last stages tuple walked by _kinds and what it gave: the search evaluates many layouts of one split
+        # (the same tuple object) in a row, and a deep model's split has hundreds of stages.
+        self._kinds_last: tuple[tuple, list] | None = None
         m = self.model
         h, s = m.hidden, m.seq_len
         self.kv_width = m.kv * m.head_dim
@@ -470,17 +473,26 @@ class CostModel:
             sync_exposed_s=sync_exposed,
         )
 
-    def _kinds(self, layout: Layout):
+    def _kinds(self, layout: Layout) -> list[tuple[Stage, int, int]]:
         """The distinct stages of a layout: (stage, index, count). Stages in a run of identical ones differ
         only in being first/last and in micro-batches in flight, which falls with the index; so the first
         of a run, its middle and its last stand for all of them."""
-        p = layout.pp
-        index = 0
         stages = layout.stages
+        last = self._kinds_last
+        if last is not None and last[0] is stages:
+            return last[1]
+        kinds = list(self._walk_kinds(stages))
+        self._kinds_last = (stages, kinds)
+        return kinds
+
+    @staticmethod
+    def _walk_kinds(stages: tuple[Stage, ...]):
+        p = len(stages)
+        index = 0
         while index < p:
             stage = stages[index]
             end = index
-            while end + 1 < p and stages[end + 1] == stage:
+            while end + 1 < p and (stages[end + 1] is stage or stages[end + 1] == stage):
                 end += 1
             yield stage, index, 1
             if end - index >= 2:
@@ -520,7 +532,9 @@ class CostModel:
         dp_total = dp_exposed = optimizer = 0.0
         worst: StageFigures | None = None
         worst_share = -1.0
+        devices_per_replica = 0
         for stage, index, count in self._kinds(layout):
+            devices_per_replica += count * stage.tp
             pool = self.pools[stage.pool]
             fig = self.stage_figures(pool, stage.tp, stage.layers, index, p, dp, mbs, micro, layout.recompute,
                                      layout.sequence_parallel, zero_level(layout), layout.ep, v)
@@ -540,7 +554,7 @@ class CostModel:
         pipeline = micro * t_max + (t_sum - t_max) / v
         exposed = max(0.0, dp_exposed)
         step = pipeline + exposed + optimizer
-        devices = layout.devices
+        devices = dp * devices_per_replica  # layout.devices, without walking every stage again
         tokens = req.global_batch_size * m.seq_len
         model_flops = tokens * self.model_flops_per_token
         breakdown = {

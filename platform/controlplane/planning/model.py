@@ -69,10 +69,42 @@ def _positive_int(name: str, value) -> int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise ValueError(f"{name} must be a positive integer, got {_shown(value)}")
     if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{name} must be a positive integer, got {_shown(value)}")
     return value
+
+
+# Upper bounds on a model description. Generous: each is several times (heads, layers) to hundreds of times the
+# largest figure among the presets (presets.py) and the published runs (published_runs.json): layers 128 (the 1T
+# GPT of Narayanan et al.), hidden 25,600, heads 160, kv_heads 8 (up to heads), ffn_hidden 53,248 (Llama 3 405B),
+# seq_len 32,768 (Mixtral), vocab 128,256, experts 8. They keep every size the planner computes finite as a float
+# (a hidden width of 1e300 made the byte counts too large for a float: an OverflowError, a 500) and its search
+# short (it walks every pipeline depth up to the layer count: 2,000,000 layers took more than 10 s).
+MODEL_FIELD_LIMITS: dict[str, int] = {
+    "layers": 1_000,
+    "hidden": 1_000_000,
+    "heads": 10_000,
+    "kv_heads": 10_000,
+    "ffn_hidden": 10_000_000,
+    "seq_len": 10_000_000,
+    "vocab": 10_000_000,
+    "experts": 100_000,
+    "top_k": 100_000,
+}
+
+
+def _shown(value) -> str:
+    """A number for an error message: a huge one as its order of magnitude, not hundreds of digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"about 1e{int(abs(value).bit_length() * math.log10(2))}"
+    return repr(value)
+
+
+def _at_most(name: str, value) -> None:
+    limit = MODEL_FIELD_LIMITS[name]
+    if value > limit:
+        raise ValueError(f"{name} must be at most {limit:,}, got {_shown(value)}")
 
 
 def _positive_float(name: str, value) -> float:
@@ -111,18 +143,25 @@ class ModelSpec:
     name: str = ""
 
     def __post_init__(self):
+        """Every size within ``MODEL_FIELD_LIMITS``. ``top_k`` may not exceed ``experts`` where experts are given
+        (1 expert is a dense MLP: top_k must be 1). A dense model built directly (``experts`` 0) keeps whatever
+        ``top_k`` it is given, unused (``active_experts`` is 1), so code that draws dense and MoE models alike may
+        pass one; ``from_dict``, which reads what people write, refuses a top_k other than 1 there."""
         for name in ("layers", "hidden", "heads", "seq_len", "vocab"):
             _positive_int(name, getattr(self, name))
+            _at_most(name, getattr(self, name))
         for name in ("kv_heads", "ffn_hidden", "experts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+                raise ValueError(f"{name} must be an integer >= 0, got {_shown(value)}")
+            _at_most(name, value)
         _positive_int("top_k", self.top_k)
+        _at_most("top_k", self.top_k)
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.kv_heads and (self.kv_heads > self.heads or self.heads % self.kv_heads):
             raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
-        if self.experts > 1 and self.top_k > self.experts:
+        if self.experts >= 1 and self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) must not exceed experts ({self.experts})")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
@@ -197,15 +236,7 @@ class ModelSpec:
     def from_dict(cls, data: Mapping) -> ModelSpec:
         """Build from a JSON-like mapping; unknown keys and bad values raise ValueError naming the field.
         Accepts the Hugging Face names too (num_hidden_layers, hidden_size, ...)."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"model must be an object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        values = {}
-        for key, value in data.items():
-            name = _MODEL_ALIASES.get(key, key)
-            if name not in known:
-                raise ValueError(f"unknown model field {key!r}")
-            values[name] = value
+        values = canonical_model_fields(data)
         missing = [name for name in ("layers", "hidden", "heads", "seq_len", "vocab") if name not in values]
         if missing:
             raise ValueError(f"model field {missing[0]!r} is required")
@@ -219,8 +250,39 @@ class ModelSpec:
             if isinstance(value, float) and value.is_integer():
                 values[name] = int(value)
             elif value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
+                raise ValueError(f"{name} must be an integer, got {_shown(value)}")
+        top_k, experts = values.get("top_k", 1), values.get("experts", 0)
+        if isinstance(top_k, int) and isinstance(experts, int) and top_k != 1 and experts <= 1:
+            raise ValueError(f"top_k ({top_k}) applies only to a mixture of experts (experts > 1, got {experts}); "
+                             f"a dense model takes top_k 1")
         return cls(**values)
+
+
+def canonical_model_fields(data: Mapping) -> dict:
+    """``data`` with the Hugging Face names (``_MODEL_ALIASES``) replaced by ModelSpec's. ValueError for an unknown
+    field, and for two names of one field with different values ({"hidden": 128, "hidden_size": 64}: which one was
+    meant is a guess); the same value under two names (as some configs carry) is taken."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"model must be an object, got {type(data).__name__}")
+    known = {f.name for f in fields(ModelSpec)}
+    values: dict = {}
+    given_as: dict[str, str] = {}
+    for key, value in data.items():
+        name = _MODEL_ALIASES.get(key, key)
+        if name not in known:
+            raise ValueError(f"unknown model field {key!r}")
+        if name in values and not _same(values[name], value):
+            raise ValueError(f"model fields {given_as[name]!r} and {key!r} both give {name}, with different values "
+                             f"({_shown(values[name])} and {_shown(value)}); give one")
+        values[name] = value
+        given_as.setdefault(name, key)
+    return values
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b or (
+        not isinstance(a, bool) and not isinstance(b, bool) and isinstance(a, int | float)
+        and isinstance(b, int | float) and a == b)
 
 
 _MODEL_ALIASES = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controlplane.planning.model import ModelSpec
+from controlplane.planning.model import ModelSpec, canonical_model_fields
 
 # Llama 2/3 and Mixtral: SwiGLU, no biases, untied output layer, RoPE, and no dropout anywhere (Meta's reference
 # meta-llama/llama3 llama/model.py has no dropout layer; the Hugging Face configs set attention_dropout 0.0).
@@ -71,7 +71,16 @@ PRESET_NAMES: tuple[str, ...] = tuple(sorted(MODEL_PRESETS))
 
 def model_spec(preset: str, overrides: Mapping | None = None) -> ModelSpec:
     """The preset's ``ModelSpec``, with ``overrides`` (ModelSpec fields or their Hugging Face names) on top.
-    Raises ValueError for an unknown preset or a bad override, naming it."""
+    Raises ValueError for an unknown preset or a bad override, naming it. An override under a Hugging Face name
+    replaces the preset's figure like one under the ModelSpec name (the names are made the same first). Overriding
+    a mixture-of-experts preset to a dense model (``experts`` 0 or 1) drops the preset's ``top_k`` with its experts,
+    unless the override gives one."""
     if preset not in MODEL_PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; known presets: {', '.join(PRESET_NAMES)}")
-    return ModelSpec.from_dict({**MODEL_PRESETS[preset]["spec"], **dict(overrides or {})})
+    base = dict(MODEL_PRESETS[preset]["spec"])
+    changes = canonical_model_fields(overrides or {})
+    experts = changes.get("experts")
+    if "top_k" not in changes and not isinstance(experts, bool) and isinstance(experts, int | float) \
+            and experts <= 1:
+        base.pop("top_k", None)
+    return ModelSpec.from_dict({**base, **changes})

@@ -136,6 +136,15 @@ def _rank_key(prediction: Prediction):
             layout.sequence_parallel, tuple((s.pool, s.tp, s.layers) for s in layout.stages))
 
 
+def _ranks_before(prediction: Prediction, other: Prediction) -> bool:
+    """``_rank_key(prediction) < _rank_key(other)``, without building the keys (each walks the layout's stages, up
+    to hundreds of them) unless the step times tie."""
+    mine, theirs = round(prediction.step_time_s, 9), round(other.step_time_s, 9)
+    if mine != theirs:
+        return mine < theirs
+    return _rank_key(prediction) < _rank_key(other)
+
+
 class _Search:
     def __init__(self, request: PlanRequest):
         self.request = request
@@ -153,16 +162,19 @@ class _Search:
         """No layout runs faster than all its devices doing only the model's matrix multiplies."""
         return self.model_flops / flops_per_s
 
-    def _consider(self, layout: Layout, note: str) -> None:
+    def _consider(self, layout: Layout, note: str, pools_tps: tuple | None = None) -> None:
+        """``pools_tps``: the layout's sorted distinct (pool, tp) pairs, when the caller knows them."""
         prediction = self.cost.evaluate(layout)
         if note:
             prediction = _with_reason(prediction, note)
-        shape = (tuple(sorted({(s.pool, s.tp) for s in layout.stages})), layout.dp, layout.pp)
+        if pools_tps is None:
+            pools_tps = tuple(sorted({(s.pool, s.tp) for s in layout.stages}))
+        shape = (pools_tps, layout.dp, layout.pp)
         current = self.best_per_shape.get(shape)
-        if current is None or _rank_key(prediction) < _rank_key(current):
+        if current is None or _ranks_before(prediction, current):
             self.best_per_shape[shape] = prediction
             if prediction.step_time_s < self.threshold and len(self.best_per_shape) >= self.keep:
-                times = sorted(p.step_time_s for p in self.best_per_shape.values())
+                times = heapq.nsmallest(self.keep, (p.step_time_s for p in self.best_per_shape.values()))
                 self.threshold = times[self.keep - 1]
 
     def _miss(self, used: float, limit: float, make_layout) -> None:
@@ -185,13 +197,16 @@ class _Search:
         even = divisors(m.layers)
         depths = even + [pp for pp in range(1, m.layers + 1) if m.layers % pp]
         for tp in _tensor_degrees(req, pool):
+            # One Stage per layer count, shared by every split of this TP (a deep model's splits have hundreds of
+            # stages but only a few distinct ones).
+            stage_of: dict[int, Stage] = {}
             for pp in depths:
                 if tp * pp > pool.devices:
                     continue
                 for split in stage_splits(m.layers, pp):
-                    self._homogeneous_split(pool, limit, device_rate, layer_flops_seq, tp, split)
+                    self._homogeneous_split(pool, limit, device_rate, layer_flops_seq, tp, split, stage_of)
 
-    def _homogeneous_split(self, pool, limit, device_rate, layer_flops_seq, tp, split) -> None:
+    def _homogeneous_split(self, pool, limit, device_rate, layer_flops_seq, tp, split, stage_of=None) -> None:
         req, m = self.request, self.request.model
         gbs = req.global_batch_size
         pp = len(split)
@@ -221,7 +236,12 @@ class _Search:
                 if req.options.allow_interleave and pp > 2 and micro % pp == 0:
                     vs += vs_all
                 if stages is None:
-                    stages = tuple(Stage(pool.name, tp, n) for n in split)
+                    if stage_of is None:
+                        stage_of = {}
+                    for n in split:
+                        if n not in stage_of:
+                            stage_of[n] = Stage(pool.name, tp, n)
+                    stages = tuple(stage_of[n] for n in split)
                 for ep in eps:
                     for v in vs:
                         self._fit_homogeneous(pool, limit, ladder, tp, split, stages, kinds, dp, mbs, micro, ep, v)
@@ -271,10 +291,12 @@ class _Search:
                 return
         widest = max(split)
 
+        pools_tps = ((pool.name, tp),)
+
         def consider(rung, note):
             # The same bound with the rung's recomputation: skip the full evaluation when it cannot rank.
             if micro * widest * cost.layer_cost(pool, tp, mbs, rung[0], rung[1], ep).time_s <= self.threshold:
-                self._consider(layout(rung), note)
+                self._consider(layout(rung), note, pools_tps)
 
         skipped, fitted = [], []
         for rung in ladder:
@@ -563,7 +585,8 @@ def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
     if not capable:
         slugs = ", ".join(sorted({p.device.slug for p in request.pools}))
         return f"no pool can run {m.precision}: no published {m.precision} peak for {slugs}"
-    params = m.parameters()
+    # Floats, as every size the cost model computes (ModelSpec's limits keep them finite).
+    params = float(m.parameters())
     need = params * BYTES_PER_PARAMETER
     have = sum(p.memory_bytes * MEMORY_USABLE_FRACTION for p in capable)
     raw = sum(p.memory_bytes for p in capable)
@@ -580,9 +603,21 @@ def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
 
 
 def _size(nbytes: float) -> str:
+    nbytes = float(nbytes)
     if nbytes >= 1e12:
         return f"{nbytes / 1e12:.1f} TB"
     return f"{nbytes / 1e9:.0f} GB"
+
+
+def _ranked(predictions: list[Prediction], keep: int) -> list[Prediction]:
+    """The first ``keep`` (at least 2: the explanation names the runner-up) of ``predictions`` in ``_rank_key``
+    order. A prediction whose rounded step time is above the keep-th smallest has that many before it, so only
+    the others need their (stage-walking) keys built."""
+    keep = max(keep, 2)
+    if len(predictions) <= keep:
+        return sorted(predictions, key=_rank_key)
+    cut = heapq.nsmallest(keep, (round(p.step_time_s, 9) for p in predictions))[-1]
+    return sorted((p for p in predictions if round(p.step_time_s, 9) <= cut), key=_rank_key)[:keep]
 
 
 def plan(request: PlanRequest) -> PlanResult:
@@ -599,7 +634,7 @@ def plan(request: PlanRequest) -> PlanResult:
             search.homogeneous(pool)
         if request.options.allow_heterogeneous and len(capable) > 1:
             search.heterogeneous(capable)
-    ranked = sorted(search.best_per_shape.values(), key=_rank_key) if search else []
+    ranked = _ranked(list(search.best_per_shape.values()), request.options.max_alternatives + 1) if search else []
     elapsed = time.perf_counter() - started
     evaluated = search.evaluated if search else 0
     if not ranked:

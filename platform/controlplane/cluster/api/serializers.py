@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.cluster.models import AcceleratorType, Node, NodePool
+from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE
 from controlplane.common.api import StrictInputSerializer
 from controlplane.planning.model import RECOMPUTE_MODES
 from controlplane.planning.presets import PRESET_NAMES
@@ -126,7 +127,7 @@ class PlanOptionsSerializer(StrictInputSerializer):
 
 class PlanSerializer(StrictInputSerializer):
     model = PlanModelField()
-    global_batch_size = serializers.IntegerField(min_value=1, max_value=10_000_000,
+    global_batch_size = serializers.IntegerField(min_value=1, max_value=MAX_GLOBAL_BATCH_SIZE,
                                                  help_text="sequences per optimizer step")
     pools = PlanPoolSerializer(many=True, required=False, default=list)
     devices = PlanDevicesSerializer(many=True, required=False, default=list,
