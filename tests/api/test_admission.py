@@ -229,3 +229,26 @@ def test_a_new_cluster_queue_reclaims_lent_quota_of_any_priority_by_default():
 
     assert ClusterQueue._meta.get_field("reclaim_within_cohort").default == ReclaimPolicy.ANY
     assert ClusterQueue._meta.get_field("preemption_within_queue").default == "LowerPriority"
+
+
+def test_the_dry_run_plan_counts_what_the_cohort_lends_as_the_cycle_does(api, cluster, world):
+    """QA found the plan counting only nominal quota: with shared's 16 H100 in use it said H100 "has no room now
+    (quota left 0 < 8)" and chose A100, while the cycle admitted the job on H100 by borrowing from the cohort; later
+    plans showed "quota left -8". The plan now checks quota as the cycle does and never shows less than 0."""
+    from controlplane.quotas.services import cluster_queue_create
+
+    cluster_queue_create(actor=world["ops"], name="lender", cohort="all",
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 16}])
+    client = api("alpha", "member")
+    submit(client, name="fill", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])  # shared's 16
+    spec = ("name: next\nqueue: default\nworkers: 1\nresources:\n  accelerators: H100:8\n  any_of: [A100:8]\n"
+            "hyperparameters: {steps: 100}\n")
+    plan = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json").json()["plan"]
+    h100 = next(o for o in plan["options"] if o["accelerator_type"] == "nvidia-h100")
+    assert h100["quota_left"] == 16 and h100["why_not"] == ""  # the lender's idle 16
+    ClusterQueue = type(world["cluster_queue"])
+    ClusterQueue.objects.filter(name="lender").delete()  # nothing to borrow: over its nominal, never below 0
+    plan = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json").json()["plan"]
+    h100 = next(o for o in plan["options"] if o["accelerator_type"] == "nvidia-h100")
+    assert h100["quota_left"] == 0 and "lends only 0 now" in h100["why_not"]
+    assert plan["chosen"]["accelerator_type"] == "nvidia-a100"

@@ -28,6 +28,7 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     quotas = {q.accelerator_type.slug: q for q in
               ResourceQuota.objects.filter(cluster_queue=cluster_queue).select_related("accelerator_type")}
     used = quota_usage() if kind == JOB else {}
+    ledger = _job_quota_ledger() if kind == JOB else None
     options = []
     for slug in accelerator_types:
         units = units_by_type[slug]
@@ -37,9 +38,17 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
         placeable = _placeable_members(slug, units)
         quota = quotas.get(slug)
         quota_left = None if quota is None else quota.nominal_quota - used.get((cluster_queue.name, slug), 0.0)
+        quota_why = ""
+        if ledger is not None and cluster_queue.name in ledger.queues:
+            # as the scheduling cycle checks it: nominal, then what the cohort lends (before, only the nominal
+            # quota counted: a job the cycle admits by borrowing was planned on another type, "quota left -8")
+            quota_left = _quota_room(ledger, cluster_queue.name, slug)
+            check = ledger.check(cluster_queue.name, slug, need)
+            fits_quota, quota_why = check.ok, check.reason
+        else:
+            fits_quota = quota_left is None or quota_left + 1e-9 >= need
         free_units = _free_units(slug)
         fits_capacity = placeable >= members
-        fits_quota = quota_left is None or quota_left + 1e-9 >= need
         options.append({
             "accelerator_type": slug, "unit": "CPU cores" if slug == "cpu" else "devices", "units": need,
             "price_per_unit_hour_usd": None if price is None else float(price), "cost_per_hour_usd": cost,
@@ -47,7 +56,7 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
             "fits_now": fits_capacity and fits_quota,
             "why_not": "" if fits_capacity and fits_quota else (
                 f"not enough free {slug}: {members} x {units:g} needed, {placeable} fit now" if not fits_capacity
-                else f"quota left {quota_left:g} < {need:g}"),
+                else f"quota left {quota_left:g} < {need:g}" + (f" ({quota_why})" if quota_why else "")),
         })
     preference = []
     if kind == JOB:
@@ -64,6 +73,33 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
         plan["queue"] = {"local_queue": local_queue.name, "cluster_queue": cluster_queue.name, "position": None,
                          "waiting_ahead": None}
     return plan
+
+
+def _job_quota_ledger():
+    """The quotas and what training and serving use of them now, as the scheduling cycle's quota check reads them."""
+    from controlplane.scheduling.quota import QuotaLedger
+    from inference.selectors import serving_quota_usage
+    from jobs.admission import cluster_queue_specs
+
+    ledger = QuotaLedger(cluster_queue_specs())
+    for usage in (quota_usage(), serving_quota_usage()):
+        for (queue, slug), amount in usage.items():
+            if queue in ledger.queues:
+                ledger.add(queue, slug, amount)
+    return ledger
+
+
+def _quota_room(ledger, queue: str, slug: str) -> float:
+    """The most `queue` may take of `slug` now: its idle nominal quota alone, or with a cohort what the cohort lends
+    (within its borrowing limit); never below 0."""
+    quota = ledger.quota(queue, slug)
+    used = ledger.usage[(queue, slug)]
+    if not ledger.queues[queue].cohort:
+        return max(0.0, quota.nominal - used)
+    room = ledger.cohort_room(queue, slug)
+    if quota.borrowing_limit is not None:
+        room = min(room, quota.nominal + quota.borrowing_limit - used)
+    return max(0.0, room)
 
 
 def _choose(kind: str, options: list[dict], preference: list) -> dict | None:
