@@ -91,6 +91,10 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             continue
         pool = NodePool.objects.filter(accelerator_type__slug=slug).order_by("name").first()
         per_node = pool.devices_per_node if pool else 8
+        if count > per_node and count % per_node and 0 < devices_per_worker <= per_node:
+            # Workers that do not fill whole nodes (3 x 4 devices on nodes of 8) may land on as many nodes as there
+            # are workers: planned as such, tensor parallelism inside a worker (before, a 400 about devices[0])
+            per_node = devices_per_worker
         link = pool.link_bandwidth if pool else None
         device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node}
         if link is not None and link.known:

@@ -146,3 +146,16 @@ def test_job_option_strings_read_as_the_endpoint_reads_them(api, demo_cluster):
     endpoint = plan_post(client, {"model": model, "global_batch_size": 64, "devices": [H100],
                                   "options": {"flash_attention": "no"}}).json()
     assert endpoint["best"]["memory_gb"] == pytest.approx(stored["no"]["memory_gb"])
+
+
+def test_a_gang_of_workers_that_do_not_fill_whole_nodes_can_be_planned(api, demo_cluster):
+    """QA found 3 x 4 H100 with parallelism auto refused: "12 devices is neither whole nodes of 8 nor at most one
+    node" (about a devices[0] the user never sent). Such workers may land on as many nodes as there are workers, so
+    the plan takes them as such: tensor parallelism at most a worker's devices."""
+    body = {**JOB_BODY, "name": "three-by-four", "accelerator_types": ["nvidia-h100"], "workers_min": 3,
+            "workers_max": 3, "devices_per_worker": 4,
+            "parallelism": {"mode": "auto", "model": "llama2-7b", "global_batch_size": 64}}
+    response = api("alpha", "member").post(JOBS, body, format="json")
+    assert response.status_code == 201, response.json()
+    plan = TrainingJob.objects.get(pk=response.json()["id"]).parallel_plan["by_type"]["nvidia-h100"]
+    assert plan["tp"] <= 4, plan
