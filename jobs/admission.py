@@ -394,6 +394,10 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]]) -> None:
         job.admitted_accelerator_type, job.placement = admit.accelerator_type, _placement_to_json(admit.workers)
         job.queue_position, job.waits_for = None, waits_for
         reason = f"admitted: {admit.reason}"
+        victims, held, _ = admit.reason.removeprefix("waiting for ").partition(" to checkpoint and release ")
+        if held and not waits_for:  # a preemptor whose victims had not started: nothing to wait for
+            reason = (f"admitted onto the devices of {victims}, preempted for it before they started (nothing to "
+                      "checkpoint)")
         if waits_for:
             reason = (f"admitted ({len(admit.workers)} x {admit.accelerator_type} held); launches once "
                       f"{', '.join(map(str, waits_for))} checkpoint(s) and stop")

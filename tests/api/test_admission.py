@@ -137,6 +137,12 @@ def test_preemption_in_the_platform_requeues_an_admitted_victim(api, cluster, wo
     assert events[-1]["to_state"] == "QUEUED" and "preempted for" in events[-1]["reason"]
     run_cycle()  # the victim is gone: the preemptor starts on the freed devices
     assert status(client, urgent)["state"] == "ADMITTED"
+    # it waited for nothing (the victim had not started): its timeline does not say it waits (QA found "admitted:
+    # waiting for 1 to checkpoint and release nvidia-h100 devices" on a job that went on at once)
+    admitted = [e for e in client.get(f"/api/v1/training-jobs/{urgent}/events/").json()["results"]
+                if e["to_state"] == "ADMITTED"][-1]["reason"]
+    assert admitted == (f"admitted onto the devices of {victim}, preempted for it before they started (nothing to "
+                        "checkpoint)"), admitted
 
 
 def test_among_equal_priorities_the_victim_is_the_job_that_loses_the_least_work(api, cluster, world, monkeypatch):
