@@ -132,6 +132,9 @@ class _Cli:
                           "-" if option["quota_left"] is None else f"{option['quota_left']:g}",
                           "yes" if option["fits_now"] else "no")
         self.out.print(table)
+        for slug, layout in (plan.get("parallel_plan") or {}).items():
+            self.out.print(f"Parallel plan on {escape(slug)}: {escape(layout['description'])}, "
+                           f"{layout['tokens_per_s']:,.0f} tokens/s, {layout['memory_gb']:g} GB per device")
         if plan.get("chosen"):
             self.out.print(f"Chosen: [bold]{escape(chosen)}[/] - {escape(plan['chosen']['reason'])}")
             self.out.print(f"Cost: {_money(plan['chosen']['cost_per_hour_usd'])} per hour")

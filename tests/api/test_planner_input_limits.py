@@ -159,3 +159,19 @@ def test_a_gang_of_workers_that_do_not_fill_whole_nodes_can_be_planned(api, demo
     assert response.status_code == 201, response.json()
     plan = TrainingJob.objects.get(pk=response.json()["id"]).parallel_plan["by_type"]["nvidia-h100"]
     assert plan["tp"] <= 4, plan
+
+
+def test_the_dry_run_plan_shows_and_checks_a_parallelism_auto_job(api, demo_cluster):
+    """QA found the dry run of a parallelism auto job saying "fits now: yes" for a model no accepted type could run
+    (the apply then failed), and never showing the layout. The dry run now plans it as the submit does."""
+    client = api("alpha", "member")
+    spec = ("name: planned\nqueue: default\nworkers: 1\nresources:\n  accelerators: H100:8\n"
+            "parallelism: {{mode: auto, model: {model}, global_batch_size: 64}}\n")
+    response = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec.format(model="llama2-7b")}, format="json")
+    assert response.status_code == 200, response.json()
+    shown = response.json()["plan"]["parallel_plan"]["nvidia-h100"]
+    assert shown["tp"] * shown["pp"] * shown["dp"] <= 8 and shown["tokens_per_s"] > 0
+    refused = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec.format(model="gpt3-175b")}, format="json")
+    assert refused.status_code == 400, refused.json()
+    assert "no accepted accelerator type can run this model" in str(refused.json())
+    assert not TrainingJob.objects.exists()

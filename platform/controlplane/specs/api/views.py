@@ -121,19 +121,38 @@ class SpecApplyView(TeamScopedMixin, APIView):
         local_queue = resolve_local_queue(team=team, name=values["queue"])
         priority_class = resolve_priority_class(name=values.get("priority", ""))
         types = list(values["accelerator_types"])
+        parallel = None
         if spec.kind == JOB:
             from jobs.services import worker_cpus
 
             cpus = worker_cpus(accelerator_types=types, devices_per_worker=values["devices_per_worker"],
                                cpus_per_worker=values.get("cpus_per_worker"))
-            units = {t: cpus if t == "cpu" else float(values["devices_per_worker"]) for t in types}
             members = values["workers_min"]
+            if values.get("parallelism"):
+                # as the submit plans it (jobs.services.training_job_create): a model no accepted type can run is
+                # refused here too, and the types and gang size are the plan's (before, the dry run showed "fits
+                # now: yes" and the apply then failed on parallelism)
+                from jobs.planning import gang_size_from_plan, plan_job_parallelism
+
+                workers_max = values.get("workers_max") or members
+                parallel = plan_job_parallelism(parallelism=values["parallelism"], accelerator_types=types,
+                                                workers=workers_max, devices_per_worker=values["devices_per_worker"])
+                types = [slug for slug in types if slug in parallel["by_type"]]
+                members, _ = gang_size_from_plan(parallel, workers_min=members, workers_max=workers_max,
+                                                 devices_per_worker=values["devices_per_worker"])
+            units = {t: cpus if t == "cpu" else float(values["devices_per_worker"]) for t in types}
         else:
             units = {t: float(values["devices_per_replica"]) for t in types}
             members = values["replicas_min"]
-        return selectors.spec_plan(kind=spec.kind, name=values["name"], local_queue=local_queue,
+        plan = selectors.spec_plan(kind=spec.kind, name=values["name"], local_queue=local_queue,
                                    priority_class=priority_class, accelerator_types=types, units_by_type=units,
                                    members=members, workload_class=_workload_class(spec, values))
+        if parallel is not None:
+            shown = ("description", "tp", "pp", "dp", "step_time_s", "tokens_per_s", "mfu", "memory_gb")
+            plan["parallel_plan"] = {slug: {key: summary[key] for key in shown}
+                                     for slug, summary in parallel["by_type"].items()}
+            plan["parallel_plan_cannot_run"] = parallel["cannot_run"]
+        return plan
 
 
 def _workload_class(spec: Spec, values: dict) -> str:
