@@ -404,7 +404,9 @@ def test_parallelism_auto_stores_the_plan_sizes_the_gang_and_drops_types_that_ca
     assert "Parallel plan" in page and 'id="trainer-layout"' in page
 
 
-def test_parallelism_auto_sizes_the_gang_to_the_devices_the_best_layout_uses(api, backend):
+def test_parallelism_auto_sizes_the_gang_to_the_devices_the_best_layout_uses(api, backend, world):
+    from django.test import Client
+
     client = api("alpha", "member")
     # a global batch of 4 splits over at most 4 data-parallel ranks: the best layout uses 16 of the 24 devices
     job = submit(client, accelerator_types=["nvidia-h100"], workers_min=3, workers_max=3,
@@ -415,6 +417,10 @@ def test_parallelism_auto_sizes_the_gang_to_the_devices_the_best_layout_uses(api
     assert (job.workers_min, job.workers_max) == (2, 2)
     assert plan["sized_by_plan"] == ("the best layouts use at most 16 of the 24 devices asked for: the gang is "
                                      "2 x 8 devices")
+    browser = Client()  # the job page says why the gang shrank (QA: it showed only the 24 devices asked for)
+    browser.force_login(world["alpha"]["member"])
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Gang sized by the plan: the best layouts use at most 16 of the 24 devices" in page
     whole = submit(client, name="whole", accelerator_types=["nvidia-h100"], workers_min=1, workers_max=2,
                    parallelism={"mode": "auto", "model": "llama2-13b", "global_batch_size": 64})
     assert "sized_by_plan" not in whole.parallel_plan and whole.workers_max == 2
