@@ -201,3 +201,30 @@ def test_the_cluster_queue_preemption_policies():
     assert decide(replace(a, reclaim_within_cohort="LowerPriority"), None, 5) == []
     assert decide(replace(a, reclaim_within_cohort="LowerPriority"), None, 0) == ["borrower"]
     assert decide(replace(a, reclaim_within_cohort="Never"), None, 0) == []
+
+
+def test_a_workload_its_queue_could_never_take_says_so():
+    """QA found a job bigger than its queue could ever get (3 x 8 H100 on a nominal 16 without a lender) waiting for
+    good with a reason that read like a wait ("its cohort lends only 0 now"); the reason now says it never fits."""
+    from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Snapshot, Workload
+    from controlplane.scheduling.quota import QuotaLedger
+    from controlplane.scheduling.scheduler import schedule
+    from tests.unit.test_scheduler_speedups import reference_schedule
+
+    nodes = tuple(NodeSpec(f"h{i}", "p", "h100", "g0", 8) for i in range(4))
+    alone = ClusterQueueSpec("alone", {"h100": Quota(16)})
+    big = Workload("big", "alone", ("h100",), 8.0, workers_min=3)
+    small = Workload("small", "alone", ("h100",), 8.0, workers_min=2, arrival=1)
+    snapshot = Snapshot(nodes, (alone,), pending=(big, small))
+    result = schedule(snapshot)
+    assert result == reference_schedule(snapshot)
+    wait = next(w for w in result.waiting if w.workload_id == "big")
+    assert wait.reason.endswith("it can never take 24: its nominal 16 and the most its cohort could lend add up to "
+                                "16"), wait.reason
+    assert not wait.reserved and [a.workload_id for a in result.admitted] == ["small"]
+    # in a cohort: what the others lend at most (nominal, or the lending limit), within the borrowing limit
+    ledger = QuotaLedger([ClusterQueueSpec("a", {"h100": Quota(8, borrowing_limit=4)}, "c"),
+                          ClusterQueueSpec("b", {"h100": Quota(16, lending_limit=6)}, "c"),
+                          ClusterQueueSpec("d", {"h100": Quota(2)}, "c")])
+    assert ledger.ceiling("a", "h100") == 12 and ledger.ceiling("b", "h100") == 16 + 8 + 2
+    assert ledger.ceiling("d", "h100") == 2 + 8 + 6

@@ -77,6 +77,20 @@ class QuotaLedger:
                 room -= max(0.0, idle - quota.lending_limit)  # idle beyond its lending limit stays home
         return max(0.0, room)
 
+    def ceiling(self, queue: str, accelerator_type: str) -> float:
+        """The most `queue` could ever use of the type, with nothing else running: its nominal quota plus what the
+        other members of its cohort lend at most (their nominal, or their lending limit), within its borrowing
+        limit."""
+        quota = self.quota(queue, accelerator_type)
+        lend = 0.0
+        for other in self.members(queue):
+            if other != queue:
+                theirs = self.quota(other, accelerator_type)
+                lend += theirs.nominal if theirs.lending_limit is None else min(theirs.nominal, theirs.lending_limit)
+        if quota.borrowing_limit is not None:
+            lend = min(lend, quota.borrowing_limit)
+        return quota.nominal + lend
+
     def check(self, queue: str, accelerator_type: str, amount: float) -> QuotaCheck:
         spec = self.queues[queue]
         quota = spec.quotas.get(accelerator_type, NO_QUOTA)
@@ -98,6 +112,10 @@ class QuotaLedger:
         room = self.cohort_room(queue, accelerator_type)
         if room + EPS < amount:
             lendable = max(0.0, room - max(0.0, quota.nominal - used))
-            return QuotaCheck(False, 0.0, f"{queue} needs to borrow {need:g} {accelerator_type} but its cohort "
-                                          f"lends only {lendable:g} now")
+            reason = f"{queue} needs to borrow {need:g} {accelerator_type} but its cohort lends only {lendable:g} now"
+            ceiling = self.ceiling(queue, accelerator_type)
+            if amount > ceiling + EPS:  # not a matter of waiting: say so
+                reason += (f"; it can never take {amount:g}: its nominal {quota.nominal:g} and the most its cohort "
+                           f"could lend add up to {ceiling:g}")
+            return QuotaCheck(False, 0.0, reason)
         return QuotaCheck(True, need, f"borrows {need:g} {accelerator_type} from its cohort")
