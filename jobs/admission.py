@@ -9,6 +9,7 @@ so it changes in the same transaction as the state change that causes it.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 
 from django.db import transaction
@@ -57,11 +58,11 @@ log = logging.getLogger(__name__)
 def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload:
     types = tuple(job.accelerator_types)
     preemptible = job.priority_class.preemptible if job.priority_class else True
-    size = job.units_per_worker(accelerator_type or types[0])
+    size = _units(job, accelerator_type or types[0])
     # A pending job that accepts the CPU pool and an accelerator is cores on the one, devices on the other (before,
     # its first type's size was used on every type: 4 cores became 4 H100s).
-    sizes = () if accelerator_type else tuple((slug, job.units_per_worker(slug)) for slug in types
-                                               if job.units_per_worker(slug) != size)
+    sizes = () if accelerator_type else tuple((slug, _units(job, slug)) for slug in types
+                                               if _units(job, slug) != size)
     return Workload(
         id=str(job.pk), cluster_queue=job.local_queue.cluster_queue.name, accepted_types=types,
         devices_per_worker=size, sizes=sizes, workers_min=job.workers_min,
@@ -69,6 +70,16 @@ def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload
         arrival=job.created_at.timestamp(), workload_class=job_workload_class(job),
         preemptible=preemptible and (job.state == JobState.QUEUED or job.state in PREEMPTIBLE_STATES),
     )
+
+
+def _units(job: TrainingJob, accelerator_type: str) -> float:
+    """A worker's size on the type as the core places it: on the CPU pool, more than one core is whole cores, rounded
+    up (the core places sizes from 1 up as whole units; Ray reserves the exact cores: 4 x 2.5 cores were placed on 8
+    cores and reserved 10, a review found)."""
+    units = job.units_per_worker(accelerator_type)
+    if accelerator_type == "cpu" and units > 1 and not float(units).is_integer():
+        return float(math.ceil(units))
+    return units
 
 
 def _placement_to_json(workers) -> list[dict]:

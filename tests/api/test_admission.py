@@ -229,12 +229,30 @@ def test_a_cluster_queue_whose_policy_says_never_preempts_nothing_within_it(api,
 
 
 def test_a_new_cluster_queue_reclaims_lent_quota_of_any_priority_by_default():
-    """The default keeps the behaviour from before the policies were read (reclaim "Any"), and the migration moved
-    stored queues' old default ("LowerPriority", then ignored) to it."""
+    """The default keeps the behaviour from before the policies were read (reclaim "Any")."""
     from controlplane.quotas.models import ClusterQueue, ReclaimPolicy
 
     assert ClusterQueue._meta.get_field("reclaim_within_cohort").default == ReclaimPolicy.ANY
     assert ClusterQueue._meta.get_field("preemption_within_queue").default == "LowerPriority"
+
+
+def test_the_migration_keeps_what_stored_queues_did(world):
+    """Stored queues had the old default reclaim "LowerPriority", which the cycle ignored (it reclaimed from any
+    priority): the migration makes it "Any"; "Never" stays."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    from controlplane.quotas.models import ClusterQueue
+    from controlplane.quotas.services import cluster_queue_create
+
+    migration = import_module("controlplane.quotas.migrations.0002_reclaim_policy_any")
+    cluster_queue_create(actor=world["ops"], name="kept-never", quotas=[])
+    ClusterQueue.objects.filter(name="kept-never").update(reclaim_within_cohort="Never")
+    ClusterQueue.objects.filter(name="shared").update(reclaim_within_cohort="LowerPriority")
+    migration.keep_the_behaviour(apps, None)
+    assert dict(ClusterQueue.objects.values_list("name", "reclaim_within_cohort")) == {"shared": "Any",
+                                                                                     "kept-never": "Never"}
 
 
 def test_the_dry_run_plan_counts_what_the_cohort_lends_as_the_cycle_does(api, cluster, world):
@@ -258,3 +276,35 @@ def test_the_dry_run_plan_counts_what_the_cohort_lends_as_the_cycle_does(api, cl
     h100 = next(o for o in plan["options"] if o["accelerator_type"] == "nvidia-h100")
     assert h100["quota_left"] == 0 and "lends only 0 now" in h100["why_not"]
     assert plan["chosen"]["accelerator_type"] == "nvidia-a100"
+
+
+def test_the_dry_run_plan_holds_non_preemptible_jobs_and_deployments_to_the_cycles_quota_rules(api, cluster, world):
+    """A review found the plan saying a non-preemptible job fits by borrowing (the cycle refuses: such work stays
+    within nominal), and a deployment's plan counting nominal quota only and nobody's usage ("quota left 0 < 1" for a
+    replica the deploy check lets borrow)."""
+    from controlplane.quotas.services import cluster_queue_create, cluster_queue_update, priority_class_create
+
+    ops = world["ops"]
+    cluster_queue_update(actor=ops, queue=world["cluster_queue"],
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 8},
+                                 {"accelerator_type": "nvidia-a100", "nominal_quota": 0}])
+    cluster_queue_create(actor=ops, name="lender", cohort="all",
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 16},
+                                 {"accelerator_type": "nvidia-a100", "nominal_quota": 16}])
+    priority_class_create(actor=ops, name="fixed", value=100, preemptible=False)
+    client = api("alpha", "member")
+    submit(client, name="fill", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"], priority="fixed")
+    spec = ("name: next\nqueue: default\npriority: {priority}\nworkers: 1\nresources:\n  accelerators: H100:8\n"
+            "hyperparameters: {{steps: 100}}\n")
+    fixed = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec.format(priority="fixed")},
+                        format="json").json()["plan"]["options"][0]
+    assert not fixed["fits_now"] and "a non-preemptible workload does not borrow" in fixed["why_not"], fixed
+    borrows = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec.format(priority="standard")},
+                          format="json").json()["plan"]["options"][0]
+    assert borrows["fits_now"] and borrows["quota_left"] == 16, borrows
+    deployment = ("name: chat\nqueue: default\nresources: {accelerators: A100:1}\nservice:\n  model: file:///m\n"
+                  "  replica_policy: {min_replicas: 1, max_replicas: 2}\n  sla: {ttft_p95_ms: 400, tpot_p95_ms: 40}\n")
+    response = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": deployment}, format="json")
+    assert response.status_code == 200, response.json()
+    a100 = response.json()["plan"]["options"][0]
+    assert a100["quota_left"] == 16 and a100["why_not"] == "", a100

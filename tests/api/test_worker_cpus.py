@@ -177,3 +177,18 @@ def test_a_job_accepting_the_cpu_pool_and_an_accelerator_is_sized_per_type_by_th
     # no H100 node has 8 free devices left: it falls back to the CPU pool, where it is 1 core (not 8)
     assert h100_first.admitted_accelerator_type == "cpu", h100_first.state_reason
     assert [len(w["taken"]) for w in h100_first.placement] == [1]
+
+
+def test_cpu_workers_of_more_than_a_core_are_placed_as_whole_cores_rounded_up(api, demo_cluster):
+    """A review found 4 x 2.5-core workers placed on one 8-core node (the core places sizes from 1 up as whole units,
+    and round(2.5) is 2) while Ray reserved 10 cores: the gang could never start. The cycle now places 3 cores each."""
+    from jobs.admission import _workload
+
+    response = submit(api("alpha", "member"), name="halves", accelerator_types=["cpu"], devices_per_worker=0,
+                      workers_min=2, workers_max=2, cpus_per_worker=1.5)
+    assert response.status_code == 201, response.json()
+    job = TrainingJob.objects.get(pk=response.json()["id"])
+    assert _workload(job).devices_per_worker == 2.0 and job.cpus_per_worker == 1.5
+    either = submit(api("alpha", "member"), name="either", accelerator_types=["nvidia-h100", "cpu"],
+                    devices_per_worker=1, cpus_per_worker=1.5)
+    assert _workload(TrainingJob.objects.get(pk=either.json()["id"])).on("cpu").devices_per_worker == 2.0

@@ -674,3 +674,19 @@ def test_a_claimants_idle_quota_beyond_its_lending_limit_does_not_cover_another_
                 (WorkerPlacement("n3", tuple((i, 1.0) for i in range(3))),))
     given = _given_back_to_claims(ledger, {"t": t}, set(), {("a", "h100"): 1.0, ("b", "h100"): 3.0})
     assert given == {("z", "h100"): 3.0}
+
+
+def test_a_waiting_job_claims_its_size_on_its_preferred_type():
+    """A review found a job of 1 H100 or 4 cores (accepting both) claiming 4 H100 of its lender's quota when the CPU
+    pool was listed first: a borrowing deployment was scaled in for quota nobody would use."""
+    queues = (ClusterQueueSpec("a", {"h100": Quota(8), "cpu": Quota(8)}, "c"),
+              ClusterQueueSpec("s", {"h100": Quota(0)}, "c"))
+    borrower = ServingDemand("d1", "h100", 1, 8, 8, ("n0",) * 8, cluster_queue="s")
+    limits = []
+    for listed in (("cpu", "h100"), ("h100", "cpu")):
+        base = 4.0 if listed[0] == "cpu" else 1.0
+        job = Workload("job", "a", listed, devices_per_worker=base,
+                       sizes=(("h100", 1.0), ("cpu", 4.0)))
+        snapshot = Snapshot(nodes(2), queues, pending=(job,), type_preference={"job": ("h100", "cpu")})
+        limits.append(plan_mixed_load(snapshot, [borrower]).limits["d1"][0])
+    assert limits == [7, 7], limits  # the job claims 1 of a's 8 H100 either way

@@ -74,10 +74,12 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             positions[q] += 1
             result.waiting.append(Wait(wl.id, positions[q], f"cluster queue {q} does not exist"))
             continue
-        if not all(0 < size < float("inf") for size in (wl.devices_per_worker, *(z for _, z in wl.sizes))):
+        sizes = [("", wl.devices_per_worker), *((f" on {t}", z) for t, z in wl.sizes)]
+        bad = [f"{z:g}{where}" for where, z in sizes if not 1e-6 <= z < float("inf")]
+        if bad:
             positions[q] += 1
-            result.waiting.append(Wait(wl.id, positions[q], f"asks for {wl.devices_per_worker:g} devices (CPU cores on "
-                                       "cpu) per worker: a worker must ask for more than 0 (and a finite amount)"))
+            result.waiting.append(Wait(wl.id, positions[q], f"asks for {', '.join(bad)} devices (CPU cores on cpu) "
+                                       "per worker: a worker must ask for at least 1e-06 (and a finite amount)"))
             continue
         types = tuple(snap.type_preference.get(wl.id, wl.accepted_types))
         reasons = []
@@ -269,7 +271,8 @@ def ref_reserve(state, pending, types):
 def ref_grow(state, result, preempted, waiting_types):
     admitted_now = {a.workload_id for a in result.admitted}
     for r in sorted((r for r in state.running.values() if r.workload.id not in preempted
-                     and len(r.workers) < r.workload.workers_max and 0 < r.workload.devices_per_worker < float("inf")),
+                     and len(r.workers) < r.workload.workers_max
+                     and 1e-6 <= r.workload.devices_per_worker < float("inf")),
                     key=lambda r: (-r.workload.priority, r.workload.arrival, r.workload.id)):
         wl, t, added = r.workload, r.accelerator_type, []
         if t in waiting_types:

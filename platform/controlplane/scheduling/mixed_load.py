@@ -397,7 +397,7 @@ def _claims(snapshot: Snapshot, ledger: QuotaLedger, demands: list[ServingDemand
     for workload in sorted(snapshot.pending, key=lambda w: (-w.priority, w.arrival, w.id)):
         types = snapshot.type_preference.get(workload.id, workload.accepted_types)
         if types:
-            claim(workload.cluster_queue, types[0], workload.demand())
+            claim(workload.cluster_queue, types[0], workload.on(types[0]).demand())  # its size on that type
     for demand in demands:
         queue = _queue_of(demand, snapshot)
         missing = demand.replicas_wanted - len(held[demand.id])

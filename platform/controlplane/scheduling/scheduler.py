@@ -72,6 +72,9 @@ from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger, non
 
 _WHOLE = 1.0 - EPS
 _INF = float("inf")
+# The smallest worker size (devices; cores on cpu) the cycle places: far below any real request (the platform refuses
+# under 0.01 core), and far enough above 0 that shares divided by it stay finite (1e-310 overflowed them).
+_MIN_SIZE = 1e-6
 _SLACK = _WHOLE - 1e-6  # a device whose free share reaches this may be whole in the trial (sums in another order)
 _EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
 
@@ -884,7 +887,7 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             result.waiting.append(Wait(workload.id, positions[workload.cluster_queue],
                                        f"cluster queue {workload.cluster_queue} does not exist"))
             continue
-        if not all(0.0 < size < _INF for size in (workload.devices_per_worker, *(z for _, z in workload.sizes))):
+        if not all(_MIN_SIZE <= size < _INF for size in (workload.devices_per_worker, *(z for _, z in workload.sizes))):
             # (one such workload must not stop the whole cycle)
             positions[workload.cluster_queue] += 1
             result.waiting.append(Wait(workload.id, positions[workload.cluster_queue], _size_refusal(workload)))
@@ -932,8 +935,10 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
 
 
 def _size_refusal(workload: Workload) -> str:
-    return (f"asks for {workload.devices_per_worker:g} devices (CPU cores on cpu) per worker: a worker must ask for "
-            "more than 0 (and a finite amount)")
+    sizes = [("", workload.devices_per_worker), *((f" on {slug}", size) for slug, size in workload.sizes)]
+    bad = ", ".join(f"{size:g}{where}" for where, size in sizes if not _MIN_SIZE <= size < _INF)
+    return (f"asks for {bad} devices (CPU cores on cpu) per worker: a worker must ask for at least {_MIN_SIZE:g} "
+            "(and a finite amount)")
 
 
 def _by_priority_arrival_id(items, workload: str = "") -> list:
@@ -1309,7 +1314,7 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
     elastic = _by_priority_arrival_id(
         [r for r in (running_now.get(i) for i in state.elastic)
          if r is not None and r.workload.id not in preempted and len(r.workers) < r.workload.workers_max
-         and r.accelerator_type not in waiting_types and 0.0 < r.workload.devices_per_worker < _INF],
+         and r.accelerator_type not in waiting_types and _MIN_SIZE <= r.workload.devices_per_worker < _INF],
         "workload.")
     # Per (type, shape): a heap of (free - devices, name, seq, free, node) over nodes with a slot for the shape;
     # nodes only lose capacity here, so an entry is current iff its node's free is unchanged (and it has a slot).

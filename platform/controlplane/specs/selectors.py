@@ -11,6 +11,8 @@ from django.db.models import Q
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
 from controlplane.quotas.models import LocalQueue, PriorityClass, ResourceQuota
 from controlplane.quotas.selectors import check_workload_request
+from controlplane.scheduling.mixed_load import serving_quota_refusal
+from controlplane.scheduling.quota import non_preemptible_refusal
 from jobs.models import TrainingJob
 from jobs.selectors import quota_usage
 
@@ -28,7 +30,10 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     quotas = {q.accelerator_type.slug: q for q in
               ResourceQuota.objects.filter(cluster_queue=cluster_queue).select_related("accelerator_type")}
     used = quota_usage() if kind == JOB else {}
-    ledger = _job_quota_ledger() if kind == JOB else None
+    ledger = _quota_ledger()
+    queue_name = cluster_queue.name
+    giveable = quota_usage(preemptible_only=True)  # training that gives quota back (to serving, to non-preemptible)
+    non_preemptible = kind == JOB and priority_class is not None and not priority_class.preemptible
     options = []
     for slug in accelerator_types:
         units = units_by_type[slug]
@@ -39,12 +44,25 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
         quota = quotas.get(slug)
         quota_left = None if quota is None else quota.nominal_quota - used.get((cluster_queue.name, slug), 0.0)
         quota_why = ""
-        if ledger is not None and cluster_queue.name in ledger.queues:
+        if kind != JOB and (slug == "cpu" or units <= 0):
+            quota_left, fits_quota = None, True  # CPU replicas are not counted against quota (they take host CPUs)
+        elif queue_name in ledger.queues:
             # as the scheduling cycle checks it: nominal, then what the cohort lends (before, only the nominal
-            # quota counted: a job the cycle admits by borrowing was planned on another type, "quota left -8")
-            quota_left = _quota_room(ledger, cluster_queue.name, slug)
-            check = ledger.check(cluster_queue.name, slug, need)
-            fits_quota, quota_why = check.ok, check.reason
+            # quota counted: a job the cycle admits by borrowing was planned on another type, "quota left -8"; and
+            # a deployment's plan counted nobody's usage)
+            quota_left = _quota_room(ledger, queue_name, slug)
+            if kind == JOB:
+                check = ledger.check(queue_name, slug, need)
+                fits_quota, quota_why = check.ok, check.reason
+                if fits_quota and non_preemptible:  # the cycle's rule 3: no borrowing for non-preemptible work
+                    fixed = used.get((queue_name, slug), 0.0) - giveable.get((queue_name, slug), 0.0)
+                    quota_why = non_preemptible_refusal(queue_name, slug, fixed, need,
+                                                        ledger.quota(queue_name, slug).nominal)
+                    fits_quota = not quota_why
+            else:  # as the deploy check counts replicas (inference.selectors.serving_quota_refusal)
+                quota_why = serving_quota_refusal(ledger, queue_name, slug, need,
+                                                  giveable.get((queue_name, slug), 0.0))
+                fits_quota = not quota_why
         else:
             fits_quota = quota_left is None or quota_left + 1e-9 >= need
         free_units = _free_units(slug)
@@ -75,7 +93,7 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     return plan
 
 
-def _job_quota_ledger():
+def _quota_ledger():
     """The quotas and what training and serving use of them now, as the scheduling cycle's quota check reads them."""
     from controlplane.scheduling.quota import QuotaLedger
     from inference.selectors import serving_quota_usage
