@@ -72,6 +72,8 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
         raise ValidationFailed("auto needs model (a preset name or a model description) and global_batch_size",
                                field="parallelism")
     batch = parallelism["global_batch_size"]
+    if isinstance(batch, float) and batch.is_integer():  # 64.0, as the endpoint's integer field takes it
+        batch = int(batch)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValidationFailed("global_batch_size: must be a positive integer", field="parallelism")
     if batch > MAX_GLOBAL_BATCH_SIZE:  # the cap of POST /api/v1/plans/

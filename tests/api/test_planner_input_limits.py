@@ -175,3 +175,17 @@ def test_the_dry_run_plan_shows_and_checks_a_parallelism_auto_job(api, demo_clus
     assert refused.status_code == 400, refused.json()
     assert "no accepted accelerator type can run this model" in str(refused.json())
     assert not TrainingJob.objects.exists()
+
+
+def test_a_job_global_batch_of_an_integral_float_is_taken_as_the_endpoint_takes_it(api, demo_cluster):
+    """QA: `global_batch_size: 64.0` was refused on the job path and accepted by POST /api/v1/plans/."""
+    body = {**JOB_BODY, "name": "float-batch"}
+    body.update(accelerator_types=["nvidia-h100"], workers_min=1, workers_max=1, devices_per_worker=8,
+                parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 64.0})
+    response = api("alpha", "member").post(JOBS, body, format="json")
+    assert response.status_code == 201, response.json()
+    assert TrainingJob.objects.get(pk=response.json()["id"]).parallel_plan["global_batch_size"] == 64
+    body["parallelism"] = {"mode": "auto", "model": "llama2-7b", "global_batch_size": 64.5}
+    body["name"] = "half-batch"
+    refused = api("alpha", "member").post(JOBS, body, format="json")
+    assert refused.status_code == 400 and "global_batch_size: must be a positive integer" in str(refused.json())
