@@ -61,8 +61,8 @@ def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload
     size = _units(job, accelerator_type or types[0])
     # A pending job that accepts the CPU pool and an accelerator is cores on the one, devices on the other (before,
     # its first type's size was used on every type: 4 cores became 4 H100s).
-    sizes = () if accelerator_type else tuple((slug, _units(job, slug)) for slug in types
-                                               if _units(job, slug) != size)
+    sizes = () if accelerator_type else tuple(
+        (slug, units) for slug, units in ((slug, _units(job, slug)) for slug in types) if units != size)
     return Workload(
         id=str(job.pk), cluster_queue=job.local_queue.cluster_queue.name, accepted_types=types,
         devices_per_worker=size, sizes=sizes, workers_min=job.workers_min,
@@ -320,7 +320,10 @@ def run_cycle() -> CycleResult:
     admissions = [(jobs[admit.workload_id], admit) for admit in result.admitted]
     # a preemptor: admitted now, so nothing admitted later takes what it freed
     admissions += [(jobs[wait.workload_id], wait.held) for wait in result.waiting if wait.held is not None]
-    _admit_all([(job, admit, _overlap(admit, busy)) for job, admit in admissions])
+    victims_of: dict[str, list[str]] = {}
+    for decision in [*result.preempted, *result.shrunk]:
+        victims_of.setdefault(decision.for_workload, []).append(decision.workload_id)
+    _admit_all([(job, admit, _overlap(admit, busy)) for job, admit in admissions], victims_of)
     admitted_now = {str(job.pk) for job, _ in admissions}
     # An admitted job that has not started gives its admission back; a running one is asked to checkpoint and stop
     # by the training runtime, which moves it on to QUEUED (and clears its placement).
@@ -394,7 +397,7 @@ def victims_still_stopping(victim_ids: list[int]) -> list[int]:
                 .order_by("pk").values_list("pk", flat=True))
 
 
-def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]]) -> None:
+def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_of: dict[str, list[str]]) -> None:
     """QUEUED -> ADMITTED on the devices the core chose, for every (job, admit, waits_for) of the cycle at once. A
     preemptor whose victims are still stopping holds them (quota and devices count for it from now on) and launches
     once the victims are gone; the others launch now."""
@@ -405,10 +408,10 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]]) -> None:
         job.admitted_accelerator_type, job.placement = admit.accelerator_type, _placement_to_json(admit.workers)
         job.queue_position, job.waits_for = None, waits_for
         reason = f"admitted: {admit.reason}"
-        victims, held, _ = admit.reason.removeprefix("waiting for ").partition(" to checkpoint and release ")
-        if held and not waits_for:  # a preemptor whose victims had not started: nothing to wait for
-            reason = (f"admitted onto the devices of {victims}, preempted for it before they started (nothing to "
-                      "checkpoint)")
+        victims = victims_of.get(str(job.pk))
+        if victims and not waits_for:  # a preemptor whose victims had not started: nothing to wait for
+            reason = (f"admitted onto the devices of {', '.join(victims)}, preempted for it before they started "
+                      "(nothing to checkpoint)")
         if waits_for:
             reason = (f"admitted ({len(admit.workers)} x {admit.accelerator_type} held); launches once "
                       f"{', '.join(map(str, waits_for))} checkpoint(s) and stop")

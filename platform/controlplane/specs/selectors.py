@@ -29,8 +29,9 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     cluster_queue = local_queue.cluster_queue
     quotas = {q.accelerator_type.slug: q for q in
               ResourceQuota.objects.filter(cluster_queue=cluster_queue).select_related("accelerator_type")}
-    used = quota_usage() if kind == JOB else {}
-    ledger = _quota_ledger()
+    training = quota_usage()
+    used = training if kind == JOB else {}
+    ledger = _quota_ledger(training)
     queue_name = cluster_queue.name
     giveable = quota_usage(preemptible_only=True)  # training that gives quota back (to serving, to non-preemptible)
     non_preemptible = kind == JOB and priority_class is not None and not priority_class.preemptible
@@ -93,14 +94,15 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     return plan
 
 
-def _quota_ledger():
-    """The quotas and what training and serving use of them now, as the scheduling cycle's quota check reads them."""
+def _quota_ledger(training: dict[tuple[str, str], float]):
+    """The quotas and what training (`training`: quota_usage()) and serving use of them now, as the scheduling cycle's
+    quota check reads them."""
     from controlplane.scheduling.quota import QuotaLedger
     from inference.selectors import serving_quota_usage
     from jobs.admission import cluster_queue_specs
 
     ledger = QuotaLedger(cluster_queue_specs())
-    for usage in (quota_usage(), serving_quota_usage()):
+    for usage in (training, serving_quota_usage()):
         for (queue, slug), amount in usage.items():
             if queue in ledger.queues:
                 ledger.add(queue, slug, amount)
