@@ -364,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--follow-on", type=int, default=10,
                         help="cycles after the first, each on the state the previous one left (0: none)")
     parser.add_argument("--steady", type=int, default=30,
-                        help=f"steady cycles after the follow-on ones: {STEADY_FINISH:.1%} of the running workloads "
-                             "finish per cycle and as many new ones arrive (0: none)")
+                        help=f"steady cycles after the follow-on ones: {STEADY_FINISH * 100:.1f}%% of the running "
+                             "workloads finish per cycle and as many new ones arrive (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS_DIR / "scale"), help="output path without extension")
     parser.add_argument("--target-ms", type=float, default=100.0, help="p99 target at the largest size")
