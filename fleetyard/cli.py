@@ -5,6 +5,7 @@
     fleetyard jobs launch train.yaml -y -d      # no prompt, detach: print the job id and return
     fleetyard jobs queue | jobs status [ID] | jobs logs ID -f | jobs cancel ID
     fleetyard deploy serve.yaml | endpoints | datasets upload NAME FILE | datasets list | quota
+    fleetyard plan llama2-70b --batch 512 --devices nvidia-h100:64 --devices nvidia-a100:64 --compare
 
 Every command takes --json (one JSON document on stdout, for scripts). Exit codes scripts can trust:
 0 ok; 1 the job ended FAILED or CANCELLED (or a waited-for deployment failed); 2 usage or spec error
@@ -335,6 +336,93 @@ class _Cli:
         self.out.print(table if datasets else "No datasets.")
         return EXIT_OK
 
+    # ---------------------------------------------------------------------------- parallel plans
+
+    def plan(self) -> int:
+        model = self._plan_model(self.args.model)
+        pools = [_plan_pool_arg(text) for text in self.args.pool or []]
+        devices = [_plan_devices_arg(text) for text in self.args.devices or []]
+        if not pools and not devices:
+            raise UsageError("name what to plan on: --pool NAME[:DEVICES] and/or --devices TYPE:COUNT[:PER_NODE]")
+        options = {}
+        for item in self.args.option or []:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                raise UsageError(f"--option takes NAME=VALUE, got {item!r}")
+            options[name] = _option_value(value)
+        result = self.client.plan(model, self.args.batch, pools=pools, devices=devices, options=options,
+                                  compare=self.args.compare)
+        if self.json:
+            self.emit(result)
+            return EXIT_OK
+        self._print_parallel_plan(result)
+        return EXIT_OK
+
+    def _plan_model(self, text: str):
+        """A preset name, or a JSON/YAML file of model fields."""
+        path = Path(text)
+        if not (path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file()):
+            return text
+        try:
+            raw = path.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        try:
+            import yaml
+
+            fields = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{path.name}: not JSON or YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(fields, dict):
+            raise UsageError(f"{path.name}: give the model's fields as a mapping (layers: 32, hidden: 4096, ...)")
+        return fields
+
+    def _print_parallel_plan(self, result: dict) -> None:
+        model = result["model"]
+        pools = ", ".join(f"{escape(p['name'])} ({p['devices']} {escape(p['accelerator_type'])}"
+                          f"{', SIMULATED' if p.get('simulated') else ''}"
+                          f"{', hypothetical' if p['source'] == 'hypothetical' else ''})" for p in result["pools"])
+        self.out.print(f"Plan for [bold]{escape(model.get('name') or model.get('preset') or 'model')}[/] "
+                       f"({model['parameters'] / 1e9:.2f}B parameters), global batch {result['global_batch_size']} "
+                       f"on {pools}")
+        if not result["feasible"]:
+            self.out.print(f"[red]No plan:[/] {escape(result['reason'])}")
+        else:
+            table = Table(title="Best plan and alternatives (predicted by the cost model, not measured)",
+                          title_justify="left")
+            for column in ("", "layout", "devices", "step s", "tokens/s", "MFU", "memory GB", "$/h", "$/M tokens"):
+                table.add_column(column)
+            for rank, option in enumerate([result["best"], *result["alternatives"]]):
+                table.add_row("best" if rank == 0 else str(rank), escape(option["description"]),
+                              str(option["layout"]["devices"]), f"{option['step_time_s']:.3g}",
+                              f"{option['tokens_per_s']:,.0f}", f"{option['mfu']:.1%}",
+                              f"{option['memory_gb']:.1f} / {option['memory_limit_gb']:.1f}",
+                              _money(option["cost_per_hour_usd"]), _money(option["cost_per_million_tokens_usd"]))
+            self.out.print(table)
+            self.out.print(f"Why: {escape(result['best']['reason'] or result['reason'])}")
+        comparison = result.get("compare")
+        if comparison:
+            table = Table(title="Each accelerator type alone", title_justify="left")
+            for column in ("type", "devices", "best layout", "tokens/s", "$/M tokens", "step time vs the mix"):
+                table.add_column(column)
+            for row in comparison["by_type"]:
+                best = row["best"]
+                ratio = row["step_time_ratio_to_mix"]
+                table.add_row(escape(row["accelerator_type"]), str(row["devices"]),
+                              escape(best["description"]) if best else f"[red]{escape(row['reason'])}[/]",
+                              f"{best['tokens_per_s']:,.0f}" if best else "-",
+                              _money(best["cost_per_million_tokens_usd"]) if best else "-",
+                              "-" if ratio is None else f"{ratio:.2f}x")
+            self.out.print(table)
+            speedup = comparison.get("mix_speedup_over_fastest_single_type")
+            if speedup is not None:
+                self.out.print(f"The mix is {speedup:.2f}x the fastest single type "
+                               f"({escape(str(comparison['fastest_single_type']))}).")
+        self.out.print(f"[dim]{result['candidates_evaluated']:,} layouts evaluated in "
+                       f"{result['search_time_s']:.2f} s[/]")
+        for note in result.get("assumptions", []):
+            self.out.print(f"[dim]assumed: {escape(note)}[/]")
+
     # ---------------------------------------------------------------------------- quota
 
     def quota(self) -> int:
@@ -359,6 +447,48 @@ class _Cli:
                           _limit(r["lending_limit"]))
         self.out.print(table if rows else "No queues.")
         return EXIT_OK
+
+
+def _plan_pool_arg(text: str) -> dict:
+    """--pool NAME or NAME:DEVICES."""
+    name, sep, count = text.partition(":")
+    if not name:
+        raise UsageError(f"--pool takes NAME or NAME:DEVICES, got {text!r}")
+    return {"pool": name, "devices": _positive(count, "--pool", text)} if sep else {"pool": name}
+
+
+def _plan_devices_arg(text: str) -> dict:
+    """--devices TYPE:COUNT or TYPE:COUNT:DEVICES_PER_NODE."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise UsageError(f"--devices takes TYPE:COUNT or TYPE:COUNT:DEVICES_PER_NODE, got {text!r}")
+    body = {"accelerator_type": parts[0], "count": _positive(parts[1], "--devices", text)}
+    if len(parts) == 3:
+        body["devices_per_node"] = _positive(parts[2], "--devices", text)
+    return body
+
+
+def _positive(text: str, option: str, whole: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"{option} {whole}: {text!r} is not a positive whole number")
+    return value
+
+
+def _option_value(text: str):
+    """--option values: true/false, whole numbers, or text as given."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _ask(prompt: str, default: str) -> str:
@@ -448,6 +578,20 @@ def build_parser() -> argparse.ArgumentParser:
     upload.set_defaults(run=_Cli.datasets_upload)
     dlist = datasets.add_parser("list", parents=[common], help="datasets of your teams")
     dlist.set_defaults(run=_Cli.datasets_list)
+
+    plan = commands.add_parser("plan", parents=[common],
+                               help="plan a training run's parallel layout, speed and cost without submitting it")
+    plan.add_argument("model", help="a model preset (llama2-70b, gpt3-175b, ...) or a JSON/YAML file of its fields")
+    plan.add_argument("--batch", "--global-batch-size", dest="batch", type=int, required=True, metavar="N",
+                      help="sequences per optimizer step")
+    plan.add_argument("--pool", action="append", metavar="NAME[:DEVICES]",
+                      help="a node pool (its healthy nodes), or that many of its devices; repeatable")
+    plan.add_argument("--devices", action="append", metavar="TYPE:COUNT[:PER_NODE]",
+                      help="hypothetical devices of an accelerator type (8 per node unless given); repeatable")
+    plan.add_argument("--compare", action="store_true", help="also plan each accelerator type alone")
+    plan.add_argument("--option", action="append", metavar="NAME=VALUE",
+                      help="a search option (allow_heterogeneous=true, max_alternatives=5, ...); repeatable")
+    plan.set_defaults(run=_Cli.plan)
 
     quota = commands.add_parser("quota", parents=[common], help="your queues and their quota per accelerator type")
     quota.set_defaults(run=_Cli.quota)

@@ -349,6 +349,25 @@ class Client:
                                 headers={"Content-Type": body.content_type}, timeout=max(self.timeout, 600))
         return response.json()
 
+    # -------------------------------------------------------------------------------- parallel plans
+
+    def plan(self, model: str | dict, global_batch_size: int, *, pools=(), devices=(), options: dict | None = None,
+             compare: bool = False) -> dict:
+        """Plan a training run without submitting it (POST /api/v1/plans/): the best parallel layout (DP / TP /
+        PP / EP, micro-batches, recomputation, ZeRO) with its predicted step time, tokens/s, MFU, memory and
+        price, ranked alternatives, and with `compare` each accelerator type alone beside the mix.
+
+        `model`: a preset name ("llama2-70b") or a dict of model fields. `pools`: node pool names, or
+        (name, devices) pairs / {"pool", "devices"} dicts to use part of a pool. `devices`: hypothetical
+        devices as (accelerator_type, count[, devices_per_node]) or {"accelerator_type", "count", ...} dicts.
+        Nothing is written or reserved; predictions come from the planner's cost model, not measured runs."""
+        body = {"model": model, "global_batch_size": global_batch_size,
+                "pools": [_plan_pool(entry) for entry in pools],
+                "devices": [_plan_devices(entry) for entry in devices], "compare": bool(compare)}
+        if options:
+            body["options"] = dict(options)
+        return self.post("plans/", body)
+
     # -------------------------------------------------------------------------------- queues and quota
 
     def local_queues(self) -> list[dict]:
@@ -373,6 +392,27 @@ def _wait(fetch, states, timeout, poll, what, give_up=()):
             raise TimeoutExpired(f"{what} is still {obj.state} ({obj.reason}) after {timeout:g} s; "
                                  f"waited for {', '.join(states)}")
         time.sleep(poll)
+
+
+def _plan_pool(entry) -> dict:
+    """A node pool for Client.plan: "name", (name, devices) or {"pool": name, "devices": n}."""
+    if isinstance(entry, dict):
+        return dict(entry)
+    if isinstance(entry, str):
+        return {"pool": entry}
+    name, count = entry
+    return {"pool": name, "devices": count}
+
+
+def _plan_devices(entry) -> dict:
+    """Hypothetical devices for Client.plan: (type, count[, devices_per_node]) or a dict of the API's fields."""
+    if isinstance(entry, dict):
+        return dict(entry)
+    accelerator_type, count, *rest = entry
+    body = {"accelerator_type": accelerator_type, "count": count}
+    if rest:
+        body["devices_per_node"] = rest[0]
+    return body
 
 
 def _rewindable(kwargs: dict) -> bool:

@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import deployment_views, job_views, team_views, views
+from frontend import deployment_views, job_views, plan_views, team_views, views
 from frontend.forms import ConsoleLoginForm
 
 app_name = "console"
@@ -20,6 +20,7 @@ urlpatterns = [
     path("jobs/", job_views.job_list, name="jobs"),
     path("jobs/new/", job_views.job_new, name="job-new"),
     path("jobs/<int:job_id>/", job_views.job_detail, name="job-detail"),
+    path("plan/", plan_views.plan_page, name="plan"),
     path("deployments/", deployment_views.deployment_list_page, name="deployments"),
     path("deployments/new/", deployment_views.deployment_new, name="deployment-new"),
     path("deployments/<int:deployment_id>/", deployment_views.deployment_detail, name="deployment-detail"),

@@ -205,3 +205,57 @@ def test_launch_asks_before_submitting_on_a_terminal(cli, tmp_path, monkeypatch,
     assert "Plan for asked" in out  # the plan is printed before the question
     assert TrainingJob.objects.filter(name="asked").exists() is created
     assert code == 0
+
+
+def test_plan_prints_the_best_layout_alternatives_and_the_comparison(cli, tmp_path):
+    code, out, err = cli("plan", "llama2-7b", "--batch", "64", "--pool", "h100-pool", "--devices", "nvidia-a100:16",
+                         "--compare", "--option", "max_alternatives=2")
+    assert code == 0, err
+    assert "Plan for Llama-2 7B" in out and "h100-pool (16 nvidia-h100, SIMULATED)" in out
+    assert "hypothetical" in out and "Best plan and alternatives (predicted by the cost model" in out
+    assert "Each accelerator type alone" in out and "layouts evaluated" in out
+    code, out, _ = cli("plan", "llama2-7b", "--batch", "64", "--devices", "nvidia-h100:16", "--json")
+    result = json.loads(out)
+    assert code == 0 and result["feasible"] and result["best"]["layout"]["devices"] <= 16
+    assert result["pools"][0]["source"] == "hypothetical"
+
+
+def test_plan_takes_a_model_file_and_says_when_nothing_fits(cli, tmp_path):
+    model = write(tmp_path, "model.yaml", "name: tiny\nlayers: 4\nhidden: 512\nheads: 8\nseq_len: 1024\nvocab: 32000\n")
+    code, out, _ = cli("plan", model, "--batch", "8", "--devices", "nvidia-h100:1", "--json")
+    assert code == 0 and json.loads(out)["model"]["name"] == "tiny"
+    code, out, _ = cli("plan", "llama3-405b", "--batch", "8", "--devices", "nvidia-h100:1")
+    assert code == 0 and "No plan:" in out and "memory" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("plan", "llama2-7b", "--batch", "8"), "name what to plan on"),
+    (("plan", "llama2-7b", "--batch", "8", "--devices", "nvidia-h100"), "--devices takes TYPE:COUNT"),
+    (("plan", "llama2-7b", "--batch", "8", "--devices", "nvidia-h100:0"), "not a positive whole number"),
+    (("plan", "llama2-7b", "--batch", "8", "--pool", "h100-pool:x"), "not a positive whole number"),
+    (("plan", "llama2-7b", "--batch", "8", "--pool", "h100-pool", "--option", "zero"), "--option takes NAME=VALUE"),
+    (("plan", "missing.yaml", "--batch", "8", "--pool", "h100-pool"), "cannot read missing.yaml"),
+])
+def test_plan_usage_mistakes_exit_2_before_anything_is_sent(cli, argv, message):
+    code, out, err = cli(*argv)
+    assert code == 2 and message in err and "Traceback" not in err + out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("plan", "gpt-9", "--batch", "8", "--pool", "h100-pool"), "unknown model preset"),
+    (("plan", "llama2-7b", "--batch", "8", "--pool", "no-such-pool"), "no-such-pool"),
+    (("plan", "llama2-7b", "--batch", "0", "--pool", "h100-pool"), "global_batch_size"),
+    (("plan", "llama2-7b", "--batch", "8", "--pool", "h100-pool", "--option", "warp_speed=true"), "warp_speed"),
+])
+def test_plan_requests_the_server_refuses_exit_3_with_the_field(cli, argv, message):
+    code, out, err = cli(*argv)
+    assert code == 3 and message in err and "Traceback" not in err + out
+
+
+def test_the_sdk_plans_with_pool_and_device_shorthands(live):
+    from fleetyard import Client
+
+    client = Client(url=live.url, token=live.token)
+    result = client.plan("llama2-7b", 32, pools=[("h100-pool", 8)], devices=[("nvidia-a100", 16, 8)], compare=True)
+    assert {p["name"]: p["devices"] for p in result["pools"]} == {"h100-pool": 8, "nvidia-a100": 16}
+    assert result["pools"][0]["simulated"] is True and result["compare"]["by_type"]

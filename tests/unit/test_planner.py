@@ -344,6 +344,17 @@ def test_infeasible_total_memory_reason():
     assert "the pools have 687 GB (618 GB usable)" in result.reason
 
 
+def test_an_infeasible_memory_reason_never_reads_as_if_it_fitted():
+    # 69.0B parameters x 18 bytes = 1.24 TB against 16 x 80 GiB x 90% = 1.237 TB: at one decimal both were "1.2 TB".
+    model = ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, seq_len=4096, vocab=32000,
+                      gated_mlp=True, bias=False)
+    result = plan(PlanRequest(model, 64, (a100_pool(2),)))
+    assert not result.feasible
+    need = result.reason.split("needs at least ")[1].split(" of device memory")[0]
+    usable = result.reason.split("(")[-1].split(" usable")[0]
+    assert need != usable and float(need.split()[0]) > float(usable.split()[0]), result.reason
+
+
 def test_infeasible_precision_reason():
     result = plan(PlanRequest(ModelSpec(layers=2, hidden=64, heads=4, seq_len=64, vocab=100, precision="fp8"), 8,
                               (a100_pool(),)))

@@ -591,22 +591,40 @@ def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
     have = sum(p.memory_bytes * MEMORY_USABLE_FRACTION for p in capable)
     raw = sum(p.memory_bytes for p in capable)
     if need > have:
-        return (f"needs at least {_size(need)} of device memory ({BYTES_PER_PARAMETER} bytes per parameter for "
+        need_text, have_text = _sizes_apart(need, have)
+        return (f"needs at least {need_text} of device memory ({BYTES_PER_PARAMETER} bytes per parameter for "
                 f"weights, gradients and Adam state of {params / 1e9:.1f}B parameters, before activations); "
-                f"the pools have {_size(raw)} ({_size(have)} usable)")
+                f"the pools have {_size(raw)} ({have_text} usable)")
     if search is not None and search.closest_miss is not None:
         share, layout, used, limit = search.closest_miss
-        return (f"no layout fits in device memory: the closest, {layout.describe()}, needs {used / GB:.0f} GB "
-                f"per device where {limit / GB:.0f} GB is usable ({100 * share:.0f}%)")
+        used_text, limit_text = _sizes_apart(used, limit, unit=GB)
+        return (f"no layout fits in device memory: the closest, {layout.describe()}, needs {used_text} "
+                f"per device where {limit_text} is usable ({100 * share:.0f}%)")
     return (f"no layout divides the work: global batch {request.global_batch_size}, {m.layers} layers, "
             f"{m.heads} heads on pools of {', '.join(str(p.devices) for p in capable)} devices")
 
 
-def _size(nbytes: float) -> str:
+def _size(nbytes: float, decimals: int | None = None) -> str:
     nbytes = float(nbytes)
     if nbytes >= 1e12:
-        return f"{nbytes / 1e12:.1f} TB"
-    return f"{nbytes / 1e9:.0f} GB"
+        return f"{nbytes / 1e12:.{1 if decimals is None else decimals}f} TB"
+    return f"{nbytes / 1e9:.{0 if decimals is None else decimals}f} GB"
+
+
+def _sizes_apart(need: float, have: float, unit: float | None = None) -> tuple[str, str]:
+    """`need` and `have` (need > have) written with as many decimals as it takes for them to read differently
+    (at most 6): "needs 1.2 TB, 1.2 TB usable" read as if it fitted. `unit` GB: both in GB."""
+    def text(nbytes: float, decimals: int | None) -> str:
+        if unit is None:
+            return _size(nbytes, decimals)
+        return f"{nbytes / unit:.{0 if decimals is None else decimals}f} GB"
+
+    need_text, have_text = text(need, None), text(have, None)
+    decimals = 1 if unit is not None or need < 1e12 else 2
+    while need_text == have_text and decimals <= 6:
+        need_text, have_text = text(need, decimals), text(have, decimals)
+        decimals += 1
+    return need_text, have_text
 
 
 def _ranked(predictions: list[Prediction], keep: int) -> list[Prediction]:

@@ -1,0 +1,122 @@
+/* Planner page: builds POST /api/v1/plans/'s body from the form (a preset or custom model fields, the checked
+ * pools with an optional device count each, rows of hypothetical devices, the search options), shows the API's
+ * field errors under their fields, and renders the answer: the best layout and its alternatives, why it wins,
+ * each accelerator type alone beside the mix, the pools (SIMULATED ones labelled) and the assumptions. */
+(function () {
+  "use strict";
+
+  const { api, ApiError, escapeHtml: esc, formBody, showErrors, clearErrors } = window.Fleetyard;
+  const form = document.getElementById("plan-form");
+  const out = document.getElementById("plan-result");
+  if (!form || !out) return;
+  const preset = form.querySelector("[data-plan-preset]");
+  const custom = form.querySelector("[data-plan-custom]");
+
+  preset.addEventListener("change", () => { custom.hidden = preset.value !== "custom"; });
+
+  function money(value) {
+    return value === null || value === undefined ? "unknown" : `$${Number(value).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })}`;
+  }
+  function num(value, digits) {
+    return Number(value).toLocaleString("en-US", { maximumFractionDigits: digits === undefined ? 0 : digits });
+  }
+
+  /* The request body, or null after showing why the form cannot be sent. */
+  function body() {
+    const data = formBody(form);  // global_batch_size, compare, options.*
+    data.global_batch_size = Number.parseInt(form.querySelector("[name=global_batch_size]").value, 10);
+    if (Number.isNaN(data.global_batch_size)) data.global_batch_size = form.querySelector("[name=global_batch_size]").value;
+    if (preset.value === "custom") {
+      const text = form.querySelector("#p-custom").value;
+      try {
+        data.model = JSON.parse(text);
+      } catch (err) {
+        showErrors(form, { body: { model: [`the model fields are not valid JSON: ${err.message}`] } });
+        return null;
+      }
+    }
+    data.pools = [];
+    form.querySelectorAll("[data-plan-pool]").forEach((box) => {
+      if (!box.checked) return;
+      const entry = { pool: box.dataset.planPool };
+      const count = form.querySelector(`[data-plan-pool-devices="${CSS.escape(box.dataset.planPool)}"]`).value.trim();
+      if (count) entry.devices = Number.parseInt(count, 10);
+      data.pools.push(entry);
+    });
+    data.devices = [];
+    form.querySelectorAll(".plan-devices").forEach((row) => {
+      const type = row.querySelector("[data-plan-device-type]").value;
+      const count = row.querySelector("[data-plan-device-count]").value.trim();
+      const perNode = row.querySelector("[data-plan-device-per-node]").value.trim();
+      if (!type && !count) return;
+      const entry = { accelerator_type: type, count: Number.parseInt(count, 10) || count };
+      if (perNode) entry.devices_per_node = Number.parseInt(perNode, 10) || perNode;
+      data.devices.push(entry);
+    });
+    return data;
+  }
+
+  function layoutRows(result) {
+    const options = [result.best, ...result.alternatives];
+    return options.map((o, i) => `<tr${i === 0 ? ' class="plan-best"' : ""}>
+      <td>${i === 0 ? "<strong>best</strong>" : i}</td><td>${esc(o.description)}</td><td class="num">${o.layout.devices}</td>
+      <td class="num">${num(o.step_time_s, 3)}</td><td class="num">${num(o.tokens_per_s)}</td>
+      <td class="num">${num(100 * o.mfu, 1)}%</td><td class="num">${num(o.memory_gb, 1)} / ${num(o.memory_limit_gb, 1)}</td>
+      <td class="num">${money(o.cost_per_hour_usd)}</td><td class="num">${money(o.cost_per_million_tokens_usd)}</td></tr>`).join("");
+  }
+
+  function render(result) {
+    const sim = '<span class="badge badge-sim" title="logical chips on a CPU host: figures are the real chip\'s, nothing ran on it">SIMULATED</span>';
+    const pools = result.pools.map((p) => `<li><strong>${esc(p.name)}</strong> · ${p.devices} ${esc(p.accelerator_type)}
+      (${p.nodes} node(s) x ${p.devices_per_node})${p.source === "hypothetical" ? ' <span class="badge tone-muted">hypothetical</span>' : ""}${p.simulated ? ` ${sim}` : ""}
+      <span class="muted small">· ${money(p.price_per_hour_usd)} per device-hour · ${num(p.achievable_fraction, 3)} of peak (${esc(p.achievable_fraction_source)})</span></li>`).join("");
+    const model = result.model;
+    let html = `<div class="card"><h2>${esc(model.name || model.preset || "model")} <span class="muted small">${num(model.parameters / 1e9, 2)}B parameters ·
+      ${model.layers} layers · global batch ${result.global_batch_size} · sequence ${model.seq_len}</span></h2><ul class="plan-pools">${pools}</ul>`;
+    if (!result.feasible) {
+      html += `<div class="alert alert-error" role="alert" data-plan-infeasible><p><strong>No plan:</strong> ${esc(result.reason)}</p></div>`;
+    } else {
+      html += `<p class="note">Predicted by the planner's cost model, not measured.</p>
+      <table class="table" data-plan-layouts><thead><tr><th></th><th>Layout</th><th class="num">Devices</th><th class="num">Step s</th>
+      <th class="num">Tokens/s</th><th class="num">MFU</th><th class="num">Memory GB</th><th class="num">$/h</th><th class="num">$/M tokens</th></tr></thead>
+      <tbody>${layoutRows(result)}</tbody></table><p data-plan-why><strong>Why:</strong> ${esc(result.best.reason || result.reason)}</p>`;
+    }
+    html += "</div>";
+    const comparison = result.compare;
+    if (comparison) {
+      const rows = comparison.by_type.map((row) => `<tr><td>${esc(row.accelerator_type)}</td><td class="num">${row.devices}</td>
+        <td>${row.best ? esc(row.best.description) : `<span class="warn-text">${esc(row.reason)}</span>`}</td>
+        <td class="num">${row.best ? num(row.best.tokens_per_s) : "—"}</td><td class="num">${row.best ? money(row.best.cost_per_million_tokens_usd) : "—"}</td>
+        <td class="num">${row.step_time_ratio_to_mix === null ? "—" : `${num(row.step_time_ratio_to_mix, 2)}x`}</td></tr>`).join("");
+      const speedup = comparison.mix_speedup_over_fastest_single_type;
+      html += `<div class="card" data-plan-compare><h2>Each accelerator type alone</h2><table class="table"><thead><tr><th>Type</th><th class="num">Devices</th>
+        <th>Best layout</th><th class="num">Tokens/s</th><th class="num">$/M tokens</th><th class="num">Step time vs all together</th></tr></thead><tbody>${rows}</tbody></table>
+        ${speedup === null ? "" : `<p class="note">All together is ${num(speedup, 2)}x as fast as the fastest type alone (${esc(comparison.fastest_single_type)}); the cheapest per token alone: ${esc(comparison.cheapest_single_type || "unknown")}.</p>`}</div>`;
+    }
+    html += `<div class="card"><h2>Assumptions</h2><ul class="small">${result.assumptions.map((a) => `<li>${esc(a)}</li>`).join("")}</ul>
+      <p class="note">${num(result.candidates_evaluated)} layouts evaluated in ${num(result.search_time_s, 2)} s.</p></div>`;
+    out.innerHTML = html;
+    out.hidden = false;
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    const data = body();
+    if (!data) return;
+    const button = form.querySelector('[type="submit"]');
+    const label = button.textContent;
+    button.textContent = button.dataset.busy;
+    button.disabled = true;
+    try {
+      render(await api("/api/v1/plans/", { method: "POST", body: data }));
+    } catch (error) {
+      if (!(error instanceof ApiError)) throw error;
+      out.hidden = true;
+      showErrors(form, error);
+    } finally {
+      button.textContent = label;
+      button.disabled = false;
+    }
+  });
+})();

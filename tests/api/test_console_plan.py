@@ -1,0 +1,41 @@
+"""The console's Planner page through Django's test client: it lists the presets, the accelerator pools (SIMULATED
+ones labelled, the CPU pool left out) and the accelerator types for hypothetical devices, and needs a login."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.api.conftest import small_cluster
+
+
+@pytest.fixture
+def cluster(world, accel):
+    small_cluster(world, accel, h100_free_on_first=4)
+
+
+def test_the_planner_page_offers_presets_pools_and_types(world, cluster):
+    client = Client()
+    client.force_login(world["alpha"]["member"])
+    response = client.get("/plan/?model=llama3-70b")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert '<option value="llama3-70b" selected>' in html and '<option value="custom">' in html
+    assert 'data-plan-pool="h100-pool"' in html and "16 healthy devices, 8 per node" in html
+    assert 'data-plan-pool="cpu-pool"' not in html  # the planner plans accelerators
+    pool_line = html.split('data-plan-pool="h100-pool"')[1].split("</label>")[0]
+    assert "SIMULATED" in pool_line
+    assert '<option value="nvidia-a100">nvidia-a100</option>' in html
+    assert 'href="/plan/" class="active" aria-current="page">Planner</a>' in html
+
+
+def test_an_unknown_preset_in_the_query_falls_back_to_the_default(world, cluster):
+    client = Client()
+    client.force_login(world["alpha"]["member"])
+    html = client.get("/plan/?model=<script>").content.decode()
+    assert '<option value="llama2-7b" selected>' in html and "<script>" not in html
+
+
+def test_the_planner_page_needs_a_login():
+    response = Client().get("/plan/")
+    assert response.status_code == 302 and "/login/" in response["Location"]
