@@ -57,7 +57,7 @@ from controlplane.scheduling.model import (  # noqa: E402
     Snapshot,
     Workload,
 )
-from controlplane.scheduling.placement import WorkerPlacement  # noqa: E402
+from controlplane.scheduling.placement import WorkerPlacement, without_workers  # noqa: E402
 from controlplane.scheduling.scheduler import schedule  # noqa: E402
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
@@ -214,14 +214,14 @@ def follow_on(snapshot: Snapshot, result, rng: random.Random, cycle: int, pendin
     pending list back up to `pending`; `steady`: as many arrive as workloads finished (at most `pending` wait)."""
     by_id = {w.id: w for w in snapshot.pending}
     gone = {p.workload_id for p in result.preempted}
-    released = {s.workload_id: set(s.released) for s in result.shrunk}
+    released = {s.workload_id: s.released for s in result.shrunk}
     added = {g.workload_id: g.added for g in result.grown}
     running, requeued = [], []
     for r in snapshot.running:
         if r.workload.id in gone:
             requeued.append(r.workload)
             continue
-        workers = tuple(w for w in r.workers if w not in released.get(r.workload.id, ()))
+        workers = without_workers(r.workers, released.get(r.workload.id, ()))
         running.append(Running(r.workload, r.accelerator_type, workers + tuple(added.get(r.workload.id, ())),
                                r.work_since_checkpoint_s))
     started = [*result.admitted, *(w.held for w in result.waiting if w.held is not None)]

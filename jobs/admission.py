@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from dataclasses import replace
 
 from django.db import transaction
@@ -46,7 +47,7 @@ from controlplane.scheduling.model import (
     Snapshot,
     Workload,
 )
-from controlplane.scheduling.placement import WorkerPlacement
+from controlplane.scheduling.placement import WorkerPlacement, without_workers
 from controlplane.scheduling.scheduler import place_additional_workers, schedule
 from jobs.efficiency import job_workload_class
 from jobs.models import TrainingJob, TrainingJobEvent
@@ -68,7 +69,10 @@ def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload
         devices_per_worker=size, sizes=sizes, workers_min=job.workers_min,
         workers_max=job.workers_max, priority=job.priority_class.value if job.priority_class else 0,
         arrival=job.created_at.timestamp(), workload_class=job_workload_class(job),
-        preemptible=preemptible and (job.state == JobState.QUEUED or job.state in PREEMPTIBLE_STATES),
+        # Of its priority class: a job STARTING or RECOVERING cannot be preempted now (its Running is `settled`), yet
+        # it is no non-preemptible workload (whose usage must stay within nominal quota): counted as one, it held a
+        # non-preemptible job back for quota it did not use.
+        preemptible=preemptible,
     )
 
 
@@ -123,7 +127,8 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
     now = timezone.now()
     running = tuple(
         Running(_workload(job, job.admitted_accelerator_type), job.admitted_accelerator_type,
-                _placement_from_json(job.placement), work_since_checkpoint_s=work_since_checkpoint_s(job, now))
+                _placement_from_json(job.placement), work_since_checkpoint_s=work_since_checkpoint_s(job, now),
+                settled=job.state not in PREEMPTIBLE_STATES)  # STARTING or RECOVERING: left alone until it settles
         for job in jobs.values() if job.state in HOLDING_STATES and job.admitted_accelerator_type
     )
     pending = tuple(_workload(job) for job in jobs.values() if job.state == JobState.QUEUED)
@@ -309,12 +314,17 @@ def run_cycle() -> CycleResult:
     result = _schedule_with_serving(snapshot)
     from jobs.tasks import launch_training_job, stop_training_run
 
-    # Devices a preempted run still holds while it checkpoints and stops (it keeps its placement until then):
-    # whoever is admitted onto them launches once that run is gone. A victim admitted but not started yet
-    # leaves at once.
-    busy = _devices_of_stopping_runs(
-        [jobs[p.workload_id] for p in result.preempted
-         if jobs[p.workload_id].state != JobState.ADMITTED and jobs[p.workload_id].compute_handle])
+    # Devices a preempted run still holds while it checkpoints and stops (it keeps its placement until then), and
+    # those a running elastic victim gives back once it has checkpointed and shrunk: whoever is admitted onto them
+    # launches once that run is gone or smaller, and elastic growth does not take them. A victim admitted but not
+    # started yet leaves at once.
+    def started(job_id: str) -> bool:
+        return jobs[job_id].state != JobState.ADMITTED and bool(jobs[job_id].compute_handle)
+
+    busy = _devices_still_in_use(
+        [jobs[p.workload_id] for p in result.preempted if started(p.workload_id)],
+        [(jobs[s.workload_id], s.released) for s in result.shrunk if started(s.workload_id)])
+    result.grown[:] = _growth_off(result.grown, busy)
     # Every decision of a kind is written together (a few statements for hundreds of jobs; one job's rows, event,
     # audit record and outbox record each took about 7 statements per decision): the jobs are locked and fresh.
     admissions = [(jobs[admit.workload_id], admit) for admit in result.admitted]
@@ -323,7 +333,9 @@ def run_cycle() -> CycleResult:
     victims_of: dict[str, list[str]] = {}
     for decision in [*result.preempted, *result.shrunk]:
         victims_of.setdefault(decision.for_workload, []).append(decision.workload_id)
-    _admit_all([(job, admit, _overlap(admit, busy)) for job, admit in admissions], victims_of)
+    shrinking = {s.workload_id for s in result.shrunk}
+    _admit_all([(job, admit, _overlap(admit, busy)) for job, admit in admissions], victims_of,
+               started={v for victims in victims_of.values() for v in victims if started(v)}, shrinking=shrinking)
     admitted_now = {str(job.pk) for job, _ in admissions}
     # An admitted job that has not started gives its admission back; a running one is asked to checkpoint and stop
     # by the training runtime, which moves it on to QUEUED (and clears its placement).
@@ -344,8 +356,7 @@ def run_cycle() -> CycleResult:
         job = jobs[change.workload_id]
         kept = _placement_from_json(job.placement)
         if hasattr(change, "released"):
-            released = set(change.released)
-            workers = tuple(w for w in kept if w not in released)
+            workers = without_workers(kept, change.released)
         else:
             workers = kept + change.added
         job.placement = _placement_to_json(workers)
@@ -369,14 +380,18 @@ def run_cycle() -> CycleResult:
     moved = {p.workload_id for p in result.preempted}
     holding = [job for job_id, job in jobs.items() if job.state == JobState.ADMITTED and job.waits_for
                and job_id not in moved and job_id not in admitted_now]
-    stopping = set(victims_still_stopping([victim for job in holding for victim in job.waits_for]))  # one query
+    stopping = set(victims_still_stopping([victim for job in holding for victim in job.waits_for]))  # two queries
     dispatch_many_on_commit(launch_training_job, [((job.pk,), {}) for job in holding
                                                   if not stopping.intersection(job.waits_for)])
     return result
 
 
-def _devices_of_stopping_runs(preempted_now: list[TrainingJob]) -> dict[tuple[str, int], int]:
-    """(node, device index) -> id of the preempted job whose run still holds it."""
+def _devices_still_in_use(preempted_now: list[TrainingJob], shrunk_now: list[tuple[TrainingJob, tuple]]
+                          ) -> dict[tuple[str, int], int]:
+    """(node, device index) -> id of the job whose run still holds it although the scheduler gave it away: runs
+    preempted (now or before) that have not stopped, the workers a running elastic job releases now, and every
+    device (outside its own placement) of a node where a run shrunk before still has more workers than its
+    placement (which devices it still uses there is not known, so none of the node's others is taken)."""
     stopping = list(TrainingJob.objects.filter(state=JobState.PREEMPTED).exclude(compute_handle="")
                     .values_list("pk", "placement"))
     busy: dict[tuple[str, int], int] = {}
@@ -384,7 +399,47 @@ def _devices_of_stopping_runs(preempted_now: list[TrainingJob]) -> dict[tuple[st
         for worker in placement or []:
             for index, _share in worker.get("taken", []):
                 busy[(worker["node"], int(index))] = job_id
+    for job, released in shrunk_now:
+        for worker in released:
+            for index, _share in worker.taken:
+                busy[(worker.node, int(index))] = job.pk
+    shrinking = _still_shrinking(TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(compute_handle="")
+                                 .exclude(pk__in=[job.pk for job, _ in shrunk_now])
+                                 .values_list("pk", "placement", "observed_nodes"))
+    if shrinking:
+        capacity = dict(Node.objects.filter(name__in={node for nodes, _ in shrinking.values() for node in nodes})
+                        .values_list("name", "capacity_devices"))
+        for job_id, (nodes, own) in shrinking.items():
+            for node in nodes:
+                for index in range(int(capacity.get(node, 0))):
+                    if (node, index) not in own:
+                        busy.setdefault((node, index), job_id)
     return busy
+
+
+def _still_shrinking(rows) -> dict[int, tuple[set[str], set[tuple[str, int]]]]:
+    """Of (id, placement, observed nodes) rows: the runs with more workers on a node than their placement has there,
+    as id -> (those nodes, the (node, device) pairs of their own placement)."""
+    shrinking = {}
+    for job_id, placement, observed in rows:
+        extra = Counter(observed or []) - Counter(worker["node"] for worker in placement or [])
+        if extra:
+            own = {(worker["node"], int(index)) for worker in placement or [] for index, _ in worker.get("taken", [])}
+            shrinking[job_id] = (set(extra), own)
+    return shrinking
+
+
+def _growth_off(grown: list, busy: dict[tuple[str, int], int]) -> list:
+    """The growth decisions less the workers they would add onto devices a run still holds (busy): growth only takes
+    what is free now (the core counted those devices free; a later cycle grows onto them once they are)."""
+    kept = []
+    for grow in grown:
+        added = tuple(w for w in grow.added if not any((w.node, index) in busy for index, _ in w.taken))
+        if len(added) == len(grow.added):
+            kept.append(grow)
+        elif added:
+            kept.append(replace(grow, to_workers=grow.to_workers - (len(grow.added) - len(added)), added=added))
+    return kept
 
 
 def _overlap(admit, busy: dict[tuple[str, int], int]) -> list[int]:
@@ -392,15 +447,21 @@ def _overlap(admit, busy: dict[tuple[str, int], int]) -> list[int]:
 
 
 def victims_still_stopping(victim_ids: list[int]) -> list[int]:
-    """The jobs among `victim_ids` that were preempted while running and have not stopped yet."""
-    return list(TrainingJob.objects.filter(pk__in=victim_ids, state=JobState.PREEMPTED).exclude(compute_handle="")
-                .order_by("pk").values_list("pk", flat=True))
+    """The jobs among `victim_ids` that were preempted while running and have not stopped yet, or shrunk while
+    running and still have more workers on a node than their placement."""
+    stopping = set(TrainingJob.objects.filter(pk__in=victim_ids, state=JobState.PREEMPTED).exclude(compute_handle="")
+                   .values_list("pk", flat=True))
+    stopping |= set(_still_shrinking(TrainingJob.objects.filter(pk__in=victim_ids, state__in=HOLDING_STATES)
+                                     .exclude(compute_handle="").values_list("pk", "placement", "observed_nodes")))
+    return sorted(stopping)
 
 
-def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_of: dict[str, list[str]]) -> None:
+def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_of: dict[str, list[str]],
+               started: set[str] = frozenset(), shrinking: set[str] = frozenset()) -> None:
     """QUEUED -> ADMITTED on the devices the core chose, for every (job, admit, waits_for) of the cycle at once. A
-    preemptor whose victims are still stopping holds them (quota and devices count for it from now on) and launches
-    once the victims are gone; the others launch now."""
+    preemptor whose victims are still stopping (or shrinking) holds them (quota and devices count for it from now on)
+    and launches once the victims are gone (or smaller); the others launch now. `started`: the victims whose runs had
+    started; `shrinking`: the victims shrunk rather than stopped."""
     from jobs.tasks import launch_training_job
 
     changes = []
@@ -409,12 +470,20 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
         job.queue_position, job.waits_for = None, waits_for
         reason = f"admitted: {admit.reason}"
         victims = victims_of.get(str(job.pk))
-        if victims and not waits_for:  # a preemptor whose victims had not started: nothing to wait for
-            reason = (f"admitted onto the devices of {', '.join(victims)}, preempted for it before they started "
-                      "(nothing to checkpoint)")
+        if victims and not waits_for:
+            if started.intersection(victims):  # they checkpoint and give back quota; its devices were free
+                reason = (f"admitted: {admit.reason}; {', '.join(victims)} preempted or shrunk for it (they checkpoint "
+                          "first; the devices it runs on were free)")
+            else:  # a preemptor whose victims had not started: nothing to wait for
+                reason = (f"admitted onto the devices of {', '.join(victims)}, preempted for it before they started "
+                          "(nothing to checkpoint)")
         if waits_for:
+            stop = [str(v) for v in waits_for if str(v) not in shrinking]
+            shrink = [str(v) for v in waits_for if str(v) in shrinking]
+            waits = [f"{', '.join(ids)} checkpoint(s) and {verb}" for ids, verb in ((stop, "stop"), (shrink, "shrink"))
+                     if ids]
             reason = (f"admitted ({len(admit.workers)} x {admit.accelerator_type} held); launches once "
-                      f"{', '.join(map(str, waits_for))} checkpoint(s) and stop")
+                      f"{' and '.join(waits)}")
         changes.append((job, reason, {"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),
                                       "nodes": sorted({w.node for w in admit.workers}), "borrowed": admit.borrowed,
                                       "waits_for": waits_for}))

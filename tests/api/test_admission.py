@@ -308,3 +308,67 @@ def test_the_dry_run_plan_holds_non_preemptible_jobs_and_deployments_to_the_cycl
     assert response.status_code == 200, response.json()
     a100 = response.json()["plan"]["options"][0]
     assert a100["quota_left"] == 16 and a100["why_not"] == "", a100
+
+
+@pytest.mark.parametrize("state", ["RUNNING", "STARTING", "RECOVERING"])
+def test_a_preemptible_job_starting_or_recovering_is_not_non_preemptible_usage(api, cluster, world, state):
+    """Found by QA (2026-11-28): a preemptible job STARTING or RECOVERING (not preemptible at that moment) was
+    counted as non-preemptible usage, so a non-preemptible job was held back ("would use 16 nvidia-h100") for quota
+    only 8 of which was non-preemptible; RUNNING admitted it."""
+    from controlplane.quotas.services import cluster_queue_create, cluster_queue_update, priority_class_create
+
+    cluster_queue_update(actor=world["ops"], queue=world["cluster_queue"],
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+    cluster_queue_create(actor=world["ops"], name="lender", cohort="all",
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+    priority_class_create(actor=world["ops"], name="critical", value=900, preemptible=False)
+    client = api("alpha", "member")
+    first = submit(client, name="first", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"])
+    assert status(client, first)["state"] == "ADMITTED"
+    TrainingJob.objects.filter(pk=first).update(state=state)  # as the run workflow leaves it
+    critical = submit(client, name="critical", priority="critical", workers_min=1, workers_max=1,
+                      accelerator_types=["nvidia-h100"])
+    body = status(client, critical)
+    assert body["state"] == "ADMITTED", body["reason"]
+    assert status(client, first)["state"] == state  # and it was left alone
+
+
+def test_a_starting_job_is_still_no_victim(api, cluster, world):
+    from controlplane.quotas.services import cluster_queue_update, priority_class_create
+
+    cluster_queue_update(actor=world["ops"], queue=world["cluster_queue"],
+                         quotas=[{"accelerator_type": "nvidia-h100", "nominal_quota": 16}])
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    low = submit(client, name="low", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    TrainingJob.objects.filter(pk=low).update(state="STARTING")
+    urgent = submit(client, name="urgent", priority="urgent", workers_min=1, workers_max=1,
+                    accelerator_types=["nvidia-h100"])
+    assert status(client, low)["state"] == "STARTING" and status(client, urgent)["state"] == "QUEUED"
+
+
+def test_positions_have_no_gap_after_a_preemption_and_no_cohort_is_named_for_a_queue_without_one(api, cluster, world):
+    """Found by QA (2026-11-28): the preemptor, admitted at once (it holds its victims' devices), was still counted in
+    the queue, so the job behind it said "position 2" with nobody at 1; and a queue in no cohort was told "its cohort
+    lends only 0 now"."""
+    from controlplane.quotas.services import cluster_queue_create, local_queue_create, priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    victim = submit(client, name="low", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    waiter = submit(client, name="waiter", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"])
+    assert status(client, waiter)["queue_position"] == 1
+    urgent = submit(client, name="urgent", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"],
+                    priority="urgent")
+    assert status(client, urgent)["state"] == "ADMITTED" and status(client, victim)["state"] == "QUEUED"
+    assert status(client, waiter)["queue_position"] == 1, status(client, waiter)["reason"]
+    assert status(client, waiter)["reason"].startswith("position 1 in cluster queue")
+
+    solo = cluster_queue_create(actor=world["ops"], name="solo", cohort="",
+                                quotas=[{"accelerator_type": "nvidia-a100", "nominal_quota": 8}])
+    local_queue_create(actor=world["beta"]["admin"], team=world["beta"]["team"], name="solo", cluster_queue=solo)
+    beta = api("beta", "member")
+    submit(beta, name="first", queue="solo", workers_min=1, workers_max=1, accelerator_types=["nvidia-a100"])
+    second = submit(beta, name="second", queue="solo", workers_min=1, workers_max=1, accelerator_types=["nvidia-a100"])
+    reason = status(beta, second)["reason"]
+    assert "solo would exceed its nvidia-a100 quota: uses 8 of 8 nominal and is in no cohort" in reason, reason

@@ -439,3 +439,75 @@ def test_parallelism_auto_refuses_what_no_accepted_type_can_run(api, backend):
         **JOB_BODY, "parallelism": {"mode": "auto", "model": "llama2-7b", "batch": 8}}, format="json")
     assert typo.status_code == 400 and "batch" in typo.json()["parallelism"][0]
     assert not TrainingJob.objects.exists()
+
+
+# Found by QA (2026-11-28): shrinks of running elastic jobs through the platform's cycle.
+
+def _devices(job) -> set[tuple[str, int]]:
+    return {(w["node"], int(i)) for w in job.placement for i, _ in w["taken"]}
+
+
+def test_a_preemptor_waits_for_a_running_elastic_victim_to_checkpoint_and_shrink(api, backend, world):
+    """It was launched at once onto devices the elastic run still used, saying its victim had not started."""
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    elastic = sync(submit(client, name="elastic", workers_min=1, workers_max=2,
+                          hyperparameters={"steps": 1000}), backend)
+    assert elastic.state == "RUNNING" and len(elastic.placement) == 2
+    urgent = submit(client, name="urgent", workers_min=1, workers_max=1, priority="urgent")
+    elastic = TrainingJob.objects.get(pk=elastic.pk)
+    assert len(elastic.placement) == 1 and urgent.state == "ADMITTED" and urgent.waits_for == [elastic.pk]
+    assert urgent.state_reason.endswith(f"launches once {elastic.pk} checkpoint(s) and shrink"), urgent.state_reason
+    assert not urgent.compute_handle
+    elastic = sync(elastic, backend)  # the run is told to checkpoint and shrink
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    elastic = sync(elastic, backend)  # ... and reports one worker
+    assert elastic.observed_nodes == [w["node"] for w in elastic.placement]
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    urgent = TrainingJob.objects.get(pk=urgent.pk)
+    assert urgent.state == "STARTING"
+    assert not set(backend.runs[urgent.compute_handle].nodes) & set(backend.runs[elastic.compute_handle].nodes)
+
+
+def test_shrinking_workers_with_equal_placements_releases_only_as_many(api, backend, world):
+    """Two half-core workers on one core have equal placements: releasing one released both (a set difference),
+    the job was left with no placement, never shrank its run, and the cycle admitted others onto its cores."""
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    elastic = sync(submit(client, name="elastic", accelerator_types=["cpu"], devices_per_worker=0,
+                          cpus_per_worker=0.5, workers_min=1, workers_max=4, hyperparameters={"steps": 1000}),
+                   backend)
+    assert elastic.state == "RUNNING" and len(elastic.placement) == 4
+    submit(client, name="urgent", accelerator_types=["cpu"], devices_per_worker=0, cpus_per_worker=1, workers_min=1,
+           workers_max=1, priority="urgent")
+    elastic = TrainingJob.objects.get(pk=elastic.pk)
+    shrunk = [e for e in elastic.events.order_by("id") if e.reason.startswith("shrunk to")][-1]
+    assert len(elastic.placement) == shrunk.data["workers"] == 1, (elastic.placement, shrunk.data)
+    elastic = sync(elastic, backend)
+    assert len(backend.runs[elastic.compute_handle].nodes) == 1  # the run was told to shrink
+
+
+def test_elastic_growth_does_not_take_devices_a_preempted_run_still_holds(api, backend, world, monkeypatch):
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    monkeypatch.setattr(tasks.stop_training_run, "apply_async", lambda *a, **k: None)  # it takes its time to stop
+    client = api("alpha", "member")
+    victim = sync(submit(client, name="low", workers_min=1, workers_max=1, hyperparameters={"steps": 1000}),
+                  backend)
+    elastic = sync(submit(client, name="elastic", priority="standard", devices_per_worker=4, workers_min=1,
+                          workers_max=3, hyperparameters={"steps": 1000}), backend)
+    assert len(elastic.placement) == 2
+    submit(client, name="urgent", priority="urgent", devices_per_worker=4, workers_min=1, workers_max=1)
+    victim = TrainingJob.objects.get(pk=victim.pk)
+    assert victim.state == "PREEMPTED"
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()  # the next beat, while the victim still checkpoints
+    elastic = TrainingJob.objects.get(pk=elastic.pk)
+    assert not _devices(elastic) & _devices(victim) and len(elastic.placement) == 2

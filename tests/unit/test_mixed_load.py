@@ -690,3 +690,16 @@ def test_a_waiting_job_claims_its_size_on_its_preferred_type():
         snapshot = Snapshot(nodes(2), queues, pending=(job,), type_preference={"job": ("h100", "cpu")})
         limits.append(plan_mixed_load(snapshot, [borrower]).limits["d1"][0])
     assert limits == [7, 7], limits  # the job claims 1 of a's 8 H100 either way
+
+
+def test_a_settled_job_gives_nothing_back_for_a_replica():
+    """A job STARTING or RECOVERING on the platform is `settled` (preemptible by its class, not at this moment):
+    neither its devices nor its quota go to a replica, as a non-preemptible job's do not."""
+    snap = Snapshot(nodes(1), QUEUES, running=(replace(running("t", [("n0", list(range(8)))]), settled=True),))
+    plan = plan_mixed_load(snap, [serving(1, pool="p")])
+    assert plan.preempted == [] and plan.shrunk == []
+    queues = (ClusterQueueSpec("team", {"h100": Quota(8, borrowing_limit=0)}),)
+    own = replace(_job("own", "team", "n0", 1, 8), settled=True)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, running=(own,)),
+                           [ServingDemand("d1", "h100", 2, 2, 1, (), cluster_queue="team")])
+    assert plan.preempted == [] and plan.shrunk == []

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
-from controlplane.scheduling.placement import WorkerPlacement
+from controlplane.scheduling.placement import WorkerPlacement, without_workers
 from controlplane.scheduling.scheduler import schedule
 
 H100, A100 = "nvidia-h100", "nvidia-a100"
@@ -387,8 +387,7 @@ def check_usage_and_devices(snapshot, result):
             continue
         workers = list(running.workers)
         if running.workload.id in shrunk:
-            released = set(shrunk[running.workload.id].released)
-            workers = [w for w in workers if w not in released]
+            workers = list(without_workers(workers, shrunk[running.workload.id].released))
         if running.workload.id in grown:
             workers += list(grown[running.workload.id].added)
         live.append((running.workload, running.accelerator_type, workers))

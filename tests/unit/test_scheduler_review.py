@@ -227,12 +227,24 @@ def test_a_workload_its_queue_could_never_take_says_so():
     result = schedule(snapshot)
     assert result == reference_schedule(snapshot)
     wait = next(w for w in result.waiting if w.workload_id == "big")
-    assert wait.reason.endswith("it can never take 24: its nominal 16 and the most its cohort could lend add up to "
-                                "16"), wait.reason
+    assert wait.reason.endswith("it can never take 24: its nominal quota is 16"), wait.reason
+    assert "its cohort" not in wait.reason and "is in no cohort" in wait.reason  # QA 2026-11-28
     assert not wait.reserved and [a.workload_id for a in result.admitted] == ["small"]
+    full = ledger_of(alone, used=16).check("alone", "h100", 8)
+    assert full.reason == "alone would exceed its h100 quota: uses 16 of 16 nominal and is in no cohort to borrow from"
     # in a cohort: what the others lend at most (nominal, or the lending limit), within the borrowing limit
     ledger = QuotaLedger([ClusterQueueSpec("a", {"h100": Quota(8, borrowing_limit=4)}, "c"),
                           ClusterQueueSpec("b", {"h100": Quota(16, lending_limit=6)}, "c"),
                           ClusterQueueSpec("d", {"h100": Quota(2)}, "c")])
     assert ledger.ceiling("a", "h100") == 12 and ledger.ceiling("b", "h100") == 16 + 8 + 2
     assert ledger.ceiling("d", "h100") == 2 + 8 + 6
+    assert ledger.check("d", "h100", 20).reason.endswith(
+        "it can never take 20: its nominal 2 and the most its cohort could lend add up to 16")
+
+
+def ledger_of(spec, used: float):
+    from controlplane.scheduling.quota import QuotaLedger
+
+    ledger = QuotaLedger([spec])
+    ledger.add(spec.name, "h100", used)
+    return ledger

@@ -113,7 +113,6 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             break
         else:
             wl = pending
-            positions[q] += 1
             waiting_types.update(types)
             plan = ref_preemption(state, wl, types, done)
             if plan is not None:
@@ -125,8 +124,9 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                 reason = f"waiting for {names} to checkpoint and release {t} devices"
                 borrowed = min(state.running[wl.id].usage, state.ledger.borrowed(q, t))
                 held = Admit(wl.id, t, state.running[wl.id].workers, borrowed, reason)
-                result.waiting.append(Wait(wl.id, positions[q], reason, reserved=True, held=held))
+                result.waiting.append(Wait(wl.id, 0, reason, reserved=True, held=held))  # holds its admission
                 continue
+            positions[q] += 1
             reserved = not reserved_once and ref_reserve(state, wl, types)
             reserved_once = reserved_once or reserved
             reason = "; ".join(reasons) or "no accepted accelerator type"

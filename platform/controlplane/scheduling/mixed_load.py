@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from controlplane.scheduling.model import Preempt, Running, Shrink, Snapshot, Workload
-from controlplane.scheduling.placement import EPS, WorkerPlacement
+from controlplane.scheduling.placement import EPS, WorkerPlacement, without_workers
 from controlplane.scheduling.quota import QuotaLedger
 
 SERVING_QUEUE = "(serving)"  # not a ClusterQueue: a demand without a queue is held outside every quota
@@ -347,7 +347,8 @@ def _given_back_to_claims(ledger: QuotaLedger, running: dict[str, Running], touc
     lender's waiting work reclaims that (the cycle preempts it) before any serving replica gives anything back."""
     preemptible: dict[tuple[str, str], float] = defaultdict(float)
     for r in running.values():
-        if r.workload.preemptible and r.workload.id not in touched and r.workload.cluster_queue in ledger.queues:
+        if r.workload.preemptible and not r.settled and r.workload.id not in touched \
+                and r.workload.cluster_queue in ledger.queues:
             preemptible[(r.workload.cluster_queue, r.accelerator_type)] += r.usage
     short: dict[tuple[tuple[str, ...], str], float] = {}  # (cohort members, type) -> claims idle quota does not cover
     given: dict[tuple[str, str], float] = {}
@@ -467,7 +468,7 @@ def _again(plan: MixedLoadPlan) -> frozenset[str]:
 def _giveable(running: dict[str, Running], touched: set[str], queue: str, kind: str) -> float:
     """What preemptible training of `queue` holds of `kind` (and is not already giving something back)."""
     return sum(r.usage for r in running.values() if r.workload.cluster_queue == queue and r.accelerator_type == kind
-               and r.workload.preemptible and r.workload.id not in touched)
+               and r.workload.preemptible and not r.settled and r.workload.id not in touched)
 
 
 def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, running: dict[str, Running],
@@ -501,7 +502,7 @@ def _reclaim_quota(ledger: QuotaLedger, queue: str, demand: ServingDemand, runni
         return ledger.check(queue, kind, amount).ok
 
     candidates = sorted((r for r in running.values()
-                         if r.accelerator_type == kind and r.workload.preemptible
+                         if r.accelerator_type == kind and r.workload.preemptible and not r.settled
                          and (r.workload.id not in touched or r.workload.id in again)
                          and r.workload.cluster_queue in cohort and borrows(r.workload.cluster_queue)),
                         key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
@@ -568,7 +569,8 @@ def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], 
     for node in nodes:
         victims = sorted((r for r in running.values()
                           if r.accelerator_type == demand.accelerator_type and r.workload.preemptible
-                          and r.workload.id not in touched and any(w.node == node for w in r.workers)),
+                          and not r.settled and r.workload.id not in touched
+                          and any(w.node == node for w in r.workers)),
                          key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
         undo: list[tuple[str, Running, tuple[WorkerPlacement, ...]]] = []
         decisions: list[Preempt | Shrink] = []
@@ -580,7 +582,7 @@ def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], 
                 released = tuple(on_node[-spare:])
                 free.hold(released, 1.0)
                 undo.append((workload.id, victim, released))
-                narrowed = replace(victim, workers=tuple(w for w in victim.workers if w not in released))
+                narrowed = replace(victim, workers=without_workers(victim.workers, released))
                 running[workload.id] = narrowed
                 decisions.append(Shrink(workload.id, len(narrowed.workers), released, SERVING_PREFIX + demand.id,
                                         f"shrunk to {len(narrowed.workers)} workers: gives back capacity deployment "

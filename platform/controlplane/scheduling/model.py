@@ -75,7 +75,9 @@ class Running:
     accelerator_type: str
     workers: tuple[WorkerPlacement, ...]
     work_since_checkpoint_s: float = 0.0  # what preempting it now would throw away
-    settled: bool = False  # already shrunk before this cycle (mixed load): not preempted or shrunk again in it
+    # Not preempted or shrunk in this cycle: already shrunk before it (mixed load), or not in a state a victim can
+    # leave now (the platform's jobs STARTING or RECOVERING).
+    settled: bool = False
 
     @property
     def usage(self) -> float:
@@ -149,7 +151,7 @@ class Grow:
 @dataclass(frozen=True)
 class Wait:
     workload_id: str
-    position: int  # 1-based place among the waiting workloads of its ClusterQueue
+    position: int  # 1-based place among the waiting workloads of its ClusterQueue; 0 for one that is `held`
     reason: str
     reserved: bool = False  # holds a reservation: later workloads may not take its devices
     # After a preemption: the admission the preemptor holds (devices and quota) while its victims checkpoint and

@@ -8,6 +8,7 @@ Policies choose the node for one worker; `place_gang` places all workers of a ga
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,21 @@ def best_fit(node: NodeState, devices: float) -> float:
 class WorkerPlacement:
     node: str
     taken: tuple[tuple[int, float], ...]
+
+
+def without_workers(workers: Sequence[WorkerPlacement], released: Sequence[WorkerPlacement]
+                    ) -> tuple[WorkerPlacement, ...]:
+    """`workers` less `released`, one for one: two workers with equal placements (two half-core workers on one core)
+    are two workers, so releasing one keeps the other (a set difference dropped both). The last equal ones go first,
+    as a shrink releases the last workers."""
+    left = Counter(released)
+    kept = []
+    for worker in reversed(workers):
+        if left[worker] > 0:
+            left[worker] -= 1
+        else:
+            kept.append(worker)
+    return tuple(reversed(kept))
 
 
 @dataclass

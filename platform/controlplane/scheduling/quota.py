@@ -111,11 +111,18 @@ class QuotaLedger:
                                           f"{quota.nominal:g} nominal + {quota.borrowing_limit:g} borrowing")
         room = self.cohort_room(queue, accelerator_type)
         if room + EPS < amount:
-            lendable = max(0.0, room - max(0.0, quota.nominal - used))
-            reason = f"{queue} needs to borrow {need:g} {accelerator_type} but its cohort lends only {lendable:g} now"
+            if spec.cohort:
+                lendable = max(0.0, room - max(0.0, quota.nominal - used))
+                reason = (f"{queue} needs to borrow {need:g} {accelerator_type} but its cohort lends only "
+                          f"{lendable:g} now")
+            else:  # nothing to borrow from (it read "its cohort lends only 0" for a queue without one)
+                reason = (f"{queue} would exceed its {accelerator_type} quota: uses {used:g} of {quota.nominal:g} "
+                          "nominal and is in no cohort to borrow from")
             ceiling = self.ceiling(queue, accelerator_type)
-            if amount > ceiling + EPS:  # not a matter of waiting: say so
+            if amount > ceiling + EPS and spec.cohort:  # not a matter of waiting: say so
                 reason += (f"; it can never take {amount:g}: its nominal {quota.nominal:g} and the most its cohort "
                            f"could lend add up to {ceiling:g}")
+            elif amount > ceiling + EPS:
+                reason += f"; it can never take {amount:g}: its nominal quota is {quota.nominal:g}"
             return QuotaCheck(False, 0.0, reason)
         return QuotaCheck(True, need, f"borrows {need:g} {accelerator_type} from its cohort")

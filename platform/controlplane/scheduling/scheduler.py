@@ -906,8 +906,6 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             plan = _plan_preemption(state, workload, types, preempted)
             if plan is None:
                 failed[kind] = (state.versions(types), reasons)
-        positions[workload.cluster_queue] += 1
-        position = positions[workload.cluster_queue]
         if plan is not None:
             victims, shrinks, accelerator_type = plan
             result.preempted.extend(victims)
@@ -916,10 +914,14 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             preempted.update(s.workload_id for s in shrinks)
             names = ", ".join([v.workload_id for v in victims] + [f"{s.workload_id} (shrunk)" for s in shrinks])
             reason = f"waiting for {names} to checkpoint and release {accelerator_type} devices"
-            result.waiting.append(Wait(workload.id, position, reason, reserved=True,
+            # Position 0: it holds its admission (the platform admits it now), so it is nobody's place in the queue
+            # (counted, it left a gap: the job behind it was "position 2" with nobody at 1).
+            result.waiting.append(Wait(workload.id, 0, reason, reserved=True,
                                        held=_held_admission(state, workload, accelerator_type, reason)))
             waiting_types.update(types)
             continue
+        positions[workload.cluster_queue] += 1
+        position = positions[workload.cluster_queue]
         reserved = False
         if not reservation_made:
             reserved = _reserve(state, workload, types)
