@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from fleetyard.client import Client, save_config
+from fleetyard.client import Client, plan_devices, plan_pool, save_config
 from fleetyard.errors import ApiError, ConfigError, FleetyardError, SpecError, TimeoutExpired
 from fleetyard.spec import DEPLOYMENT, JOB, parse_spec
 
@@ -359,22 +359,28 @@ class _Cli:
         return EXIT_OK
 
     def _plan_model(self, text: str):
-        """A preset name, or a JSON/YAML file of model fields."""
+        """A preset name, or a JSON/YAML file of model fields (read and checked here: a mistake in it is a usage
+        error, exit 2, before anything is sent)."""
         path = Path(text)
-        if not (path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file()):
-            return text
+        looks_like_path = os.sep in text or path.suffix.lower() in (".json", ".yaml", ".yml")
+        if not (looks_like_path or path.exists()):
+            return text  # a preset name; the server knows them
+        if path.exists() and not path.is_file():
+            raise UsageError(f"{text}: not a file (give a model preset or a JSON/YAML file of the model's fields)")
         try:
-            raw = path.read_text()
+            raw = path.read_bytes().decode("utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-        try:
-            import yaml
-
-            fields = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise UsageError(f"{path.name}: not JSON or YAML: {str(exc).splitlines()[0]}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{path.name}: not UTF-8 text (a JSON or YAML file of the model's fields)") from None
+        fields = _parse_fields(raw, path.name, as_json=path.suffix.lower() == ".json")
         if not isinstance(fields, dict):
             raise UsageError(f"{path.name}: give the model's fields as a mapping (layers: 32, hidden: 4096, ...)")
+        try:
+            json.dumps(fields, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"{path.name}: a value cannot be sent as JSON ({exc}); write numbers as numbers and "
+                             "anything else in quotes") from None
         return fields
 
     def _print_parallel_plan(self, result: dict) -> None:
@@ -385,6 +391,10 @@ class _Cli:
         self.out.print(f"Plan for [bold]{escape(model.get('name') or model.get('preset') or 'model')}[/] "
                        f"({model['parameters'] / 1e9:.2f}B parameters), global batch {result['global_batch_size']} "
                        f"on {pools}")
+        simulated = {p["name"] for p in result["pools"] if p.get("simulated")}
+        if simulated:
+            self.out.print(f"[yellow]SIMULATED[/] pool(s) {escape(', '.join(sorted(simulated)))}: the predictions use "
+                           "the real chips' published figures; no such chip ran anything here.")
         if not result["feasible"]:
             self.out.print(f"[red]No plan:[/] {escape(result['reason'])}")
         else:
@@ -408,14 +418,16 @@ class _Cli:
             for row in comparison["by_type"]:
                 best = row["best"]
                 ratio = row["step_time_ratio_to_mix"]
-                table.add_row(escape(row["accelerator_type"]), str(row["devices"]),
+                label = row["accelerator_type"] + (" (SIMULATED)" if row["pools"] and simulated.issuperset(row["pools"])
+                                                   else "")
+                table.add_row(escape(label), str(row["devices"]),
                               escape(best["description"]) if best else f"[red]{escape(row['reason'])}[/]",
                               f"{best['tokens_per_s']:,.0f}" if best else "-",
                               _money(best["cost_per_million_tokens_usd"]) if best else "-",
                               "-" if ratio is None else f"{ratio:.2f}x")
             self.out.print(table)
             speedup = comparison.get("mix_speedup_over_fastest_single_type")
-            if speedup is not None:
+            if speedup is not None and len(comparison["by_type"]) > 1:
                 self.out.print(f"The mix is {speedup:.2f}x the fastest single type "
                                f"({escape(str(comparison['fastest_single_type']))}).")
         self.out.print(f"[dim]{result['candidates_evaluated']:,} layouts evaluated in "
@@ -449,33 +461,38 @@ class _Cli:
         return EXIT_OK
 
 
+def _parse_fields(raw: str, name: str, *, as_json: bool):
+    """A model file's fields: JSON for a .json file (tabs allowed), else YAML; a mistake names its line and column."""
+    if as_json:
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise UsageError(f"{name}: not valid JSON: {exc}") from None
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{name}: not valid YAML: {where}{problem}") from None
+
+
 def _plan_pool_arg(text: str) -> dict:
     """--pool NAME or NAME:DEVICES."""
-    name, sep, count = text.partition(":")
-    if not name:
-        raise UsageError(f"--pool takes NAME or NAME:DEVICES, got {text!r}")
-    return {"pool": name, "devices": _positive(count, "--pool", text)} if sep else {"pool": name}
+    try:
+        return plan_pool(text)
+    except ValueError as exc:
+        raise UsageError(f"--pool: {exc}") from None
 
 
 def _plan_devices_arg(text: str) -> dict:
     """--devices TYPE:COUNT or TYPE:COUNT:DEVICES_PER_NODE."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0]:
-        raise UsageError(f"--devices takes TYPE:COUNT or TYPE:COUNT:DEVICES_PER_NODE, got {text!r}")
-    body = {"accelerator_type": parts[0], "count": _positive(parts[1], "--devices", text)}
-    if len(parts) == 3:
-        body["devices_per_node"] = _positive(parts[2], "--devices", text)
-    return body
-
-
-def _positive(text: str, option: str, whole: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"{option} {whole}: {text!r} is not a positive whole number")
-    return value
+        return plan_devices(text)
+    except ValueError as exc:
+        raise UsageError(f"--devices: {exc}") from None
 
 
 def _option_value(text: str):
@@ -499,7 +516,11 @@ def _ask(prompt: str, default: str) -> str:
 
 
 def _money(value) -> str:
-    return "unknown" if value is None else f"${value:,.2f}"
+    if value is None:
+        return "unknown"
+    if 0 < abs(value) < 0.01:  # "$0.00" read as free
+        return f"${value:.2g}"
+    return f"${value:,.2f}"
 
 
 def _limit(value) -> str:

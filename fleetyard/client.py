@@ -357,13 +357,14 @@ class Client:
         PP / EP, micro-batches, recomputation, ZeRO) with its predicted step time, tokens/s, MFU, memory and
         price, ranked alternatives, and with `compare` each accelerator type alone beside the mix.
 
-        `model`: a preset name ("llama2-70b") or a dict of model fields. `pools`: node pool names, or
-        (name, devices) pairs / {"pool", "devices"} dicts to use part of a pool. `devices`: hypothetical
-        devices as (accelerator_type, count[, devices_per_node]) or {"accelerator_type", "count", ...} dicts.
+        `model`: a preset name ("llama2-70b") or a dict of model fields. `pools`: a list of node pool names, or
+        "name:DEVICES" / (name, devices) / {"pool", "devices"} to use part of a pool. `devices`: a list of hypothetical
+        devices as "TYPE:COUNT[:PER_NODE]", (accelerator_type, count[, devices_per_node]) or {"accelerator_type",
+        "count", ...} dicts. A malformed entry raises ValueError before anything is sent.
         Nothing is written or reserved; predictions come from the planner's cost model, not measured runs."""
         body = {"model": model, "global_batch_size": global_batch_size,
-                "pools": [_plan_pool(entry) for entry in pools],
-                "devices": [_plan_devices(entry) for entry in devices], "compare": bool(compare)}
+                "pools": [plan_pool(entry) for entry in _entries(pools, "pools")],
+                "devices": [plan_devices(entry) for entry in _entries(devices, "devices")], "compare": bool(compare)}
         if options:
             body["options"] = dict(options)
         return self.post("plans/", body)
@@ -394,25 +395,57 @@ def _wait(fetch, states, timeout, poll, what, give_up=()):
         time.sleep(poll)
 
 
-def _plan_pool(entry) -> dict:
-    """A node pool for Client.plan: "name", (name, devices) or {"pool": name, "devices": n}."""
+def plan_pool(entry) -> dict:
+    """A node pool for Client.plan: "name", "name:DEVICES", (name, devices) or {"pool": name, "devices": n}.
+    Anything else is a ValueError that says what is accepted."""
     if isinstance(entry, dict):
         return dict(entry)
     if isinstance(entry, str):
-        return {"pool": entry}
-    name, count = entry
-    return {"pool": name, "devices": count}
+        name, sep, count = entry.partition(":")
+        if not name:
+            raise ValueError(f"a pool is NAME or NAME:DEVICES, got {entry!r}")
+        return {"pool": name, "devices": _positive(count, entry)} if sep else {"pool": name}
+    if isinstance(entry, tuple | list) and len(entry) == 2 and isinstance(entry[0], str):
+        return {"pool": entry[0], "devices": entry[1]}
+    raise ValueError(f"a pool is a name, \"NAME:DEVICES\", (name, devices) or a dict, got {entry!r}")
 
 
-def _plan_devices(entry) -> dict:
-    """Hypothetical devices for Client.plan: (type, count[, devices_per_node]) or a dict of the API's fields."""
+def plan_devices(entry) -> dict:
+    """Hypothetical devices for Client.plan: "TYPE:COUNT[:PER_NODE]", (type, count[, per_node]) or a dict of the API's
+    fields. Anything else is a ValueError that says what is accepted."""
     if isinstance(entry, dict):
         return dict(entry)
-    accelerator_type, count, *rest = entry
-    body = {"accelerator_type": accelerator_type, "count": count}
-    if rest:
-        body["devices_per_node"] = rest[0]
-    return body
+    if isinstance(entry, str):
+        parts = entry.split(":")
+        if len(parts) not in (2, 3) or not parts[0]:
+            raise ValueError(f"devices are TYPE:COUNT or TYPE:COUNT:DEVICES_PER_NODE, got {entry!r}")
+        entry = (parts[0], *(_positive(part, entry) for part in parts[1:]))
+    if isinstance(entry, tuple | list) and len(entry) in (2, 3) and isinstance(entry[0], str):
+        body = {"accelerator_type": entry[0], "count": entry[1]}
+        if len(entry) == 3:
+            body["devices_per_node"] = entry[2]
+        return body
+    raise ValueError(f"devices are \"TYPE:COUNT[:PER_NODE]\", (type, count[, per_node]) or a dict, got {entry!r}")
+
+
+def _positive(text: str, whole: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{whole}: {text!r} is not a positive whole number")
+    return value
+
+
+def _entries(value, what: str) -> list:
+    """`pools` / `devices` of Client.plan: a list or tuple of entries (a bare string would be read letter by
+    letter, and a single tuple as two entries)."""
+    if isinstance(value, str | dict) or not isinstance(value, list | tuple):
+        raise ValueError(f"{what} takes a list of entries, got {value!r}")
+    if what == "devices" and len(value) in (2, 3) and isinstance(value[0], str) and not isinstance(value[1], str):
+        raise ValueError(f"devices takes a list of entries: write [{tuple(value)!r}], not {tuple(value)!r}")
+    return list(value)
 
 
 def _rewindable(kwargs: dict) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from controlplane.cluster.selectors import accelerator_type_list, node_pool_list
+from controlplane.cluster.selectors import accelerator_type_list, node_pools_for_planning
 from controlplane.planning.presets import PRESET_NAMES
 from frontend.views import _base_context
 
@@ -18,13 +18,15 @@ from frontend.views import _base_context
 @login_required
 def plan_page(request):
     _, context = _base_context(request, "plan")
+    # What a plan can use: the healthy, uncordoned nodes (as POST /api/v1/plans/ counts them).
     pools = [{"name": pool.name, "accelerator_type": pool.accelerator_type.slug, "simulated": pool.simulated,
-              "devices": int(pool.capacity_devices or 0), "devices_per_node": pool.devices_per_node}
-             for pool in node_pool_list() if pool.accelerator_type.slug != "cpu"]
+              "devices": pool.ready_node_count * pool.devices_per_node, "devices_per_node": pool.devices_per_node}
+             for pool in node_pools_for_planning().values() if pool.accelerator_type.slug != "cpu"]
     context.update({
         "presets": PRESET_NAMES,
         "preset": request.GET.get("model") if request.GET.get("model") in PRESET_NAMES else "llama2-7b",
         "pools": pools,
+        "first_ready": next((pool["name"] for pool in pools if pool["devices"]), None),
         "accelerator_types": [t.slug for t in accelerator_type_list() if t.slug != "cpu"],
     })
     return render(request, "frontend/plan.html", context)

@@ -21,7 +21,7 @@ def test_the_planner_page_offers_presets_pools_and_types(world, cluster):
     assert response.status_code == 200
     html = response.content.decode()
     assert '<option value="llama3-70b" selected>' in html and '<option value="custom">' in html
-    assert 'data-plan-pool="h100-pool"' in html and "16 healthy devices, 8 per node" in html
+    assert 'data-plan-pool="h100-pool"' in html and "16 devices on healthy, uncordoned nodes, 8 per node" in html
     assert 'data-plan-pool="cpu-pool"' not in html  # the planner plans accelerators
     pool_line = html.split('data-plan-pool="h100-pool"')[1].split("</label>")[0]
     assert "SIMULATED" in pool_line
@@ -39,3 +39,18 @@ def test_an_unknown_preset_in_the_query_falls_back_to_the_default(world, cluster
 def test_the_planner_page_needs_a_login():
     response = Client().get("/plan/")
     assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_the_page_counts_only_the_nodes_a_plan_can_use(world, cluster):
+    """A review found the page counting cordoned nodes (16 devices offered, 8 planned on)."""
+    from controlplane.cluster.models import Node
+
+    Node.objects.filter(name="h100-pool-1").update(cordoned=True)
+    client = Client()
+    client.force_login(world["alpha"]["member"])
+    html = client.get("/plan/").content.decode()
+    assert "8 devices on healthy, uncordoned nodes" in html
+    Node.objects.filter(name="h100-pool-0").update(cordoned=True)
+    html = client.get("/plan/").content.decode()
+    line = html.split('data-plan-pool="h100-pool"')[1].split("</label>")[0]
+    assert " disabled" in line and " checked" not in line and "no healthy, uncordoned node to plan on" in line

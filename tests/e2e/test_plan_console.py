@@ -34,12 +34,26 @@ def test_plan_a_mix_then_see_field_errors_and_an_infeasible_answer(console):
         "#plan-form .field-error")
     assert page.is_hidden("#plan-result")
 
-    page.fill("#p-batch", "8")
+    page.fill("#p-batch", "64")
+    page.click("#plan-form button[type=submit]")
+    page.wait_for_selector("[data-plan-layouts]")
     page.select_option("#p-preset", "custom")
     page.fill("#p-custom", "{not json")
     page.click("#plan-form button[type=submit]")
     page.wait_for_selector(".field-error")
-    assert "not valid JSON" in page.inner_text("#plan-form")
+    assert "not valid JSON" in page.inner_text("[data-plan-custom] + .field-error")  # under the fields typed
+    assert page.is_hidden("#plan-result")  # the last answer (Llama-2 7B) no longer stands beside the error
+
+    page.select_option("#p-preset", "llama2-7b")
+    page.fill("#p-batch", "8.5")  # parseInt read it as 8 (and "1e2" as 1) and planned that
+    page.click("#plan-form button[type=submit]")
+    page.wait_for_selector(".field-error")
+    assert "integer" in page.inner_text("#plan-form .field-error").lower()
+    page.fill("#p-batch", "8")
+    page.select_option(".plan-devices >> nth=0 >> [data-plan-device-type]", "")
+    page.click("#plan-form button[type=submit]")  # a device row with a count but no type
+    page.wait_for_selector(".plan-devices + .field-error")
+    assert "choose an accelerator type" in page.inner_text(".plan-devices + .field-error")
 
     page.select_option("#p-preset", "llama3-405b")
     page.uncheck('[data-plan-pool="h100-pool"]')

@@ -230,7 +230,7 @@ def test_plan_takes_a_model_file_and_says_when_nothing_fits(cli, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (("plan", "llama2-7b", "--batch", "8"), "name what to plan on"),
-    (("plan", "llama2-7b", "--batch", "8", "--devices", "nvidia-h100"), "--devices takes TYPE:COUNT"),
+    (("plan", "llama2-7b", "--batch", "8", "--devices", "nvidia-h100"), "--devices: devices are TYPE:COUNT"),
     (("plan", "llama2-7b", "--batch", "8", "--devices", "nvidia-h100:0"), "not a positive whole number"),
     (("plan", "llama2-7b", "--batch", "8", "--pool", "h100-pool:x"), "not a positive whole number"),
     (("plan", "llama2-7b", "--batch", "8", "--pool", "h100-pool", "--option", "zero"), "--option takes NAME=VALUE"),
@@ -259,3 +259,49 @@ def test_the_sdk_plans_with_pool_and_device_shorthands(live):
     result = client.plan("llama2-7b", 32, pools=[("h100-pool", 8)], devices=[("nvidia-a100", 16, 8)], compare=True)
     assert {p["name"]: p["devices"] for p in result["pools"]} == {"h100-pool": 8, "nvidia-a100": 16}
     assert result["pools"][0]["simulated"] is True and result["compare"]["by_type"]
+
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("latin1.yaml", "name: caf\xe9\nlayers: 2\n".encode("latin-1"), "not UTF-8 text"),
+    ("inf.yaml", b"layers: .inf\nhidden: 64\n", "cannot be sent as JSON"),
+    ("date.yaml", b"name: 2024-05-01\nlayers: 2\n", "cannot be sent as JSON"),
+    ("bad.yaml", b"layers: [1, 2\nhidden: 3\n", "not valid YAML: line 2, column 7"),
+    ("bad.json", b'{"layers": 2,}', "not valid JSON"),
+    ("list.json", b"[1, 2]", "give the model's fields as a mapping"),
+])
+def test_plan_model_file_mistakes_exit_2_without_a_traceback(cli, tmp_path, name, content, message):
+    """Found by a review (2026-11-28): a Latin-1 file, `.inf` and a YAML date crashed the CLI with a traceback."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    code, out, err = cli("plan", str(path), "--batch", "8", "--devices", "nvidia-h100:1")
+    assert code == 2 and message in err, err
+    assert "Traceback" not in out + err
+
+
+def test_plan_takes_a_tab_indented_json_model_and_refuses_a_directory(cli, tmp_path):
+    model = tmp_path / "model.json"
+    model.write_text('{\n\t"layers": 2,\n\t"hidden": 256,\n\t"heads": 4,\n\t"seq_len": 128,\n\t"vocab": 1000\n}')
+    code, out, err = cli("plan", str(model), "--batch", "8", "--devices", "nvidia-h100:1", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["model"]["layers"] == 2
+    assert 0 < result["best"]["cost_per_million_tokens_usd"] < 0.01
+    code, out, _ = cli("plan", str(model), "--batch", "8", "--devices", "nvidia-h100:1")
+    assert "$0.00 " not in out and "$0.00\n" not in out  # a tiny cost is not shown as free
+    code, _, err = cli("plan", str(tmp_path), "--batch", "8", "--devices", "nvidia-h100:1")
+    assert code == 2 and "not a file" in err
+
+
+def test_the_sdk_refuses_plan_entries_it_would_misread(live):
+    from fleetyard import Client
+
+    client = Client(url=live.url, token=live.token)
+    for pools, devices, message in ((("h100-pool"), (), "pools takes a list"),
+                                    ((), ("nvidia-a100", 16), "devices takes a list of entries"),
+                                    ((), [("nvidia-a100",)], "devices are"),
+                                    ((), ["nvidia-a100:x"], "not a positive whole number")):
+        with pytest.raises(ValueError, match=message):
+            client.plan("llama2-7b", 8, pools=pools, devices=devices)
+    result = client.plan("llama2-7b", 8, pools=["h100-pool:8"], devices=["nvidia-a100:16:8"])
+    assert {p["name"]: p["devices"] for p in result["pools"]} == {"h100-pool": 8, "nvidia-a100": 16}

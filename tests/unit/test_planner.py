@@ -355,6 +355,14 @@ def test_an_infeasible_memory_reason_never_reads_as_if_it_fitted():
     assert need != usable and float(need.split()[0]) > float(usable.split()[0]), result.reason
 
 
+def test_the_two_sizes_of_a_memory_reason_share_a_unit_and_differ():
+    from controlplane.planning.search import _sizes_apart
+
+    assert _sizes_apart(1.04e12, 0.9996e12) == ("1.04 TB", "1.00 TB")  # was "1.0 TB" against "1000 GB"
+    assert _sizes_apart(80.4e9, 77.0e9, unit=1e9) == ("80 GB", "77 GB")
+    assert _sizes_apart(77.4e9, 77.0e9, unit=1e9) == ("77.4 GB", "77.0 GB")
+
+
 def test_infeasible_precision_reason():
     result = plan(PlanRequest(ModelSpec(layers=2, hidden=64, heads=4, seq_len=64, vocab=100, precision="fp8"), 8,
                               (a100_pool(),)))

@@ -57,11 +57,14 @@ def capped_cores(asked: float, ratio: float | None, devices: float) -> float:
     return asked if ratio is None else min(asked, cores_share(ratio, devices))
 
 
-def node_pools_for_planning(*, names: list[str]) -> dict[str, NodePool]:
-    """The named pools with ``ready_node_count``: healthy, uncordoned nodes, the ones a plan can use."""
+def node_pools_for_planning(*, names: list[str] | None = None) -> dict[str, NodePool]:
+    """The named pools (every pool when `names` is None), by name, with ``ready_node_count``: healthy, uncordoned
+    nodes, the ones a plan can use."""
     ready = Q(nodes__health=NodeHealth.HEALTHY, nodes__cordoned=False)
-    pools = NodePool.objects.select_related("accelerator_type").filter(name__in=names).annotate(
-        ready_node_count=Count("nodes", filter=ready))
+    pools = NodePool.objects.select_related("accelerator_type")
+    if names is not None:
+        pools = pools.filter(name__in=names)
+    pools = pools.annotate(ready_node_count=Count("nodes", filter=ready)).order_by("name")
     return {pool.name: pool for pool in pools}
 
 

@@ -604,25 +604,27 @@ def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
             f"{m.heads} heads on pools of {', '.join(str(p.devices) for p in capable)} devices")
 
 
-def _size(nbytes: float, decimals: int | None = None) -> str:
+def _size(nbytes: float, decimals: int | None = None, unit: float | None = None) -> str:
+    """Bytes as TB (from 1e12 on) or GB; `unit` (1e12 or 1e9) fixes the unit."""
     nbytes = float(nbytes)
-    if nbytes >= 1e12:
+    unit = unit or (1e12 if nbytes >= 1e12 else 1e9)
+    if unit >= 1e12:
         return f"{nbytes / 1e12:.{1 if decimals is None else decimals}f} TB"
     return f"{nbytes / 1e9:.{0 if decimals is None else decimals}f} GB"
 
 
 def _sizes_apart(need: float, have: float, unit: float | None = None) -> tuple[str, str]:
-    """`need` and `have` (need > have) written with as many decimals as it takes for them to read differently
-    (at most 6): "needs 1.2 TB, 1.2 TB usable" read as if it fitted. `unit` GB: both in GB."""
-    def text(nbytes: float, decimals: int | None) -> str:
-        if unit is None:
-            return _size(nbytes, decimals)
-        return f"{nbytes / unit:.{0 if decimals is None else decimals}f} GB"
-
-    need_text, have_text = text(need, None), text(have, None)
-    decimals = 1 if unit is not None or need < 1e12 else 2
+    """`need` and `have` (need > have), when close in one unit (that of `need`, or `unit`) with as many decimals as it
+    takes for them to read differently (at most 6): "needs 1.2 TB, 1.2 TB usable" read as if it fitted, and so did
+    "needs 1.0 TB ... 1000 GB usable"."""
+    if unit is None and need >= 1.5 * have:  # far apart: each in its own unit reads well ("3.1 TB", "618 GB")
+        return _size(need), _size(have)
+    unit = unit or (1e12 if need >= 1e12 else 1e9)
+    decimals = None
+    need_text, have_text = _size(need, decimals, unit), _size(have, decimals, unit)
+    decimals = 1 if unit < 1e12 else 2
     while need_text == have_text and decimals <= 6:
-        need_text, have_text = text(need, decimals), text(have, decimals)
+        need_text, have_text = _size(need, decimals, unit), _size(have, decimals, unit)
         decimals += 1
     return need_text, have_text
 

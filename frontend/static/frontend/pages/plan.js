@@ -15,23 +15,33 @@
   preset.addEventListener("change", () => { custom.hidden = preset.value !== "custom"; });
 
   function money(value) {
-    return value === null || value === undefined ? "unknown" : `$${Number(value).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })}`;
+    if (value === null || value === undefined) return "unknown";
+    const n = Number(value);
+    if (n > 0 && n < 0.01) return `$${n.toPrecision(2)}`;  // "$0.00" read as free
+    return `$${n.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })}`;
   }
+  /* A number with exactly `digits` decimals (0 by default), grouped: columns read alike ("1.00x", "3.00x"). */
   function num(value, digits) {
-    return Number(value).toLocaleString("en-US", { maximumFractionDigits: digits === undefined ? 0 : digits });
+    const d = digits === undefined ? 0 : digits;
+    return Number(value).toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
+  }
+  /* A whole number as typed, or the text itself so that the API refuses it under its field (parseInt read "1e2"
+   * as 1 and "8.9" as 8). */
+  function whole(text) {
+    const n = Number(text);
+    return text.trim() !== "" && Number.isInteger(n) ? n : text;
   }
 
   /* The request body, or null after showing why the form cannot be sent. */
   function body() {
-    const data = formBody(form);  // global_batch_size, compare, options.*
-    data.global_batch_size = Number.parseInt(form.querySelector("[name=global_batch_size]").value, 10);
-    if (Number.isNaN(data.global_batch_size)) data.global_batch_size = form.querySelector("[name=global_batch_size]").value;
+    const data = formBody(form);  // compare, options.*
+    data.global_batch_size = whole(form.querySelector("[name=global_batch_size]").value);
     if (preset.value === "custom") {
       const text = form.querySelector("#p-custom").value;
       try {
         data.model = JSON.parse(text);
       } catch (err) {
-        showErrors(form, { body: { model: [`the model fields are not valid JSON: ${err.message}`] } });
+        showErrors(form, { body: { model_fields: [`the model fields are not valid JSON: ${err.message}`] } });
         return null;
       }
     }
@@ -39,20 +49,26 @@
     form.querySelectorAll("[data-plan-pool]").forEach((box) => {
       if (!box.checked) return;
       const entry = { pool: box.dataset.planPool };
-      const count = form.querySelector(`[data-plan-pool-devices="${CSS.escape(box.dataset.planPool)}"]`).value.trim();
-      if (count) entry.devices = Number.parseInt(count, 10);
+      const input = form.querySelector(`[data-plan-pool-devices="${CSS.escape(box.dataset.planPool)}"]`);
+      const count = input ? input.value.trim() : "";
+      if (count) entry.devices = whole(count);
       data.pools.push(entry);
     });
     data.devices = [];
+    const rowErrors = {};
     form.querySelectorAll(".plan-devices").forEach((row) => {
-      const type = row.querySelector("[data-plan-device-type]").value;
+      const select = row.querySelector("[data-plan-device-type]");
+      const type = select.value;
       const count = row.querySelector("[data-plan-device-count]").value.trim();
       const perNode = row.querySelector("[data-plan-device-per-node]").value.trim();
-      if (!type && !count) return;
-      const entry = { accelerator_type: type, count: Number.parseInt(count, 10) || count };
-      if (perNode) entry.devices_per_node = Number.parseInt(perNode, 10) || perNode;
+      if (!type && !count && !perNode) return;
+      if (!type) { rowErrors[select.name] = ["choose an accelerator type for these devices"]; return; }
+      if (!count) { rowErrors[select.name] = [`how many ${type} devices?`]; return; }
+      const entry = { accelerator_type: type, count: whole(count) };
+      if (perNode) entry.devices_per_node = whole(perNode);
       data.devices.push(entry);
     });
+    if (Object.keys(rowErrors).length) { showErrors(form, { body: rowErrors }); return null; }
     return data;
   }
 
@@ -60,7 +76,7 @@
     const options = [result.best, ...result.alternatives];
     return options.map((o, i) => `<tr${i === 0 ? ' class="plan-best"' : ""}>
       <td>${i === 0 ? "<strong>best</strong>" : i}</td><td>${esc(o.description)}</td><td class="num">${o.layout.devices}</td>
-      <td class="num">${num(o.step_time_s, 3)}</td><td class="num">${num(o.tokens_per_s)}</td>
+      <td class="num">${Number(o.step_time_s).toPrecision(3)}</td><td class="num">${num(o.tokens_per_s)}</td>
       <td class="num">${num(100 * o.mfu, 1)}%</td><td class="num">${num(o.memory_gb, 1)} / ${num(o.memory_limit_gb, 1)}</td>
       <td class="num">${money(o.cost_per_hour_usd)}</td><td class="num">${money(o.cost_per_million_tokens_usd)}</td></tr>`).join("");
   }
@@ -73,25 +89,29 @@
     const model = result.model;
     let html = `<div class="card"><h2>${esc(model.name || model.preset || "model")} <span class="muted small">${num(model.parameters / 1e9, 2)}B parameters ·
       ${model.layers} layers · global batch ${result.global_batch_size} · sequence ${model.seq_len}</span></h2><ul class="plan-pools">${pools}</ul>`;
+    const simulated = new Set(result.pools.filter((p) => p.simulated).map((p) => p.name));
+    if (simulated.size) {
+      html += `<p class="note" data-plan-simulated>${sim} ${esc([...simulated].join(", "))}: the predictions use the real chips' published figures; no such chip ran anything here.</p>`;
+    }
     if (!result.feasible) {
       html += `<div class="alert alert-error" role="alert" data-plan-infeasible><p><strong>No plan:</strong> ${esc(result.reason)}</p></div>`;
     } else {
       html += `<p class="note">Predicted by the planner's cost model, not measured.</p>
-      <table class="table" data-plan-layouts><thead><tr><th></th><th>Layout</th><th class="num">Devices</th><th class="num">Step s</th>
-      <th class="num">Tokens/s</th><th class="num">MFU</th><th class="num">Memory GB</th><th class="num">$/h</th><th class="num">$/M tokens</th></tr></thead>
-      <tbody>${layoutRows(result)}</tbody></table><p data-plan-why><strong>Why:</strong> ${esc(result.best.reason || result.reason)}</p>`;
+      <div class="table-scroll"><table class="table" data-plan-layouts><thead><tr><th></th><th>Layout</th><th class="num">Devices</th><th class="num">Step s</th>
+      <th class="num">Tokens/s</th><th class="num">MFU</th><th class="num">Memory GB</th><th class="num plan-money">$ / hour</th><th class="num plan-money">$ / M tokens</th></tr></thead>
+      <tbody>${layoutRows(result)}</tbody></table></div><p data-plan-why><strong>Why:</strong> ${esc(result.best.reason || result.reason)}</p>`;
     }
     html += "</div>";
     const comparison = result.compare;
     if (comparison) {
-      const rows = comparison.by_type.map((row) => `<tr><td>${esc(row.accelerator_type)}</td><td class="num">${row.devices}</td>
+      const rows = comparison.by_type.map((row) => `<tr><td>${esc(row.accelerator_type)}${row.pools.length && row.pools.every((name) => simulated.has(name)) ? ` ${sim}` : ""}</td><td class="num">${row.devices}</td>
         <td>${row.best ? esc(row.best.description) : `<span class="warn-text">${esc(row.reason)}</span>`}</td>
         <td class="num">${row.best ? num(row.best.tokens_per_s) : "—"}</td><td class="num">${row.best ? money(row.best.cost_per_million_tokens_usd) : "—"}</td>
         <td class="num">${row.step_time_ratio_to_mix === null ? "—" : `${num(row.step_time_ratio_to_mix, 2)}x`}</td></tr>`).join("");
       const speedup = comparison.mix_speedup_over_fastest_single_type;
-      html += `<div class="card" data-plan-compare><h2>Each accelerator type alone</h2><table class="table"><thead><tr><th>Type</th><th class="num">Devices</th>
-        <th>Best layout</th><th class="num">Tokens/s</th><th class="num">$/M tokens</th><th class="num">Step time vs all together</th></tr></thead><tbody>${rows}</tbody></table>
-        ${speedup === null ? "" : `<p class="note">All together is ${num(speedup, 2)}x as fast as the fastest type alone (${esc(comparison.fastest_single_type)}); the cheapest per token alone: ${esc(comparison.cheapest_single_type || "unknown")}.</p>`}</div>`;
+      html += `<div class="card" data-plan-compare><h2>Each accelerator type alone</h2><div class="table-scroll"><table class="table"><thead><tr><th>Type</th><th class="num">Devices</th>
+        <th>Best layout</th><th class="num">Tokens/s</th><th class="num plan-money">$ / M tokens</th><th class="num">Step time vs all together</th></tr></thead><tbody>${rows}</tbody></table></div>
+        ${speedup === null || comparison.by_type.length < 2 ? "" : `<p class="note">All together is ${num(speedup, 2)}x as fast as the fastest type alone (${esc(comparison.fastest_single_type)}); the cheapest per token alone: ${esc(comparison.cheapest_single_type || "unknown")}.</p>`}</div>`;
     }
     html += `<div class="card"><h2>Assumptions</h2><ul class="small">${result.assumptions.map((a) => `<li>${esc(a)}</li>`).join("")}</ul>
       <p class="note">${num(result.candidates_evaluated)} layouts evaluated in ${num(result.search_time_s, 2)} s.</p></div>`;
@@ -102,6 +122,7 @@
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     clearErrors(form);
+    out.hidden = true;  // an old answer must not stand next to a new request's errors
     const data = body();
     if (!data) return;
     const button = form.querySelector('[type="submit"]');
@@ -112,7 +133,10 @@
       render(await api("/api/v1/plans/", { method: "POST", body: data }));
     } catch (error) {
       if (!(error instanceof ApiError)) throw error;
-      out.hidden = true;
+      if (preset.value === "custom" && error.body && error.body.model) {  // about the fields typed in the textarea
+        const { model, ...rest } = error.body;
+        error.body = { ...rest, model_fields: model };
+      }
       showErrors(form, error);
     } finally {
       button.textContent = label;
