@@ -114,3 +114,25 @@ def test_priority_classes(api):
     dup = api("ops").post("/api/v1/priority-classes/", {"name": "urgent", "value": 1}, format="json")
     assert dup.status_code == 400 and "name" in dup.json()
     assert NodePool.objects.count() == 0
+
+
+def test_an_operator_sets_a_cluster_queues_preemption_policies_through_the_api(api):
+    """QA (2026-11-28): the policies the cycle reads could only be set in the Django admin (400 unknown field)."""
+    from controlplane.quotas.models import ClusterQueue
+
+    body = {"name": "strict", "cohort": "all", "preemption_within_queue": "Never", "reclaim_within_cohort": "Never",
+            "quotas": [{"accelerator_type": "nvidia-h100", "nominal_quota": 8}]}
+    created = api("ops").post("/api/v1/cluster-queues/", body, format="json")
+    assert created.status_code == 201, created.json()
+    assert (created.json()["preemption_within_queue"], created.json()["reclaim_within_cohort"]) == ("Never", "Never")
+    patched = api("ops").patch("/api/v1/cluster-queues/strict/", {"reclaim_within_cohort": "LowerPriority"},
+                               format="json")
+    assert patched.status_code == 200 and patched.json()["reclaim_within_cohort"] == "LowerPriority"
+    assert patched.json()["preemption_within_queue"] == "Never" and patched.json()["quotas"]  # the rest kept
+    bad = api("ops").patch("/api/v1/cluster-queues/strict/", {"preemption_within_queue": "Sometimes"}, format="json")
+    assert bad.status_code == 400 and "preemption_within_queue" in bad.json()
+    assert ClusterQueue.objects.get(name="strict").preemption_within_queue == "Never"
+    default = api("ops").post("/api/v1/cluster-queues/", {"name": "plain"}, format="json").json()
+    assert (default["preemption_within_queue"], default["reclaim_within_cohort"]) == ("LowerPriority", "Any")
+    assert api("alpha", "admin").patch("/api/v1/cluster-queues/strict/", {"reclaim_within_cohort": "Any"},
+                                       format="json").status_code == 403

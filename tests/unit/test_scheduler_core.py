@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -306,9 +307,17 @@ def test_elastic_job_starts_at_minimum_and_grows_only_into_unwanted_capacity():
     admit = schedule(snap).admitted[0]
     assert len(admit.workers) == 3 and "elastic" in admit.reason
     snap = Snapshot(nodes(count=2), (queue("a", nvidia_h100=Quota(64)),),
-                    pending=(job("elastic", workers=1, workers_max=3), job("blocked", workers=3, arrival=1)))
+                    pending=(job("elastic", workers=1, workers_max=3), job("blocked", workers=2, arrival=1)))
     result = schedule(snap)
     assert len(result.admitted[0].workers) == 1  # someone waits for H100s: no growth
+    # A waiter that can never run there (3 nodes' worth on 2 nodes, or past its queue's quota) holds nothing back
+    # (QA, 2026-11-28: idle nodes stayed idle for good behind such a job).
+    for never in (job("blocked", workers=3, arrival=1), job("blocked", workers=1, devices=16, arrival=1)):
+        result = schedule(replace(snap, pending=(snap.pending[0], never)))
+        assert len(result.admitted[0].workers) == 2, never
+    small = Snapshot(nodes(count=2), (queue("a", nvidia_h100=Quota(16)), queue("b", None, nvidia_h100=Quota(8))),
+                     pending=(job("elastic", workers=1, workers_max=3), job("over", "b", workers=2, arrival=1)))
+    assert len(schedule(small).admitted[0].workers) == 2  # "over" asks 16 of a queue that can never take more than 8
 
 
 def test_fractional_inference_replicas_share_a_device():
@@ -482,3 +491,15 @@ def test_a_placement_on_devices_a_node_no_longer_has_does_not_break_the_cycle():
     snap = Snapshot(nodes(count=1, devices=4), (queue("a", nvidia_h100=Quota(64)),), running=(stale,),
                     pending=(job("new", devices=4),))
     assert [a.workload_id for a in schedule(snap).admitted] == ["new"]
+
+
+def test_a_reason_behind_a_reservation_says_the_devices_are_set_aside():
+    """QA (2026-11-28): "0 devices free on 2 nodes" while 8 stood idle, set aside for the gang at the head."""
+    runs = (Running(job("r"), H100, (WorkerPlacement("h0", tuple((i, 1.0) for i in range(8))),)),)
+    snap = Snapshot(nodes(count=2), (queue("a", nvidia_h100=Quota(64)),), running=runs,
+                    pending=(job("gang", workers=2, arrival=1), job("next", arrival=2)))
+    result = schedule(snap)
+    gang, following = result.waiting
+    assert gang.reserved and not following.reserved
+    assert following.reason.endswith("0 devices free on 2 nodes, needs 1 x 8 placed all at once (8 more set aside "
+                                     "for gang, which waits ahead of it)"), following.reason

@@ -55,6 +55,7 @@ class RefState:
             self.running[r.workload.id] = r
         self.started_before = frozenset(self.running)
         self.spared = frozenset()  # running workloads a successful preemption trial walked and put back whole
+        self.reserved = {}  # type -> (the workload holding the reservation, devices set aside)
 
     def nodes_of(self, t):
         return [n for n in self.nodes.values() if n.accelerator_type == t]
@@ -101,7 +102,8 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                                if most < wl.workers_min else
                                f"not enough free {t}: {sum(n.free_total() for n in nodes):g} devices free on "
                                f"{len(nodes)} nodes, needs {wl.workers_min} x {wl.devices_per_worker:g} placed all "
-                               "at once")
+                               "at once" + (f" ({state.reserved[t][1]:g} more set aside for {state.reserved[t][0]}, "
+                                            "which waits ahead of it)" if t in state.reserved else ""))
                 continue
             state.ledger.add(q, t, wl.demand())
             workers = tuple(placement.workers)
@@ -113,9 +115,9 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             break
         else:
             wl = pending
-            waiting_types.update(types)
             plan = ref_preemption(state, wl, types, done)
             if plan is not None:
+                waiting_types.update(types)
                 victims, shrinks, t = plan
                 result.preempted += victims
                 result.shrunk += shrinks
@@ -127,6 +129,7 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                 result.waiting.append(Wait(wl.id, 0, reason, reserved=True, held=held))  # holds its admission
                 continue
             positions[q] += 1
+            waiting_types.update(t for t in types if ref_could_ever(state, pending.on(t), t))
             reserved = not reserved_once and ref_reserve(state, wl, types)
             reserved_once = reserved_once or reserved
             reason = "; ".join(reasons) or "no accepted accelerator type"
@@ -264,8 +267,16 @@ def ref_reserve(state, pending, types):
                         n.device_free[i] -= taken
                         remaining -= taken
         state.ledger.add(wl.cluster_queue, t, wl.demand())
+        state.reserved[t] = (wl.id, wl.demand() - max(0.0, remaining))
         return True
     return False
+
+
+def ref_could_ever(state, wl, t) -> bool:
+    """Whether a waiting workload could run on type t some day (quota ceiling, gang on empty schedulable nodes)."""
+    if wl.demand() > state.ledger.ceiling(wl.cluster_queue, t) + 1e-9:
+        return False
+    return ref_most_slots([n for n in state.nodes_of(t) if n.schedulable], wl.devices_per_worker) >= wl.workers_min
 
 
 def ref_grow(state, result, preempted, waiting_types):

@@ -6,7 +6,14 @@ from django.db import transaction
 
 from controlplane.cluster.models import AcceleratorType
 from controlplane.common.errors import ValidationFailed
-from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
+from controlplane.quotas.models import (
+    ClusterQueue,
+    LocalQueue,
+    PreemptionPolicy,
+    PriorityClass,
+    ReclaimPolicy,
+    ResourceQuota,
+)
 from controlplane.tenancy.models import Team
 from controlplane.tenancy.services import audit_record
 
@@ -20,28 +27,39 @@ def lock_cluster_queues() -> None:
 
 @transaction.atomic
 def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str = "",
-                         quotas: list[dict] = ()) -> ClusterQueue:
+                         quotas: list[dict] = (), preemption_within_queue: str = PreemptionPolicy.LOWER_PRIORITY,
+                         reclaim_within_cohort: str = ReclaimPolicy.ANY) -> ClusterQueue:
     """`quotas`: [{"accelerator_type": slug, "nominal_quota": n, "borrowing_limit": n|None, ...}]."""
     if ClusterQueue.objects.filter(name=name).exists():
         raise ValidationFailed(f"a cluster queue named {name!r} already exists", field="name")
-    queue = ClusterQueue(name=name, cohort=cohort, description=description)
+    queue = ClusterQueue(name=name, cohort=cohort, description=description,
+                         preemption_within_queue=preemption_within_queue, reclaim_within_cohort=reclaim_within_cohort)
     queue.full_clean()
     queue.save()
     _quotas_replace(queue=queue, quotas=quotas)
     audit_record(actor=actor, team=None, action="cluster_queue.create", target=queue,
-                 data={"name": name, "cohort": cohort, "quotas": list(quotas)})
+                 data={"name": name, "cohort": cohort, "quotas": list(quotas),
+                       "preemption_within_queue": preemption_within_queue,
+                       "reclaim_within_cohort": reclaim_within_cohort})
     return queue
 
 
 @transaction.atomic
 def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = None,
-                         description: str | None = None, quotas: list[dict] | None = None) -> ClusterQueue:
+                         description: str | None = None, quotas: list[dict] | None = None,
+                         preemption_within_queue: str | None = None,
+                         reclaim_within_cohort: str | None = None) -> ClusterQueue:
+    """Change what is given; `quotas` replaces the whole list (a type left out has no quota afterwards)."""
     queue = ClusterQueue.objects.select_for_update().get(pk=queue.pk)
     changes = {}
     if cohort is not None:
         queue.cohort = changes["cohort"] = cohort
     if description is not None:
         queue.description = changes["description"] = description
+    if preemption_within_queue is not None:
+        queue.preemption_within_queue = changes["preemption_within_queue"] = preemption_within_queue
+    if reclaim_within_cohort is not None:
+        queue.reclaim_within_cohort = changes["reclaim_within_cohort"] = reclaim_within_cohort
     queue.full_clean()
     queue.save()
     if quotas is not None:

@@ -504,6 +504,7 @@ class _State:
         self.pools = {accelerator_type: _Pool(members) for accelerator_type, members in by_type.items()}
         self._empty = _Pool([])
         self._victims: dict[str, _Victims] = {}
+        self.reserved: dict[str, tuple[str, float]] = {}  # type -> (the workload holding the reservation, devices)
 
     def pool(self, accelerator_type: str) -> _Pool:
         return self.pools.get(accelerator_type, self._empty)
@@ -880,6 +881,7 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
     # undone), so while the versions are the same the next such workload fails for the same reasons: no need to try
     # again.
     failed: dict[tuple, tuple[tuple, list[str]]] = {}
+    could_ever: dict[tuple, tuple[str, ...]] = {}  # per such kind: _could_ever_run_on (fixed within a cycle)
 
     for workload in order:
         if workload.cluster_queue not in state.ledger.queues:
@@ -926,7 +928,10 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
         if not reservation_made:
             reserved = _reserve(state, workload, types)
             reservation_made = reserved
-        waiting_types.update(types)
+        could = could_ever.get(kind)
+        if could is None:
+            could = could_ever[kind] = _could_ever_run_on(state, workload, types)
+        waiting_types.update(could)
         reason = "; ".join(reasons) or "no accepted accelerator type"
         if reserved:
             reason += " (holds a reservation: later workloads cannot take the devices it needs)"
@@ -934,6 +939,23 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
 
     _grow_elastic(state, result, preempted, waiting_types)
     return result
+
+
+def _could_ever_run_on(state: _State, workload: Workload, types) -> tuple[str, ...]:
+    """The accepted types a waiting workload could run on some day: its queue could take its demand there (nominal
+    quota plus the most its cohort could lend) and the type's schedulable nodes could hold its gang with nothing
+    running. Elastic growth keeps off these types (someone waits for them), not off the others: a workload that can
+    never run there held idle capacity back for good (found by QA, 2026-11-28)."""
+    ledger, queue = state.ledger, workload.cluster_queue
+    could = []
+    for accelerator_type in types:
+        sized = workload.on(accelerator_type)
+        if sized.demand() > ledger.ceiling(queue, accelerator_type) + EPS:
+            continue
+        if state.pool(accelerator_type).most_slots(sized.devices_per_worker) < sized.workers_min:
+            continue
+        could.append(accelerator_type)
+    return tuple(could)
 
 
 def _size_refusal(workload: Workload) -> str:
@@ -1005,8 +1027,12 @@ def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -
                 f"with {max(node.capacity for node in pool.sched)} devices) would hold at most {most} workers of "
                 f"{workload.devices_per_worker:g} even with nothing running, it needs {workload.workers_min}")
     free = pool.free_total()
-    return (f"not enough free {accelerator_type}: {free:g} devices free on {len(pool.sched)} nodes, needs "
-            f"{workload.workers_min} x {workload.devices_per_worker:g} placed all at once")
+    reason = (f"not enough free {accelerator_type}: {free:g} devices free on {len(pool.sched)} nodes, needs "
+              f"{workload.workers_min} x {workload.devices_per_worker:g} placed all at once")
+    held = state.reserved.get(accelerator_type)
+    if held is not None:  # "0 devices free" read as a full cluster while devices stood idle, set aside (QA)
+        reason += f" ({held[1]:g} more set aside for {held[0]}, which waits ahead of it)"
+    return reason
 
 
 def _plan_preemption(state: _State, pending: Workload, types, already: set[str]):
@@ -1304,6 +1330,7 @@ def _reserve(state: _State, pending: Workload, types) -> bool:
                 if touched:
                     pool.refresh(node)
         state.ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
+        state.reserved[accelerator_type] = (workload.id, workload.demand() - max(0.0, remaining))
         return True
     return False
 

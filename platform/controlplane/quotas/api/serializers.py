@@ -5,7 +5,14 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
-from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
+from controlplane.quotas.models import (
+    ClusterQueue,
+    LocalQueue,
+    PreemptionPolicy,
+    PriorityClass,
+    ReclaimPolicy,
+    ResourceQuota,
+)
 
 
 class ResourceQuotaSerializer(serializers.ModelSerializer):
@@ -32,17 +39,33 @@ class ClusterQueueSerializer(serializers.ModelSerializer):
                   "quotas", "created_at"]
 
 
+_WITHIN_HELP = "may a workload preempt lower-priority ones of its own cluster queue (LowerPriority) or not (Never)"
+_RECLAIM_HELP = ("may a workload preempt workloads of other cluster queues of its cohort that use more than their "
+                 "nominal quota: of any priority while its queue reclaims within its nominal (Any), lower-priority "
+                 "ones only (LowerPriority), or none (Never)")
+
+
 class ClusterQueueWriteSerializer(StrictInputSerializer):
     name = serializers.SlugField(max_length=63)
     cohort = serializers.SlugField(max_length=63, required=False, allow_blank=True, default="")
     description = serializers.CharField(required=False, allow_blank=True, default="")
     quotas = ResourceQuotaInputSerializer(many=True, required=False, default=list)
+    preemption_within_queue = serializers.ChoiceField(choices=PreemptionPolicy.choices, required=False,
+                                                      default=PreemptionPolicy.LOWER_PRIORITY, help_text=_WITHIN_HELP)
+    reclaim_within_cohort = serializers.ChoiceField(choices=ReclaimPolicy.choices, required=False,
+                                                    default=ReclaimPolicy.ANY, help_text=_RECLAIM_HELP)
 
 
 class ClusterQueueUpdateSerializer(StrictInputSerializer):
     cohort = serializers.SlugField(max_length=63, required=False, allow_blank=True)
     description = serializers.CharField(required=False, allow_blank=True)
-    quotas = ResourceQuotaInputSerializer(many=True, required=False)
+    quotas = ResourceQuotaInputSerializer(many=True, required=False,
+                                          help_text="replaces the queue's whole list of quotas (a type left out has "
+                                                    "none afterwards)")
+    preemption_within_queue = serializers.ChoiceField(choices=PreemptionPolicy.choices, required=False,
+                                                      help_text=_WITHIN_HELP)
+    reclaim_within_cohort = serializers.ChoiceField(choices=ReclaimPolicy.choices, required=False,
+                                                    help_text=_RECLAIM_HELP)
 
 
 class LocalQueueSerializer(serializers.ModelSerializer):
