@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -351,9 +351,19 @@ def _inputs(data_dir: Path, pod_list: str) -> tuple[list[Node], list[Pod]]:
     return _CACHE[pod_list]
 
 
+def gpu_only(nodes: Sequence[Node], pods: Sequence[Pod]) -> tuple[list[Node], list[Pod]]:
+    """The trace as the platform's scheduling core sees it: nodes without CPU or memory limits, pods without CPU or
+    memory requests, and no CPU-only pods (the core places workers by devices only)."""
+    unlimited = 10**12
+    return ([replace(n, cpu_milli=unlimited, memory_mib=unlimited) for n in nodes],
+            [replace(p, cpu_milli=0, memory_mib=0) for p in pods if p.num_gpu])
+
+
 def run_one(data_dir: str, pod_list: str, policy: str, seed: int, tie_break: str = "random",
-            fleetyard: FleetyardConfig = FLEETYARD) -> dict:
+            fleetyard: FleetyardConfig = FLEETYARD, devices_only: bool = False) -> dict:
     nodes, pods = _inputs(Path(data_dir), pod_list)
+    if devices_only:
+        nodes, pods = gpu_only(nodes, pods)
     capacity = sum(n.gpus for n in nodes) * MILLI
     arrivals = build_arrivals(pods, capacity, seed)
     distribution = (fleetyard_distribution(pods, fleetyard) if policy == "fleetyard"
@@ -437,6 +447,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tie-break", choices=("random", "first"), default="random",
                         help="equal best scores: random node (kube-scheduler, default) or first in node-list order; "
                              "'first' writes openb_tie-first.{json,csv}")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="ignore CPU and memory (nodes unlimited, pods ask none, CPU-only pods dropped): the trace "
+                             "as the platform's scheduling core, which places by devices, sees it; writes "
+                             "openb_gpu-only.{json,csv}")
+    parser.add_argument("--pressure", type=float, default=FLEETYARD.pressure,
+                        help="the fleetyard policy's GPU-model pressure weight (0: FGD node choice alone)")
     parser.add_argument("--data-dir", default=str(DATA_DIR))
     parser.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = parser.parse_args(argv)
@@ -454,7 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"data not found under {data_dir}", file=sys.stderr)
         return 2
 
-    tasks = [(str(data_dir), pl, pol, s, args.tie_break) for pl in pod_lists for pol in policies for s in seeds]
+    config = replace(FLEETYARD, pressure=args.pressure)
+    tasks = [(str(data_dir), pl, pol, s, args.tie_break, config, args.gpu_only)
+             for pl in pod_lists for pol in policies for s in seeds]
     started = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -468,6 +486,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes = load_nodes(data_dir / "openb_node_list_gpu_node.csv")
     print(f"openb allocation benchmark: {len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, seeds {seeds}, "
           f"arrivals to {TARGET_RATIO:.0%} of GPU capacity")
+    if args.gpu_only:
+        print("GPU ONLY: CPU and memory ignored (nodes unlimited, pods ask none, CPU-only pods dropped), as the "
+              "platform's scheduling core places by devices")
+    if args.pressure != FLEETYARD.pressure:
+        print(f"fleetyard policy with GPU-model pressure {args.pressure:g} (default {FLEETYARD.pressure:g})")
     print("share of GPU capacity allocated (%) when arrived GPU requests reach x% of capacity, mean over seeds")
     print(format_table(rows))
     print("time per policy (CPU seconds, all runs): "
@@ -492,13 +515,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "tie_break": ("uniform random among equal best scores (seeded)" if args.tie_break == "random"
                                      else "first node in node-list order among equal best scores"),
                        "gpu_choice": {"fgd": "least fragmentation increase", "others": "best fit (least free share)"},
-                       "best_fit": "0.5*(cpu left)/128000 + 0.5*(GPU milli left)/8000 after placing, lowest wins"},
+                       "best_fit": "0.5*(cpu left)/128000 + 0.5*(GPU milli left)/8000 after placing, lowest wins",
+                       "gpu_only": args.gpu_only, "fleetyard_pressure": args.pressure},
         "published_alloc_at_100": PUBLISHED,
         "cpu_seconds_per_policy": per_policy, "wall_seconds": total_wall,
         "summary": rows, "runs": results,
         "notes": NOTES,
     }
     stem = "openb" if args.tie_break == "random" else f"openb_tie-{args.tie_break}"
+    stem += "_gpu-only" if args.gpu_only else ""
+    stem += f"_pressure-{args.pressure:g}" if args.pressure != FLEETYARD.pressure else ""
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=1))
     with open(out_dir / f"{stem}.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=["date", "seeds", *rows[0].keys()] if rows else ["date"])

@@ -78,3 +78,17 @@ def test_stranding_term_lifts_allocation_on_a_slice_of_the_real_trace():
     assert with_term == at_100()  # deterministic
     assert with_term > at_100(fleetyard=dataclasses.replace(openb.FLEETYARD, strand=0.0)) + 0.3  # 95.98 vs 95.19
     assert with_term > at_100(policy="best-fit")
+
+
+@pytest.mark.skipif(not (DATA / "openb_node_list_gpu_node.csv").exists(),
+                    reason="needs ../shared/benchmarks/alibaba-gpu-2023")
+def test_gpu_only_drops_cpu_and_memory_from_the_trace():
+    from benchmarks import openb
+
+    nodes = openb.load_nodes(DATA / "openb_node_list_gpu_node.csv")[:5]
+    pods = openb.load_pods(DATA / "openb_pod_list_default.csv")[:200]
+    free_nodes, gpu_pods = openb.gpu_only(nodes, pods)
+    assert [n.gpus for n in free_nodes] == [n.gpus for n in nodes] and all(n.cpu_milli >= 10**9 for n in free_nodes)
+    assert len(gpu_pods) == sum(1 for p in pods if p.num_gpu) < len(pods)
+    assert all(p.cpu_milli == 0 and p.memory_mib == 0 and p.num_gpu for p in gpu_pods)
+    assert sum(p.total_gpu_milli for p in gpu_pods) == sum(p.total_gpu_milli for p in pods)
