@@ -138,6 +138,7 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
     ).exists():
         raise ValidationFailed(f"team {team.name} already has a live deployment named {name!r}", field="name")
     replicas_max = replicas_min if replicas_max is None else replicas_max
+    _validate_devices_per_replica(devices_per_replica)
     _validate_replicas(replicas_min, replicas_max)
     if sla_ttft_p95_ms < 1 or sla_tpot_p95_ms < 1:
         raise ValidationFailed("SLA targets must be positive milliseconds",
@@ -196,6 +197,7 @@ def deployment_update(*, actor, deployment: Deployment, changes: dict, reason: s
         raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
     if {"model_uri", "source_job", "engine"} & set(changed):  # the model it will serve, as settled just above
         _check_model(deployment.model_uri, deployment.engine, deployment.source_job)
+    _check_quota_for_more(deployment, before, changed)
     deployment.revision += 1
     deployment.full_clean()
     deployment.save()
@@ -241,14 +243,42 @@ def _validated_changes(deployment: Deployment, changes: dict) -> dict:
     if "accelerator_types" in values:
         values["accelerator_types"] = list(values["accelerator_types"] or [])
         check_workload_request(local_queue=deployment.local_queue, accelerator_types=values["accelerator_types"])
-    if "devices_per_replica" in values and not values["devices_per_replica"] > 0:
-        raise ValidationFailed("must be more than 0", field="devices_per_replica")
+    if "devices_per_replica" in values:
+        _validate_devices_per_replica(values["devices_per_replica"])
     _validate_replicas(values.get("replicas_min", deployment.replicas_min),
                        values.get("replicas_max", deployment.replicas_max))
     for name in ("sla_ttft_p95_ms", "sla_tpot_p95_ms"):
         if name in values and values[name] < 1:
             raise ValidationFailed("SLA targets must be positive milliseconds", field=name)
     return values
+
+
+def _validate_devices_per_replica(devices: float) -> None:
+    """A fraction of one device, or whole devices: 2.5 devices is neither (Ray reserves more than one unit only in whole
+    units, and mixed load held round(2.5) = 2 per replica, so training was admitted onto devices replicas used)."""
+    if not devices > 0:
+        raise ValidationFailed("must be more than 0", field="devices_per_replica")
+    if devices > 1 and not float(devices).is_integer():
+        raise ValidationFailed(f"{devices:g} devices per replica: give a fraction of one device (up to 1) or a whole "
+                               "number of devices", field="devices_per_replica")
+
+
+def _check_quota_for_more(deployment: Deployment, before: dict, changed: dict) -> None:
+    """A change that raises what the deployment must always run (replicas_min, or devices per replica) is refused when
+    its cluster queue's quota cannot take that many (training and other deployments counted as the deploy check
+    counts them); before, a scale to 2-2 on a quota of one replica was applied and ran 16 devices on a quota of 8."""
+    raised = [name for name in ("replicas_min", "devices_per_replica")
+              if name in changed and changed[name] > before[name]]
+    if not raised or not deployment.devices_per_replica:
+        return
+    from inference.selectors import serving_quota_refusal
+
+    types = [deployment.accelerator_type] if deployment.accelerator_type else list(deployment.accelerator_types)
+    refusals = [serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=deployment.replicas_min)
+                for slug in types if slug and slug != "cpu"]
+    if refusals and all(refusals):
+        raise ValidationFailed(f"{deployment.replicas_min} replica(s) of {deployment.devices_per_replica:g} device(s) "
+                               f"at all times: {refusals[0]}", field=raised[0])
 
 
 def _current(deployment: Deployment, name: str):

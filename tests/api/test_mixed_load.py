@@ -528,3 +528,41 @@ def test_placing_a_deployment_locks_the_cluster_queues_first(api, backend, model
     assert following.startswith('SELECT "inference_deployment"."id"') and '"inference_deployment"."id" =' in following
     if connection.features.has_select_for_update:  # PostgreSQL (CI's second pass): the rows are locked
         assert statements[locks[0]].endswith("FOR UPDATE") and "FOR UPDATE" in following
+
+
+# Found by a QA pass over mixed load (2026-11-28).
+
+def test_raising_replicas_min_past_the_quota_is_refused_and_changes_nothing(api, backend, model_dir):
+    """A scale to 2-2 on a quota of one 8-device replica was applied: the note said "its cluster queue's quota takes
+    2 now", Serve ran 16 devices on a quota of 8, and training in the queue waited for quota the deployment overran."""
+    from controlplane.quotas.models import ResourceQuota
+
+    ResourceQuota.objects.filter(cluster_queue__name="shared", accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=8)
+    client = api("alpha", "member")
+    deployment = deploy_h100(client, model_dir)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post(f"/api/v1/deployments/{deployment.pk}/scale/", {"replicas_min": 2, "replicas_max": 2},
+                               format="json")
+    assert response.status_code == 400, response.json()
+    assert "2 replica(s) of 8 device(s) at all times" in response.json()["replicas_min"][0], response.json()
+    after = Deployment.objects.get(pk=deployment.pk)
+    assert (after.replicas_min, after.replicas_max, after.revision) == (1, 2, deployment.revision)
+    with TestCase.captureOnCommitCallbacks(execute=True):  # within the quota it is applied
+        response = client.post(f"/api/v1/deployments/{deployment.pk}/scale/", {"replicas_min": 1, "replicas_max": 3},
+                               format="json")
+    assert response.status_code == 200, response.json()
+
+
+@pytest.mark.parametrize("devices, accepted", [(0.5, True), (1, True), (2, True), (2.5, False), (1.5, False)])
+def test_a_replica_takes_a_fraction_of_one_device_or_whole_devices(api, backend, model_dir, devices, accepted):
+    """2.5 devices per replica was accepted; mixed load held round(2.5) = 2 per replica, so the cycle admitted
+    training onto devices the replicas used."""
+    client = api("alpha", "member")
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post("/api/v1/deployments/", {
+            **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+            "devices_per_replica": devices, "replicas_min": 1, "replicas_max": 1}, format="json")
+    assert (response.status_code == 201) == accepted, response.json()
+    if not accepted:
+        assert "give a fraction of one device (up to 1) or a whole number" in response.json()["devices_per_replica"][0]

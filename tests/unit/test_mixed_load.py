@@ -703,3 +703,17 @@ def test_a_settled_job_gives_nothing_back_for_a_replica():
     plan = plan_mixed_load(Snapshot(nodes(2), queues, running=(own,)),
                            [ServingDemand("d1", "h100", 2, 2, 1, (), cluster_queue="team")])
     assert plan.preempted == [] and plan.shrunk == []
+
+
+def test_the_lowest_priority_training_gives_back_whichever_node_it_is_on():
+    """QA (2026-11-28): the node with the most free devices was freed whatever ran there, so a priority-900 job on a
+    half-free node was stopped while a priority-100 job filling another node ran on."""
+    low = running("low", [("n0", list(range(8)))], priority=100)
+    high = running("high", [("n1", [0, 1, 2, 3])], priority=900)
+    plan = plan_mixed_load(Snapshot(nodes(2), QUEUES, running=(low, high)), [serving(1, per_replica=8)])
+    assert [p.workload_id for p in plan.preempted] == ["low"]
+    # equal priorities: the one with less work since its last checkpoint, then the node with more free devices
+    a = running("a", [("n0", list(range(8)))], since_checkpoint=50.0)
+    b = running("b", [("n1", [0, 1, 2, 3])], since_checkpoint=10.0)
+    plan = plan_mixed_load(Snapshot(nodes(2), QUEUES, running=(a, b)), [serving(1, per_replica=8)])
+    assert [p.workload_id for p in plan.preempted] == ["b"]

@@ -18,6 +18,7 @@ each type's reserved-idle capacity training uses after the cycle.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -92,7 +93,7 @@ class _Free:
         taken: list[tuple[int, float]] = []
         if devices >= 1.0 - EPS:
             whole = [i for i in range(len(shares) - 1, -1, -1) if shares[i] >= 1.0 - EPS]
-            need = round(devices)
+            need = math.ceil(devices - EPS)  # (round(2.5) took 2 devices for 2.5)
             if len(whole) < need and not force:
                 return None
             for index in whole[:need]:
@@ -562,50 +563,79 @@ def _place_replica(free: _Free, demand: ServingDemand) -> WorkerPlacement | None
 def _give_back(free: _Free, demand: ServingDemand, running: dict[str, Running], touched: set[str],
                plan: MixedLoadPlan, ledger: QuotaLedger) -> WorkerPlacement | None:
     """Free one node's devices for one wanted replica from the training on it, or None (and nothing changed) when
-    no node can be freed. Nodes are tried with the most free devices first; on a node, victims go lowest priority
-    first, then least work since their last checkpoint; an elastic victim gives up its workers on that node
-    (down to its minimum) before it is stopped; only the victims of the node the replica lands on are kept."""
+    no node can be freed. Every node is tried; the replica goes where the training that gives back costs least: the
+    lowest highest priority among its victims, then the fewest stopped, then the least work since their last
+    checkpoint, then the node with the most free devices (before, the node with the most free devices was taken
+    whatever ran there: a high-priority job was stopped while a low-priority one elsewhere could have given back). On
+    a node, victims go lowest priority first, then least work since their last checkpoint; an elastic victim gives
+    up its workers on that node (down to its minimum) before it is stopped."""
     nodes = sorted(free.candidates(demand), key=lambda name: (-sum(free.free[name]), name))
-    for node in nodes:
-        victims = sorted((r for r in running.values()
-                          if r.accelerator_type == demand.accelerator_type and r.workload.preemptible
-                          and not r.settled and r.workload.id not in touched
-                          and any(w.node == node for w in r.workers)),
-                         key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
-        undo: list[tuple[str, Running, tuple[WorkerPlacement, ...]]] = []
-        decisions: list[Preempt | Shrink] = []
-        for victim in victims:
-            workload = victim.workload
-            spare = len(victim.workers) - workload.workers_min
-            on_node = [w for w in victim.workers if w.node == node]
-            if spare > 0:
-                released = tuple(on_node[-spare:])
-                free.hold(released, 1.0)
-                undo.append((workload.id, victim, released))
-                narrowed = replace(victim, workers=without_workers(victim.workers, released))
-                running[workload.id] = narrowed
-                decisions.append(Shrink(workload.id, len(narrowed.workers), released, SERVING_PREFIX + demand.id,
-                                        f"shrunk to {len(narrowed.workers)} workers: gives back capacity deployment "
-                                        f"{demand.id} reserved and now needs"))
-                placed = free.take(node, demand.devices_per_replica)
-                if placed is not None:
-                    return _commit(WorkerPlacement(node, placed), decisions, touched, plan, undo, ledger)
-                if len(released) == len(on_node):
-                    continue  # nothing of it is left on this node: stopping it would not help here
-                victim = narrowed
-            free.hold(victim.workers, 1.0)
-            undo.append((workload.id, running.pop(workload.id), victim.workers))
-            decisions = [d for d in decisions if d.workload_id != workload.id]
-            decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
-                                     f"preempted: gives back capacity deployment {demand.id} reserved and now needs "
-                                     f"({victim.work_since_checkpoint_s:g} s since its last checkpoint)"))
+    best = None
+    for order, node in enumerate(nodes):
+        trial = _free_node(free, demand, running, touched, node)
+        if trial is None:
+            continue
+        placed, decisions, undo = trial
+        before = {workload_id: was for workload_id, was, _ in undo}
+        stopped = [before[d.workload_id] for d in decisions if isinstance(d, Preempt)]
+        cost = (max(before[d.workload_id].workload.priority for d in decisions), len(stopped),
+                sum(r.work_since_checkpoint_s for r in stopped), order)
+        free.hold((WorkerPlacement(node, placed),), 1.0)  # first: shares are clamped at 0 and 1
+        _put_back(free, running, undo)
+        if best is None or cost < best[0]:
+            best = (cost, node)
+    if best is None:
+        return None
+    placed, decisions, undo = _free_node(free, demand, running, touched, best[1])
+    return _commit(WorkerPlacement(best[1], placed), decisions, touched, plan, undo, ledger)
+
+
+def _free_node(free: _Free, demand: ServingDemand, running: dict[str, Running], touched: set[str], node: str):
+    """Make room for one replica on `node` from the training there: (devices taken, decisions, undo) with the state
+    changed, or None with nothing changed."""
+    victims = sorted((r for r in running.values()
+                      if r.accelerator_type == demand.accelerator_type and r.workload.preemptible
+                      and not r.settled and r.workload.id not in touched
+                      and any(w.node == node for w in r.workers)),
+                     key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
+    undo: list[tuple[str, Running, tuple[WorkerPlacement, ...]]] = []
+    decisions: list[Preempt | Shrink] = []
+    for victim in victims:
+        workload = victim.workload
+        spare = len(victim.workers) - workload.workers_min
+        on_node = [w for w in victim.workers if w.node == node]
+        if spare > 0:
+            released = tuple(on_node[-spare:])
+            free.hold(released, 1.0)
+            undo.append((workload.id, victim, released))
+            narrowed = replace(victim, workers=without_workers(victim.workers, released))
+            running[workload.id] = narrowed
+            decisions.append(Shrink(workload.id, len(narrowed.workers), released, SERVING_PREFIX + demand.id,
+                                    f"shrunk to {len(narrowed.workers)} workers: gives back capacity deployment "
+                                    f"{demand.id} reserved and now needs"))
             placed = free.take(node, demand.devices_per_replica)
             if placed is not None:
-                return _commit(WorkerPlacement(node, placed), decisions, touched, plan, undo, ledger)
-        for workload_id, before, released in reversed(undo):  # this node cannot be freed: put everything back
-            free.hold(released, -1.0)
-            running[workload_id] = before
+                return placed, decisions, undo
+            if len(released) == len(on_node):
+                continue  # nothing of it is left on this node: stopping it would not help here
+            victim = narrowed
+        free.hold(victim.workers, 1.0)
+        undo.append((workload.id, running.pop(workload.id), victim.workers))
+        decisions = [d for d in decisions if d.workload_id != workload.id]
+        decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
+                                 f"preempted: gives back capacity deployment {demand.id} reserved and now needs "
+                                 f"({victim.work_since_checkpoint_s:g} s since its last checkpoint)"))
+        placed = free.take(node, demand.devices_per_replica)
+        if placed is not None:
+            return placed, decisions, undo
+    _put_back(free, running, undo)  # this node cannot be freed
     return None
+
+
+def _put_back(free: _Free, running: dict[str, Running], undo) -> None:
+    for workload_id, before, released in reversed(undo):
+        free.hold(released, -1.0)
+        running[workload_id] = before
 
 
 def _commit(placed: WorkerPlacement, decisions, touched: set[str], plan: MixedLoadPlan, undo,
