@@ -139,6 +139,7 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         raise ValidationFailed(f"team {team.name} already has a live deployment named {name!r}", field="name")
     replicas_max = replicas_min if replicas_max is None else replicas_max
     _validate_devices_per_replica(devices_per_replica)
+    _check_replica_fits_a_node(list(accelerator_types), devices_per_replica)
     _validate_replicas(replicas_min, replicas_max)
     if sla_ttft_p95_ms < 1 or sla_tpot_p95_ms < 1:
         raise ValidationFailed("SLA targets must be positive milliseconds",
@@ -197,6 +198,8 @@ def deployment_update(*, actor, deployment: Deployment, changes: dict, reason: s
         raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
     if {"model_uri", "source_job", "engine"} & set(changed):  # the model it will serve, as settled just above
         _check_model(deployment.model_uri, deployment.engine, deployment.source_job)
+    if {"devices_per_replica", "accelerator_types"} & set(changed):
+        _check_replica_fits_a_node(list(deployment.accelerator_types), float(deployment.devices_per_replica))
     _check_quota_for_more(deployment, before, changed)
     deployment.revision += 1
     deployment.full_clean()
@@ -263,6 +266,24 @@ def _validate_devices_per_replica(devices: float) -> None:
                                "number of devices", field="devices_per_replica")
 
 
+def _check_replica_fits_a_node(accelerator_types: list[str], devices: float) -> None:
+    """Refuse replicas no known node of any accepted accelerator type could hold, even empty (16 devices where every
+    H100 node has 8): Ray would never place one, and mixed load could not count the ones that were running."""
+    from controlplane.cluster.models import Node
+
+    largest: dict[str, float] = {}
+    for slug, capacity in Node.objects.filter(pool__accelerator_type__slug__in=[t for t in accelerator_types
+                                                                                if t != "cpu"]) \
+            .values_list("pool__accelerator_type__slug", "capacity_devices"):
+        largest[slug] = max(largest.get(slug, 0.0), float(capacity))
+    types = [t for t in accelerator_types if t != "cpu"]
+    if not types or devices <= 1 or any(slug not in largest or devices <= largest[slug] + 1e-9 for slug in types):
+        return  # a CPU replica, a share of one device, a type with no known nodes yet, or one that holds it
+    sizes = "; ".join(f"the largest {slug} node has {largest[slug]:g} devices" for slug in types)
+    raise ValidationFailed(f"{devices:g} devices per replica: no node of an accepted type could hold one replica "
+                           f"({sizes})", field="devices_per_replica")
+
+
 def _check_quota_for_more(deployment: Deployment, before: dict, changed: dict) -> None:
     """A change that raises what the deployment must always run (replicas_min, or devices per replica) is refused when
     its cluster queue's quota cannot take that many (training and other deployments counted as the deploy check
@@ -327,6 +348,9 @@ def deployment_delete(*, actor, deployment: Deployment) -> Deployment:
         return deployment
     deployment = transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent,
                             to=DeploymentState.DELETED, reason=f"deleted by {actor.get_username()}", actor=actor)
+    if deployment.replicas_limit is not None:  # no quota limits what no longer runs (the API showed the last one)
+        deployment.replicas_limit = None
+        Deployment.objects.filter(pk=deployment.pk).update(replicas_limit=None)
     if was_placed:
         from inference.tasks import tear_down_deployment
 

@@ -268,7 +268,7 @@ def _note_on_deployments(plan) -> None:
     notes: dict[str, list[str]] = {}
     for decision in [*plan.preempted, *plan.shrunk]:
         how = "shrinks" if isinstance(decision, Shrink) else "stops"
-        what = "quota this deployment needs" if gives_back_quota(decision) else "capacity this deployment reserved"
+        what = "quota this deployment needs" if gives_back_quota(decision) else "capacity this deployment needs"
         notes.setdefault(decision.for_workload.removeprefix(SERVING_PREFIX), []).append(
             f"job {decision.workload_id} checkpoints and {how} to give back {what}")
     for deployment_id, why in plan.waiting.items():

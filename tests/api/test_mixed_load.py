@@ -566,3 +566,29 @@ def test_a_replica_takes_a_fraction_of_one_device_or_whole_devices(api, backend,
     assert (response.status_code == 201) == accepted, response.json()
     if not accepted:
         assert "give a fraction of one device (up to 1) or a whole number" in response.json()["devices_per_replica"][0]
+
+
+def test_replicas_no_node_could_hold_are_refused_and_a_deleted_deployment_has_no_limit(api, backend, model_dir):
+    """QA (2026-11-28): devices_per_replica 16 on 8-device H100 nodes was applied (Serve could never place a replica,
+    mixed load could not count the running ones), and a deleted deployment kept showing its last replica limit."""
+    from controlplane.quotas.models import ResourceQuota
+
+    client = api("alpha", "member")
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        refused = client.post("/api/v1/deployments/", {
+            **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+            "devices_per_replica": 16, "replicas_min": 1, "replicas_max": 1}, format="json")
+    assert refused.status_code == 400
+    assert "the largest nvidia-h100 node has 8 devices" in refused.json()["devices_per_replica"][0]
+    ResourceQuota.objects.filter(cluster_queue__name="shared", accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=8)
+    deployment = deploy_h100(client, model_dir)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        patched = client.patch(f"/api/v1/deployments/{deployment.pk}/", {"devices_per_replica": 16}, format="json")
+    assert patched.status_code == 400 and "could hold one replica" in patched.json()["devices_per_replica"][0]
+    assert Deployment.objects.get(pk=deployment.pk).replicas_limit == 1  # its quota takes one of its two replicas
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert client.delete(f"/api/v1/deployments/{deployment.pk}/").status_code in (200, 202, 204)
+    status = client.get(f"/api/v1/deployments/{deployment.pk}/").json()["status"]
+    assert status["state"] == "DELETED" and status["replicas_limit"] is None
+

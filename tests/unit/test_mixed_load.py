@@ -717,3 +717,13 @@ def test_the_lowest_priority_training_gives_back_whichever_node_it_is_on():
     b = running("b", [("n1", [0, 1, 2, 3])], since_checkpoint=10.0)
     plan = plan_mixed_load(Snapshot(nodes(2), QUEUES, running=(a, b)), [serving(1, per_replica=8)])
     assert [p.workload_id for p in plan.preempted] == ["b"]
+
+
+def test_a_job_stopped_for_a_pending_deployment_says_it_is_for_deploying_it():
+    """QA (2026-11-28): it said the pending deployment had "reserved" the capacity, which it never had."""
+    job_running = running("j", [("n0", list(range(8)))])
+    plan = plan_mixed_load(Snapshot(nodes(1), QUEUES, running=(job_running,)),
+                           [ServingDemand("7", "h100", 8, 1, 1, (), cluster_queue="team", all_or_none=True)])
+    assert plan.preempted[0].reason.startswith("preempted: gives back capacity deployment 7 needs to be deployed")
+    plan = plan_mixed_load(Snapshot(nodes(1), QUEUES, running=(job_running,)), [serving(1, per_replica=8)])
+    assert plan.preempted[0].reason.startswith("preempted: gives back capacity deployment d1 reserved and now needs")

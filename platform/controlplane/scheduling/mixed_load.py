@@ -611,8 +611,7 @@ def _free_node(free: _Free, demand: ServingDemand, running: dict[str, Running], 
             narrowed = replace(victim, workers=without_workers(victim.workers, released))
             running[workload.id] = narrowed
             decisions.append(Shrink(workload.id, len(narrowed.workers), released, SERVING_PREFIX + demand.id,
-                                    f"shrunk to {len(narrowed.workers)} workers: gives back capacity deployment "
-                                    f"{demand.id} reserved and now needs"))
+                                    f"shrunk to {len(narrowed.workers)} workers: gives back {_capacity_for(demand)}"))
             placed = free.take(node, demand.devices_per_replica)
             if placed is not None:
                 return placed, decisions, undo
@@ -623,13 +622,21 @@ def _free_node(free: _Free, demand: ServingDemand, running: dict[str, Running], 
         undo.append((workload.id, running.pop(workload.id), victim.workers))
         decisions = [d for d in decisions if d.workload_id != workload.id]
         decisions.append(Preempt(workload.id, SERVING_PREFIX + demand.id,
-                                 f"preempted: gives back capacity deployment {demand.id} reserved and now needs "
+                                 f"preempted: gives back {_capacity_for(demand)} "
                                  f"({victim.work_since_checkpoint_s:g} s since its last checkpoint)"))
         placed = free.take(node, demand.devices_per_replica)
         if placed is not None:
             return placed, decisions, undo
     _put_back(free, running, undo)  # this node cannot be freed
     return None
+
+
+def _capacity_for(demand: ServingDemand) -> str:
+    """Whose capacity a give-back is for: a live deployment's reserved replicas, or one waiting to be deployed (which
+    has reserved nothing yet)."""
+    if demand.all_or_none:
+        return f"capacity deployment {demand.id} needs to be deployed"
+    return f"capacity deployment {demand.id} reserved and now needs"
 
 
 def _put_back(free: _Free, running: dict[str, Running], undo) -> None:
