@@ -216,10 +216,15 @@ def pending_serving() -> list[ServingDemand]:
                                                 state_reason__startswith="waiting for capacity") \
             .select_related("local_queue__cluster_queue", "source_job").order_by("id"):
         replicas = max(1, deployment.replicas_min)
-        slug = next((slug for slug in deployment.accelerator_types if slug != "cpu"
-                     and _nodes_could_hold(slug, float(deployment.devices_per_replica), replicas) and not
-                     selectors.serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=replicas)),
-                    None)
+        per_replica = float(deployment.devices_per_replica)
+        candidates = [slug for slug in deployment.accelerator_types if slug != "cpu"
+                      and _nodes_could_hold(slug, per_replica, replicas) and not
+                      selectors.serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=replicas)]
+        # The first type where free devices and what training may give back could hold it (before, always the first
+        # type: a deployment accepting A100 and H100 waited for good for A100s non-preemptible training held while
+        # preemptible training filled the H100s, found by QA); else the first, which says why it waits.
+        slug = next((slug for slug in candidates if _could_be_freed(slug, per_replica, replicas)),
+                    candidates[0] if candidates else None)
         if slug is None:
             continue
         try:
@@ -232,6 +237,35 @@ def pending_serving() -> list[ServingDemand]:
                                      replicas_running=0, cluster_queue=deployment.local_queue.cluster_queue.name,
                                      all_or_none=True))
     return demands
+
+
+def _could_be_freed(slug: str, devices_per_replica: float, replicas: int) -> bool:
+    """Whether the type's live, uncordoned nodes could hold the replicas once the training that may be preempted now
+    gave its devices back: devices of non-preemptible training, of jobs STARTING or RECOVERING, and of running
+    serving replicas stay where they are."""
+    from inference.models import Deployment
+    from inference.workflows import LIVE_STATES
+
+    capacity = dict(Node.objects.filter(pool__accelerator_type__slug=slug, health=NodeHealth.HEALTHY, cordoned=False)
+                    .values_list("name", "capacity_devices"))
+    held: Counter = Counter()
+    for placement, state, preemptible in TrainingJob.objects.filter(
+            state__in=HOLDING_STATES, admitted_accelerator_type=slug).values_list(
+            "placement", "state", "priority_class__preemptible"):
+        if state in PREEMPTIBLE_STATES and preemptible is not False:
+            continue  # it may give its devices back
+        for worker in placement or []:
+            held[worker["node"]] += sum(float(share) for _, share in worker.get("taken", []))
+    for nodes, per_replica in Deployment.objects.filter(state__in=list(LIVE_STATES), accelerator_type=slug) \
+            .values_list("observed", "devices_per_replica"):
+        for node in (nodes or {}).get("node_names") or ():
+            held[str(node)] += float(per_replica)
+    room = 0
+    for node, devices in capacity.items():
+        left = max(0.0, float(devices) - held[node])
+        room += int(left // devices_per_replica + 1e-9) if devices_per_replica >= 1 else int(left) * int(
+            1 // devices_per_replica)
+    return room >= replicas
 
 
 def _nodes_could_hold(slug: str, devices_per_replica: float, replicas: int) -> bool:

@@ -592,3 +592,32 @@ def test_replicas_no_node_could_hold_are_refused_and_a_deleted_deployment_has_no
     status = client.get(f"/api/v1/deployments/{deployment.pk}/").json()["status"]
     assert status["state"] == "DELETED" and status["replicas_limit"] is None
 
+
+
+def test_a_pending_deployment_asks_the_type_whose_training_can_give_back(api, backend, model_dir):
+    """QA (2026-11-28): a deployment accepting A100 and H100 asked only for A100s, which non-preemptible training
+    held, while preemptible training filled the H100s: nobody ever gave anything back and it waited for good."""
+    from controlplane.cluster.models import Node
+    from controlplane.quotas.models import ResourceQuota
+
+    ResourceQuota.objects.filter(cluster_queue__name="shared").update(nominal_quota=64)
+    PriorityClass.objects.create(name="pinned", value=1000, preemptible=False)
+    client = api("alpha", "member")
+    jobs = {}
+    for name, slug, priority in (("a0", "nvidia-a100", "pinned"), ("a1", "nvidia-a100", "pinned"),
+                                 ("h0", "nvidia-h100", ""), ("h1", "nvidia-h100", "")):
+        jobs[name] = post(client, "/api/v1/training-jobs/", {
+            **JOB_BODY, "name": name, "workers_min": 1, "workers_max": 1, "accelerator_types": [slug],
+            **({"priority": priority} if priority else {})})
+    TrainingJob.objects.filter(pk__in=jobs.values()).update(state="RUNNING", compute_handle="fy-run")
+    Node.objects.filter(pool__accelerator_type__slug__in=["nvidia-a100", "nvidia-h100"]).update(free_devices=0)
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-a100", "nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 1})
+    assert Deployment.objects.get(pk=deployment_id).state == "PENDING"
+    demand = next(d for d in load_serving() if d.id == str(deployment_id))
+    assert demand.accelerator_type == "nvidia-h100"
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    states = {name: TrainingJob.objects.get(pk=pk).state for name, pk in jobs.items()}
+    assert states["a0"] == states["a1"] == "RUNNING" and "PREEMPTED" in (states["h0"], states["h1"]), states
