@@ -727,3 +727,15 @@ def test_a_job_stopped_for_a_pending_deployment_says_it_is_for_deploying_it():
     assert plan.preempted[0].reason.startswith("preempted: gives back capacity deployment 7 needs to be deployed")
     plan = plan_mixed_load(Snapshot(nodes(1), QUEUES, running=(job_running,)), [serving(1, per_replica=8)])
     assert plan.preempted[0].reason.startswith("preempted: gives back capacity deployment d1 reserved and now needs")
+
+
+def test_serving_replicas_are_no_non_preemptible_usage_of_their_queue():
+    """QA (2026-11-28): held replicas counted as non-preemptible usage, so a non-preemptible job of their queue was
+    refused ("shared's non-preemptible workloads would use 16 ...") although only it was non-preemptible."""
+    queues = (ClusterQueueSpec("shared", {"h100": Quota(8)}, cohort="c"),
+              ClusterQueueSpec("lender", {"h100": Quota(8)}, cohort="c"))
+    pinned = Workload("pinned", "shared", ("h100",), devices_per_worker=8, preemptible=False)
+    plan = plan_mixed_load(Snapshot(nodes(2), queues, pending=(pinned,)),
+                           [ServingDemand("d1", "h100", 8, 1, 1, ("n0",), cluster_queue="shared")])
+    result = schedule(plan.snapshot)
+    assert [a.workload_id for a in result.admitted] == ["pinned"], result.waiting

@@ -8,7 +8,7 @@ stopped; each checkpoints first. Nothing is given back unless the replica then f
 
 `plan_mixed_load(snapshot, serving)` runs before `scheduler.schedule`: it holds the devices of running replicas
 (on the nodes they run on) and of wanted replicas (on free devices, or on devices training gives back) as
-non-preemptible running workloads, so the cycle neither admits training onto them nor takes them as victims. A
+settled running workloads, so the cycle neither admits training onto them nor takes them as victims. A
 deployment's replicas count against its ClusterQueue's quota like training does: they are held in that queue
 (`SERVING_QUEUE`, outside every quota, only for a demand that names none), and a wanted replica the queue's quota
 cannot take (nominal, then what it may borrow from its cohort) waits, saying so. Running replicas are always held:
@@ -147,11 +147,14 @@ def serving_quota_refusal(ledger: QuotaLedger, queue: str, accelerator_type: str
 
 
 def _pseudo(demand: ServingDemand, workers: tuple[WorkerPlacement, ...], queue: str) -> Running:
+    """The replicas held as a running workload the cycle leaves alone (settled: no victim, no growth). Not of a
+    non-preemptible class: replicas give borrowed quota back through their limit (replica_limits), so they are no
+    non-preemptible usage (counted as such, they held a non-preemptible job of their queue back; found by QA)."""
     workload = Workload(id=SERVING_PREFIX + demand.id, cluster_queue=queue,
                         accepted_types=(demand.accelerator_type,), devices_per_worker=demand.devices_per_replica,
-                        workers_min=len(workers), workers_max=len(workers), priority=2**31, preemptible=False,
+                        workers_min=len(workers), workers_max=len(workers), priority=2**31, preemptible=True,
                         workload_class="serving")
-    return Running(workload, demand.accelerator_type, workers)
+    return Running(workload, demand.accelerator_type, workers, settled=True)
 
 
 def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | list[ServingDemand]) -> MixedLoadPlan:
