@@ -400,13 +400,10 @@ def run_cycle() -> CycleResult:
     # Waiting jobs whose position or reason changed, written together: one admission at the head of 10,000 waiting
     # jobs changes every position behind it (one UPDATE each took a query per waiting job).
     moved_up = []
-    for wait in result.waiting:
-        if wait.held is not None:
-            continue
-        job = jobs[wait.workload_id]
-        reason = f"position {wait.position} in cluster queue {job.local_queue.cluster_queue.name}: {wait.reason}"
-        if job.queue_position != wait.position or job.state_reason != reason:
-            job.queue_position, job.state_reason = wait.position, reason
+    for job, position, why in _positions(result, jobs, requeued):
+        reason = f"position {position} in cluster queue {job.local_queue.cluster_queue.name}: {why}"
+        if job.queue_position != position or job.state_reason != reason:
+            job.queue_position, job.state_reason = position, reason
             moved_up.append(job)
     write_fields(moved_up, ["queue_position", "state_reason"])
     # A preemptor admitted in an earlier cycle starts once its victims are gone (requeued or ended; both
@@ -418,6 +415,26 @@ def run_cycle() -> CycleResult:
     dispatch_many_on_commit(launch_training_job, [((job.pk,), {}) for job in holding
                                                   if not stopping.intersection(job.waits_for)])
     return result
+
+
+def _positions(result: CycleResult, jobs: dict[str, TrainingJob], requeued: list[tuple[TrainingJob, object]]):
+    """(job, position, reason) of every job waiting after the cycle: the core's waits (not the preemptors holding
+    their admission) and the victims it sent back to the queue from ADMITTED (before, those had no position until the
+    next cycle), each cluster queue in the core's order (priority, then arrival, then id)."""
+    by_queue: dict[str, list] = {}
+    rows = [(jobs[w.workload_id], w.position, w.reason) for w in result.waiting if w.held is None]
+    if not requeued:
+        return rows
+    rows += [(job, 0, f"requeued: {decision.reason}") for job, decision in requeued]
+    for job, _, why in rows:
+        priority = job.priority_class.value if job.priority_class else 0
+        key = (-priority, job.created_at.timestamp(), str(job.pk))  # as the core orders the waiting workloads
+        by_queue.setdefault(job.local_queue.cluster_queue.name, []).append((key, job, why))
+    ordered = []
+    for queue_rows in by_queue.values():
+        queue_rows.sort(key=lambda row: row[0])
+        ordered += [(job, position, why) for position, (_, job, why) in enumerate(queue_rows, start=1)]
+    return ordered
 
 
 def _devices_still_in_use(preempted_now: list[TrainingJob], shrunk_now: list[tuple[TrainingJob, tuple]]

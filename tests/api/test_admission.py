@@ -361,8 +361,13 @@ def test_positions_have_no_gap_after_a_preemption_and_no_cohort_is_named_for_a_q
     urgent = submit(client, name="urgent", workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"],
                     priority="urgent")
     assert status(client, urgent)["state"] == "ADMITTED" and status(client, victim)["state"] == "QUEUED"
-    assert status(client, waiter)["queue_position"] == 1, status(client, waiter)["reason"]
-    assert status(client, waiter)["reason"].startswith("position 1 in cluster queue")
+    # the victim, back in the queue from ADMITTED, has its place at once (it had none until the next cycle): it
+    # arrived before the waiter, at the same priority
+    assert status(client, victim)["queue_position"] == 1, status(client, victim)["reason"]
+    assert status(client, victim)["reason"].startswith("position 1 in cluster queue shared: requeued: preempted")
+    assert status(client, waiter)["queue_position"] == 2, status(client, waiter)["reason"]
+    run_cycle()  # the next cycle places them as this one did
+    assert [status(client, i)["queue_position"] for i in (victim, waiter)] == [1, 2]
 
     solo = cluster_queue_create(actor=world["ops"], name="solo", cohort="",
                                 quotas=[{"accelerator_type": "nvidia-a100", "nominal_quota": 8}])
