@@ -119,10 +119,12 @@ def test_create_serve_play_scale_update_delete(console, tmp_path):
 
 def test_playground_says_clearly_when_the_model_is_not_serving(console):
     alpha = console.world["alpha"]
+    # 3 replicas x 8 devices always running is 24 A100s on a 16-device quota: it waits, PENDING, for good.
+    # (One 64-device replica, as before, is now refused at create: no node could hold it.)
     waiting = deployment_create(actor=alpha["admin"], team=alpha["team"], name="no-room",
                                 local_queue=alpha["queue"], accelerator_types=["nvidia-a100"],
                                 sla_ttft_p95_ms=500, sla_tpot_p95_ms=50, model_uri="file:///nowhere",
-                                devices_per_replica=64, replicas_min=1)
+                                devices_per_replica=8, replicas_min=3, replicas_max=3)
     console.login("alpha-member")
     console.open(f"/deployments/{waiting.pk}/")
     assert "PENDING" in console.page.locator("#deployment-state").inner_text()
