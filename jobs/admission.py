@@ -262,16 +262,23 @@ def _could_be_freed(slug: str, devices_per_replica: float, replicas: int) -> boo
             held[str(node)] += float(per_replica)
     room = 0
     for node, devices in capacity.items():
-        left = max(0.0, float(devices) - held[node])
-        room += int(left // devices_per_replica + 1e-9) if devices_per_replica >= 1 else int(left) * int(
-            1 // devices_per_replica)
+        room += _replicas_fit(max(0.0, float(devices) - held[node]), devices_per_replica)
     return room >= replicas
 
 
 def _nodes_could_hold(slug: str, devices_per_replica: float, replicas: int) -> bool:
     """Whether the type's live, uncordoned nodes could hold the replicas once training gave their devices back."""
     capacities = ready_device_capacities(accelerator_type=slug)
-    return sum(int(capacity // devices_per_replica) for capacity in capacities) >= replicas
+    return sum(_replicas_fit(float(capacity), devices_per_replica) for capacity in capacities) >= replicas
+
+
+def _replicas_fit(devices: float, per_replica: float) -> int:
+    """How many replicas of `per_replica` devices `devices` free devices of one node hold: whole replicas, or for a
+    share of a device, that many shares on each whole device (1 // 0.1 is 9.0 in floating point: 10 shares of 0.1
+    were counted as 9)."""
+    if per_replica >= 1:
+        return int(devices / per_replica + 1e-9)
+    return int(devices + 1e-9) * int(1 / per_replica + 1e-9)
 
 
 def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
@@ -368,6 +375,10 @@ def run_cycle() -> CycleResult:
     for decision in [*result.preempted, *result.shrunk]:
         victims_of.setdefault(decision.for_workload, []).append(decision.workload_id)
     shrinking = {s.workload_id for s in result.shrunk}
+    # a run shrunk in an earlier cycle that still has its extra workers is waited for too: it shrinks, not stops
+    preempted_now = {p.workload_id for p in result.preempted}
+    waited = {str(pk) for _, admit in admissions for pk in _overlap(admit, busy)}
+    shrinking |= {pk for pk in waited - preempted_now if pk in jobs and jobs[pk].state in HOLDING_STATES}
     _admit_all([(job, admit, _overlap(admit, busy)) for job, admit in admissions], victims_of,
                started={v for victims in victims_of.values() for v in victims if started(v)}, shrinking=shrinking)
     admitted_now = {str(job.pk) for job, _ in admissions}
@@ -458,8 +469,10 @@ def _devices_still_in_use(preempted_now: list[TrainingJob], shrunk_now: list[tup
                                  .exclude(pk__in=[job.pk for job, _ in shrunk_now])
                                  .values_list("pk", "placement", "observed_nodes"))
     if shrinking:
-        capacity = dict(Node.objects.filter(name__in={node for nodes, _ in shrinking.values() for node in nodes})
-                        .values_list("name", "capacity_devices"))
+        # a CPU node's slots are its CPUs, as load_snapshot counts them
+        capacity = {name: cpus if slug == "cpu" else devices for name, slug, cpus, devices in Node.objects.filter(
+            name__in={node for nodes, _ in shrinking.values() for node in nodes}).values_list(
+            "name", "pool__accelerator_type__slug", "capacity_cpus", "capacity_devices")}
         for job_id, (nodes, own) in shrinking.items():
             for node in nodes:
                 for index in range(int(capacity.get(node, 0))):
@@ -488,8 +501,11 @@ def _growth_off(grown: list, busy: dict[tuple[str, int], int]) -> list:
         added = tuple(w for w in grow.added if not any((w.node, index) in busy for index, _ in w.taken))
         if len(added) == len(grow.added):
             kept.append(grow)
-        elif added:
-            kept.append(replace(grow, to_workers=grow.to_workers - (len(grow.added) - len(added)), added=added))
+        elif added:  # (the reason said the size before the trim: "grown to 4 workers" for a job grown to 3)
+            to = grow.to_workers - (len(grow.added) - len(added))
+            reason = grow.reason.replace(f"grown to {grow.to_workers} workers", f"grown to {to} workers", 1)
+            kept.append(replace(grow, to_workers=to, added=added,
+                                reason=f"{reason} (more once a stopping run gives its devices back)"))
     return kept
 
 

@@ -22,14 +22,19 @@ def training_job_events(*, job: TrainingJob) -> QuerySet[TrainingJobEvent]:
     return job.events.all()
 
 
-def quota_usage(*, preemptible_only: bool = False) -> dict[tuple[str, str], float]:
+def quota_usage(*, preemptible_only: bool = False, non_preemptible_only: bool = False
+                ) -> dict[tuple[str, str], float]:
     """Devices (CPU cores for `cpu`) held by admitted jobs, per (cluster queue, accelerator type). With
-    `preemptible_only`, only jobs the scheduler may preempt now (a preemptible priority class, ADMITTED or RUNNING)."""
+    `preemptible_only`, only jobs the scheduler may preempt now (a preemptible priority class, ADMITTED or RUNNING);
+    with `non_preemptible_only`, only jobs of a non-preemptible priority class, in any holding state (the queue's
+    non-preemptible usage, as the scheduling core counts it for its rule that such usage stays within nominal)."""
     usage: dict[tuple[str, str], float] = {}
     jobs = TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(admitted_accelerator_type="")
     if preemptible_only:
         jobs = jobs.filter(state__in=list(PREEMPTIBLE_STATES)).filter(
             Q(priority_class__isnull=True) | Q(priority_class__preemptible=True))
+    if non_preemptible_only:
+        jobs = jobs.filter(priority_class__preemptible=False)
     jobs = jobs.only("local_queue__cluster_queue__name", "admitted_accelerator_type", "placement",
                      "devices_per_worker", "cpus_per_worker").select_related("local_queue__cluster_queue")
     for job in jobs:

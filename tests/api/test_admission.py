@@ -326,6 +326,10 @@ def test_a_preemptible_job_starting_or_recovering_is_not_non_preemptible_usage(a
     first = submit(client, name="first", workers_min=1, workers_max=1, accelerator_types=["nvidia-h100"])
     assert status(client, first)["state"] == "ADMITTED"
     TrainingJob.objects.filter(pk=first).update(state=state)  # as the run workflow leaves it
+    spec = ("name: critical\nqueue: default\npriority: critical\nworkers: 1\nresources:\n  accelerators: H100:8\n"
+            "hyperparameters: {steps: 100}\n")  # the dry-run plan counted the STARTING job as fixed too
+    option = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json").json()["plan"]["options"][0]
+    assert option["fits_now"] and option["why_not"] == "", option
     critical = submit(client, name="critical", priority="critical", workers_min=1, workers_max=1,
                       accelerator_types=["nvidia-h100"])
     body = status(client, critical)

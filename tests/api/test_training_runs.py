@@ -511,3 +511,38 @@ def test_elastic_growth_does_not_take_devices_a_preempted_run_still_holds(api, b
         run_cycle()  # the next beat, while the victim still checkpoints
     elastic = TrainingJob.objects.get(pk=elastic.pk)
     assert not _devices(elastic) & _devices(victim) and len(elastic.placement) == 2
+
+
+def test_a_cpu_run_still_shrinking_keeps_the_other_cpus_of_its_node(api, backend, world):
+    """A run that has not yet shed a worker on a CPU node holds every CPU there outside its placement: CPU nodes were
+    read by their device count (0), so nothing on them was held and the cycle could give the shed worker's CPUs away."""
+    from jobs.admission import _devices_still_in_use
+
+    client = api("alpha", "member")
+    elastic = sync(submit(client, name="elastic", accelerator_types=["cpu"], devices_per_worker=0,
+                          cpus_per_worker=0.5, workers_min=1, workers_max=2, hyperparameters={"steps": 1000}),
+                   backend)
+    assert elastic.state == "RUNNING" and len(elastic.placement) == 2
+    node = Node.objects.get(name=elastic.placement[0]["node"])
+    assert node.capacity_cpus > 1 and not node.capacity_devices
+    kept = elastic.placement[:1]  # shrunk to one worker; the run still reports both
+    TrainingJob.objects.filter(pk=elastic.pk).update(placement=kept,
+                                                     observed_nodes=[w["node"] for w in elastic.placement])
+    busy = _devices_still_in_use([], [])
+    own = {(w["node"], int(i)) for w in kept for i, _ in w["taken"]}
+    expected = {(node.name, i) for i in range(int(node.capacity_cpus))} - own
+    assert expected and {key for key, job in busy.items() if job == elastic.pk} == expected
+
+
+def test_a_job_admitted_onto_devices_a_run_shrunk_earlier_still_holds_says_it_waits_for_the_shrink(api, backend):
+    """The reason said the run would "checkpoint and stop" when it was shrinking, not stopping (it had been shrunk in
+    an earlier cycle and still had its extra worker)."""
+    client = api("alpha", "member")
+    elastic = sync(submit(client, name="elastic", accelerator_types=["nvidia-h100"], workers_min=1, workers_max=2,
+                          hyperparameters={"steps": 1000}), backend)
+    assert elastic.state == "RUNNING" and len(elastic.placement) == 2
+    TrainingJob.objects.filter(pk=elastic.pk).update(placement=elastic.placement[:1],
+                                                     observed_nodes=[w["node"] for w in elastic.placement])
+    later = submit(client, name="later", accelerator_types=["nvidia-h100"], workers_min=1, workers_max=1)
+    assert later.state == "ADMITTED" and later.waits_for == [elastic.pk], (later.state, later.state_reason)
+    assert later.state_reason.endswith(f"launches once {elastic.pk} checkpoint(s) and shrink"), later.state_reason

@@ -318,6 +318,13 @@ def test_elastic_job_starts_at_minimum_and_grows_only_into_unwanted_capacity():
     small = Snapshot(nodes(count=2), (queue("a", nvidia_h100=Quota(16)), queue("b", None, nvidia_h100=Quota(8))),
                      pending=(job("elastic", workers=1, workers_max=3), job("over", "b", workers=2, arrival=1)))
     assert len(schedule(small).admitted[0].workers) == 2  # "over" asks 16 of a queue that can never take more than 8
+    # a non-preemptible waiter never borrows: 16 on a nominal 8 can never run, whatever the cohort lends
+    fixed = Snapshot(nodes(count=2), (queue("a", nvidia_h100=Quota(16)), queue("b", nvidia_h100=Quota(8))),
+                     pending=(job("elastic", workers=1, workers_max=3),
+                              job("fixed", "b", workers=2, arrival=1, preemptible=False)))
+    assert len(schedule(fixed).admitted[0].workers) == 2
+    assert len(schedule(replace(fixed, pending=(fixed.pending[0], replace(fixed.pending[1], preemptible=True))))
+               .admitted[0].workers) == 1  # preemptible, it may borrow a's 16 some day: the growth waits
 
 
 def test_fractional_inference_replicas_share_a_device():
@@ -503,3 +510,30 @@ def test_a_reason_behind_a_reservation_says_the_devices_are_set_aside():
     assert gang.reserved and not following.reserved
     assert following.reason.endswith("0 devices free on 2 nodes, needs 1 x 8 placed all at once (8 more set aside "
                                      "for gang, which waits ahead of it)"), following.reason
+    # with nothing free, nothing is set aside, and nobody is told "0 more set aside for gang"
+    full = replace(snap, running=runs + (Running(job("s"), H100, (WorkerPlacement("h1", tuple(
+        (i, 1.0) for i in range(8))),)),))
+    following = schedule(full).waiting[1]
+    assert "set aside" not in following.reason and "0 devices free" in following.reason, following.reason
+
+
+def test_replica_room_counts_shares_of_a_device_exactly():
+    """1 // 0.1 is 9.0 in floating point: a deployment's check said 8 devices hold 72 replicas of 0.1, not 80."""
+    from jobs.admission import _replicas_fit
+
+    assert _replicas_fit(8.0, 0.1) == 80 and _replicas_fit(1.0, 0.1) == 10 and _replicas_fit(2.5, 0.25) == 8
+    assert _replicas_fit(8.0, 2.0) == 4 and _replicas_fit(7.999999999999, 2.0) == 4 and _replicas_fit(7.5, 2.0) == 3
+    assert _replicas_fit(0.0, 0.5) == 0
+
+
+def test_growth_trimmed_off_devices_a_stopping_run_holds_says_its_new_size():
+    from controlplane.scheduling.model import Grow
+    from controlplane.scheduling.placement import WorkerPlacement
+    from jobs.admission import _growth_off
+
+    added = tuple(WorkerPlacement(f"h{i}", ((0, 1.0),)) for i in range(2))
+    grow = Grow("e", 4, added, "grown to 4 workers into idle nvidia-h100 capacity")
+    (trimmed,) = _growth_off([grow], {("h1", 0): 7})
+    assert trimmed.to_workers == 3 and trimmed.added == added[:1]
+    assert trimmed.reason.startswith("grown to 3 workers into idle nvidia-h100 capacity"), trimmed.reason
+    assert _growth_off([grow], {}) == [grow] and _growth_off([grow], {("h0", 0): 7, ("h1", 0): 7}) == []

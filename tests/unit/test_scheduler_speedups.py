@@ -267,14 +267,17 @@ def ref_reserve(state, pending, types):
                         n.device_free[i] -= taken
                         remaining -= taken
         state.ledger.add(wl.cluster_queue, t, wl.demand())
-        state.reserved[t] = (wl.id, wl.demand() - max(0.0, remaining))
+        if wl.demand() - max(0.0, remaining) > 1e-9:
+            state.reserved[t] = (wl.id, wl.demand() - max(0.0, remaining))
         return True
     return False
 
 
 def ref_could_ever(state, wl, t) -> bool:
     """Whether a waiting workload could run on type t some day (quota ceiling, gang on empty schedulable nodes)."""
-    if wl.demand() > state.ledger.ceiling(wl.cluster_queue, t) + 1e-9:
+    ceiling = state.ledger.ceiling(wl.cluster_queue, t) if wl.preemptible else \
+        state.ledger.quota(wl.cluster_queue, t).nominal  # non-preemptible work never borrows
+    if wl.demand() > ceiling + 1e-9:
         return False
     return ref_most_slots([n for n in state.nodes_of(t) if n.schedulable], wl.devices_per_worker) >= wl.workers_min
 

@@ -945,12 +945,15 @@ def _could_ever_run_on(state: _State, workload: Workload, types) -> tuple[str, .
     """The accepted types a waiting workload could run on some day: its queue could take its demand there (nominal
     quota plus the most its cohort could lend) and the type's schedulable nodes could hold its gang with nothing
     running. Elastic growth keeps off these types (someone waits for them), not off the others: a workload that can
-    never run there held idle capacity back for good (found by QA, 2026-11-28)."""
+    never run there held idle capacity back for good (found by QA, 2026-11-28). A non-preemptible workload never
+    borrows, so its ceiling is its queue's nominal quota."""
     ledger, queue = state.ledger, workload.cluster_queue
     could = []
     for accelerator_type in types:
         sized = workload.on(accelerator_type)
-        if sized.demand() > ledger.ceiling(queue, accelerator_type) + EPS:
+        ceiling = ledger.ceiling(queue, accelerator_type) if workload.preemptible else \
+            ledger.quota(queue, accelerator_type).nominal
+        if sized.demand() > ceiling + EPS:
             continue
         if state.pool(accelerator_type).most_slots(sized.devices_per_worker) < sized.workers_min:
             continue
@@ -1330,7 +1333,9 @@ def _reserve(state: _State, pending: Workload, types) -> bool:
                 if touched:
                     pool.refresh(node)
         state.ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
-        state.reserved[accelerator_type] = (workload.id, workload.demand() - max(0.0, remaining))
+        set_aside = workload.demand() - max(0.0, remaining)
+        if set_aside > EPS:  # (with nothing free, others were told "0 more set aside for ...")
+            state.reserved[accelerator_type] = (workload.id, set_aside)
         return True
     return False
 

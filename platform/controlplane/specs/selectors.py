@@ -56,7 +56,9 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
                 check = ledger.check(queue_name, slug, need)
                 fits_quota, quota_why = check.ok, check.reason
                 if fits_quota and non_preemptible:  # the cycle's rule 3: no borrowing for non-preemptible work
-                    fixed = used.get((queue_name, slug), 0.0) - giveable.get((queue_name, slug), 0.0)
+                    # usage by non-preemptible classes only: a preemptible job that is STARTING is not giveable
+                    # now, but the cycle does not count it as fixed (it was, and refused what the cycle admits)
+                    fixed = quota_usage(non_preemptible_only=True).get((queue_name, slug), 0.0)
                     quota_why = non_preemptible_refusal(queue_name, slug, fixed, need,
                                                         ledger.quota(queue_name, slug).nominal)
                     fits_quota = not quota_why
