@@ -35,6 +35,9 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     queue_name = cluster_queue.name
     giveable = quota_usage(preemptible_only=True)  # training that gives quota back (to serving, to non-preemptible)
     non_preemptible = kind == JOB and priority_class is not None and not priority_class.preemptible
+    # what the cycle counts as its queue's non-preemptible usage: jobs of non-preemptible classes only (a preemptible
+    # job STARTING is not giveable now, but it is not fixed either; counted so, it refused what the cycle admits)
+    fixed_usage = quota_usage(non_preemptible_only=True) if non_preemptible else {}
     options = []
     for slug in accelerator_types:
         units = units_by_type[slug]
@@ -56,9 +59,7 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
                 check = ledger.check(queue_name, slug, need)
                 fits_quota, quota_why = check.ok, check.reason
                 if fits_quota and non_preemptible:  # the cycle's rule 3: no borrowing for non-preemptible work
-                    # usage by non-preemptible classes only: a preemptible job that is STARTING is not giveable
-                    # now, but the cycle does not count it as fixed (it was, and refused what the cycle admits)
-                    fixed = quota_usage(non_preemptible_only=True).get((queue_name, slug), 0.0)
+                    fixed = fixed_usage.get((queue_name, slug), 0.0)
                     quota_why = non_preemptible_refusal(queue_name, slug, fixed, need,
                                                         ledger.quota(queue_name, slug).nominal)
                     fits_quota = not quota_why
