@@ -9,7 +9,6 @@ so it changes in the same transaction as the state change that causes it.
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from dataclasses import replace
 
@@ -77,13 +76,7 @@ def _workload(job: TrainingJob, accelerator_type: str | None = None) -> Workload
 
 
 def _units(job: TrainingJob, accelerator_type: str) -> float:
-    """A worker's size on the type as the core places it: on the CPU pool, more than one core is whole cores, rounded
-    up (the core places sizes from 1 up as whole units; Ray reserves the exact cores: 4 x 2.5 cores were placed on 8
-    cores and reserved 10, a review found)."""
-    units = job.units_per_worker(accelerator_type)
-    if accelerator_type == "cpu" and units > 1 and not float(units).is_integer():
-        return float(math.ceil(units))
-    return units
+    return job.placed_units_per_worker(accelerator_type)
 
 
 def _placement_to_json(workers) -> list[dict]:
@@ -465,8 +458,8 @@ def _devices_still_in_use(preempted_now: list[TrainingJob], shrunk_now: list[tup
         for worker in released:
             for index, _share in worker.taken:
                 busy[(worker.node, int(index))] = job.pk
+    # (a run shrunk now may still be leaving nodes from an earlier shrink: its placement here is the one before)
     shrinking = _still_shrinking(TrainingJob.objects.filter(state__in=HOLDING_STATES).exclude(compute_handle="")
-                                 .exclude(pk__in=[job.pk for job, _ in shrunk_now])
                                  .values_list("pk", "placement", "observed_nodes"))
     if shrinking:
         # a CPU node's slots are its CPUs, as load_snapshot counts them
@@ -488,7 +481,9 @@ def _still_shrinking(rows) -> dict[int, tuple[set[str], set[tuple[str, int]]]]:
     for job_id, placement, observed in rows:
         extra = Counter(observed or []) - Counter(worker["node"] for worker in placement or [])
         if extra:
-            own = {(worker["node"], int(index)) for worker in placement or [] for index, _ in worker.get("taken", [])}
+            # only devices (cores) the kept workers take whole are theirs alone: the shed worker may share the rest
+            own = {(worker["node"], int(index)) for worker in placement or []
+                   for index, share in worker.get("taken", []) if float(share) >= 1.0 - 1e-9}
             shrinking[job_id] = (set(extra), own)
     return shrinking
 
@@ -505,7 +500,7 @@ def _growth_off(grown: list, busy: dict[tuple[str, int], int]) -> list:
             to = grow.to_workers - (len(grow.added) - len(added))
             reason = grow.reason.replace(f"grown to {grow.to_workers} workers", f"grown to {to} workers", 1)
             kept.append(replace(grow, to_workers=to, added=added,
-                                reason=f"{reason} (more once a stopping run gives its devices back)"))
+                                reason=f"{reason} (more once a run stopping or shrinking gives its devices back)"))
     return kept
 
 
@@ -591,7 +586,7 @@ def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = Fals
                       for r in snapshot.running))
     accelerator_type = job.admitted_accelerator_type
     added = place_additional_workers(snapshot, accelerator_type=accelerator_type, workers=missing,
-                                     devices=job.units_per_worker(accelerator_type))
+                                     devices=_units(job, accelerator_type))
     if added is None and require_all:
         return None
     if added is None and (len(kept) < job.workers_min or not kept):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -104,8 +106,17 @@ class TrainingJob(models.Model):
         return JOB_MACHINE.is_terminal(self.state)
 
     def units_per_worker(self, accelerator_type: str) -> float:
-        """What one worker counts against quota: CPU cores on the `cpu` type, devices otherwise."""
+        """What one worker asks for: CPU cores on the `cpu` type (as Ray reserves them), devices otherwise."""
         return self.cpus_per_worker if accelerator_type == "cpu" else float(self.devices_per_worker)
+
+    def placed_units_per_worker(self, accelerator_type: str) -> float:
+        """What one worker takes and counts against quota as the scheduling core places it: on the CPU pool, more
+        than one core is whole cores, rounded up (the core places sizes from 1 up as whole units; Ray reserves the
+        exact cores: 4 x 2.5 cores were placed on 8 cores and reserved 10, a review found)."""
+        units = self.units_per_worker(accelerator_type)
+        if accelerator_type == "cpu" and units > 1 and not float(units).is_integer():
+            return float(math.ceil(units))
+        return units
 
 
 class TrainingJobEvent(LifecycleEvent):

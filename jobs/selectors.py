@@ -39,7 +39,8 @@ def quota_usage(*, preemptible_only: bool = False, non_preemptible_only: bool = 
                      "devices_per_worker", "cpus_per_worker").select_related("local_queue__cluster_queue")
     for job in jobs:
         key = (job.local_queue.cluster_queue.name, job.admitted_accelerator_type)
-        usage[key] = usage.get(key, 0.0) + len(job.placement) * job.units_per_worker(job.admitted_accelerator_type)
+        units = job.placed_units_per_worker(job.admitted_accelerator_type)  # as the scheduling cycle counts it
+        usage[key] = usage.get(key, 0.0) + len(job.placement) * units
     return usage
 
 
@@ -77,7 +78,8 @@ def quota_usage_by_local_queue(*, team_ids: list[int]) -> dict[tuple[int, str], 
                                            "devices_per_worker", "cpus_per_worker")
     for job in jobs:
         key = (job.local_queue_id, job.admitted_accelerator_type)
-        usage[key] = usage.get(key, 0.0) + len(job.placement) * job.units_per_worker(job.admitted_accelerator_type)
+        units = job.placed_units_per_worker(job.admitted_accelerator_type)  # as the scheduling cycle counts it
+        usage[key] = usage.get(key, 0.0) + len(job.placement) * units
     return usage
 
 

@@ -381,3 +381,27 @@ def test_positions_have_no_gap_after_a_preemption_and_no_cohort_is_named_for_a_q
     second = submit(beta, name="second", queue="solo", workers_min=1, workers_max=1, accelerator_types=["nvidia-a100"])
     reason = status(beta, second)["reason"]
     assert "solo would exceed its nvidia-a100 quota: uses 8 of 8 nominal and is in no cohort" in reason, reason
+
+
+def test_the_dry_run_plan_counts_a_cpu_worker_of_more_than_a_core_in_whole_cores_as_the_cycle_does(api, cluster,
+                                                                                                    world):
+    """A review found the plan counting a 1.5-core worker as 1.5 cores where the cycle counts (and places) 2: on a
+    nominal 2, a non-preemptible 0.5-core job was planned as fitting, and the submit waited."""
+    from controlplane.quotas.services import cluster_queue_update, priority_class_create
+    from jobs.selectors import quota_usage
+
+    cluster_queue_update(actor=world["ops"], queue=world["cluster_queue"],
+                         quotas=[{"accelerator_type": "cpu", "nominal_quota": 2}])
+    priority_class_create(actor=world["ops"], name="critical", value=900, preemptible=False)
+    client = api("alpha", "member")
+    first = submit(client, name="first", accelerator_types=["cpu"], devices_per_worker=0, cpus_per_worker=1.5,
+                   workers_min=1, workers_max=1, priority="critical")
+    assert status(client, first)["state"] == "ADMITTED"
+    assert quota_usage()[("shared", "cpu")] == quota_usage(non_preemptible_only=True)[("shared", "cpu")] == 2.0
+    spec = ("name: second\nqueue: default\npriority: critical\nworkers: 1\nresources:\n  accelerators: cpu\n"
+            "  cpus: 0.5\nhyperparameters: {steps: 100}\n")
+    option = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json").json()["plan"]["options"][0]
+    assert not option["fits_now"], option
+    second = submit(client, name="second", accelerator_types=["cpu"], devices_per_worker=0, cpus_per_worker=0.5,
+                    workers_min=1, workers_max=1, priority="critical")
+    assert status(client, second)["state"] == "QUEUED"  # as planned

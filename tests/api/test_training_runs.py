@@ -529,7 +529,7 @@ def test_a_cpu_run_still_shrinking_keeps_the_other_cpus_of_its_node(api, backend
     TrainingJob.objects.filter(pk=elastic.pk).update(placement=kept,
                                                      observed_nodes=[w["node"] for w in elastic.placement])
     busy = _devices_still_in_use([], [])
-    own = {(w["node"], int(i)) for w in kept for i, _ in w["taken"]}
+    own = {(w["node"], int(i)) for w in kept for i, share in w["taken"] if share >= 1}  # a half core is shared
     expected = {(node.name, i) for i in range(int(node.capacity_cpus))} - own
     assert expected and {key for key, job in busy.items() if job == elastic.pk} == expected
 
@@ -546,3 +546,42 @@ def test_a_job_admitted_onto_devices_a_run_shrunk_earlier_still_holds_says_it_wa
     later = submit(client, name="later", accelerator_types=["nvidia-h100"], workers_min=1, workers_max=1)
     assert later.state == "ADMITTED" and later.waits_for == [elastic.pk], (later.state, later.state_reason)
     assert later.state_reason.endswith(f"launches once {elastic.pk} checkpoint(s) and shrink"), later.state_reason
+
+
+def test_a_job_does_not_take_the_share_of_a_core_a_shrinking_run_still_uses(api, backend, world):
+    """Two 0.5-core workers shared core 0; after a shrink the kept one is on core 0 and the shed one still runs there.
+    Core 0 counted as the run's own, so a new 0.5-core job went onto its other half and launched at once (review)."""
+    client = api("alpha", "member")
+    elastic = sync(submit(client, name="elastic", accelerator_types=["cpu"], devices_per_worker=0,
+                          cpus_per_worker=0.5, workers_min=1, workers_max=2, hyperparameters={"steps": 1000}),
+                   backend)
+    assert {index for w in elastic.placement for index, _ in w["taken"]} == {0}  # both on core 0
+    TrainingJob.objects.filter(pk=elastic.pk).update(placement=elastic.placement[:1],
+                                                     observed_nodes=[w["node"] for w in elastic.placement])
+    later = submit(client, name="later", accelerator_types=["cpu"], devices_per_worker=0, cpus_per_worker=0.5,
+                   workers_min=1, workers_max=1)
+    taken = {(w["node"], index) for w in later.placement for index, _ in w["taken"]}
+    shared = (elastic.placement[0]["node"], 0)
+    assert shared not in taken or later.waits_for == [elastic.pk], (later.placement, later.waits_for)
+    assert not later.compute_handle or shared not in taken
+
+
+def test_a_run_shrunk_again_while_still_leaving_a_node_keeps_that_node_held(api, backend, world):
+    """A run shrunk in this cycle was left out of the still-shrinking check, so the devices of a node it was still
+    leaving from an earlier shrink were not held (review)."""
+    from controlplane.scheduling.placement import WorkerPlacement
+    from jobs.admission import _devices_still_in_use
+
+    client = api("alpha", "member")
+    elastic = sync(submit(client, name="elastic", accelerator_types=["nvidia-h100"], devices_per_worker=4,
+                          workers_min=1, workers_max=4, hyperparameters={"steps": 1000}), backend)
+    workers = elastic.placement
+    assert len(workers) == 4 and len({w["node"] for w in workers}) == 2
+    first, second = sorted({w["node"] for w in workers})
+    kept = [w for w in workers if w["node"] == first] + [w for w in workers if w["node"] == second][:1]
+    TrainingJob.objects.filter(pk=elastic.pk).update(placement=kept, observed_nodes=[w["node"] for w in workers])
+    elastic = TrainingJob.objects.get(pk=elastic.pk)  # shrunk before to 3; now it gives one worker on `first` back
+    released = (WorkerPlacement(kept[0]["node"], tuple((int(i), float(s)) for i, s in kept[0]["taken"])),)
+    busy = _devices_still_in_use([], [(elastic, released)])
+    leaving = {(second, int(i)) for w in workers if w["node"] == second and w not in kept for i, _ in w["taken"]}
+    assert leaving and all(busy.get(key) == elastic.pk for key in leaving), busy

@@ -4,6 +4,7 @@ each went onto one demo node with 1 core, and the gang waited for placement for 
 
 from __future__ import annotations
 
+from controlplane.cluster.models import Node
 from jobs.models import TrainingJob
 from tests.conftest import JOB_BODY
 
@@ -192,3 +193,25 @@ def test_cpu_workers_of_more_than_a_core_are_placed_as_whole_cores_rounded_up(ap
     either = submit(api("alpha", "member"), name="either", accelerator_types=["nvidia-h100", "cpu"],
                     devices_per_worker=1, cpus_per_worker=1.5)
     assert _workload(TrainingJob.objects.get(pk=either.json()["id"])).on("cpu").devices_per_worker == 2.0
+
+
+def test_a_replacement_cpu_worker_of_more_than_a_core_takes_whole_cores_rounded_up(api, demo_cluster):
+    """replace_workers placed a lost 2.5-core worker's replacement as round(2.5) = 2 cores while Ray reserves 2.5
+    (the cycle places 3; a review found the two disagreeing)."""
+    from django.test import TestCase
+
+    from jobs.admission import replace_workers
+
+    cpu = Node.objects.get(pool__accelerator_type__slug="cpu")
+    Node.objects.filter(pk=cpu.pk).update(capacity_cpus=4, free_cpus=4)
+    spare = Node.objects.get(pk=cpu.pk)
+    spare.pk, spare.name = None, "cpu-spare"
+    spare.save()
+    with TestCase.captureOnCommitCallbacks(execute=True):  # submitted, then the cycle admits it
+        response = submit(api("alpha", "member"), name="wide", accelerator_types=["cpu"], devices_per_worker=0,
+                          workers_min=1, workers_max=1, cpus_per_worker=2.5)
+    job = TrainingJob.objects.get(pk=response.json()["id"])
+    assert job.state in ("ADMITTED", "STARTING") and len(job.placement[0]["taken"]) == 3
+    moved = replace_workers(job_id=job.pk, exclude=[job.placement[0]["node"]])
+    assert moved is not None and moved.placement[0]["node"] != job.placement[0]["node"]
+    assert len(moved.placement[0]["taken"]) == 3, moved.placement
