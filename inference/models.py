@@ -49,6 +49,9 @@ class Deployment(models.Model):
     replicas_limit = models.PositiveIntegerField(
         null=True, blank=True, help_text="the most replicas its ClusterQueue's quota lets it run now, set by the "
                                          "scheduling cycle (Serve's autoscaler is capped there); empty: replicas_max")
+    capacity_held = models.JSONField(
+        default=list, blank=True, help_text="[node, devices] pairs the scheduling cycle holds for its wanted replicas "
+                                            "that do not run yet; placing another deployment leaves them out")
     applied_revision = models.PositiveIntegerField(default=0, help_text="the revision the backend runs")
     accelerator_type = models.CharField(max_length=63, blank=True, help_text="the accepted type it was placed on")
     pool = models.CharField(max_length=63, blank=True)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane.cluster.models import Node, NodeHealth, NodePool
 from inference.autoscaling import ObservedWindow, percentile
-from inference.models import Deployment, InferenceRequest
+from inference.models import Deployment, DeploymentState, InferenceRequest
 from jobs.models import TrainingJob
 from jobs.states import JOB_MACHINE
 
@@ -49,14 +49,17 @@ def deployment_pools(*, deployment: Deployment) -> list[NodePool]:
 
 # ------------------------------------------------------------------------------------------ capacity
 
-def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_per_replica: float) -> dict[str, int]:
+def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_per_replica: float,
+                     for_deployment: int | None = None) -> dict[str, int]:
     """How many replicas fit now on the live, uncordoned nodes of each pool of the type: {pool: replicas}.
 
     A replica sits on one node; a CPU replica needs only CPUs, an accelerator replica its devices (and a
     little CPU for the server process). Free is what the cluster last reported, but never more than the node's
     capacity less what the control plane knows is held there: admitted training gangs (their devices, or cores on
     the CPU pool, and the cores of their workers) and running replicas. A gang the scheduler placed has not
-    reserved anything in Ray until its run starts, and a replica must not take it meanwhile."""
+    reserved anything in Ray until its run starts, and a replica must not take it meanwhile. Nor does it take the
+    devices the scheduling cycle holds for other deployments' wanted replicas (`capacity_held`; `for_deployment`: the
+    one being placed, whose own hold is what it may use)."""
     from jobs.selectors import training_held_by_node
 
     fits: dict[str, int] = defaultdict(int)
@@ -64,8 +67,10 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
                                 cordoned=False).select_related("pool").order_by("pool__name", "name")
     training_units, training_cpus = training_held_by_node()  # devices (cores on the CPU pool); workers' cores
     serving = serving_held_by_node(accelerator_type)
+    held_for_others = _held_for_wanted_replicas(exclude=for_deployment)
     for node in nodes:
         serving_devices, serving_cpus = serving.get(node.name, (0.0, 0.0))
+        serving_devices += held_for_others.get(node.name, 0.0)
         if accelerator_type == "cpu":
             held_cpus = training_units.get(node.name, 0.0) + serving_cpus
         else:
@@ -80,6 +85,20 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
             count = min(by_cpu, math.floor(free_devices / devices_per_replica + 1e-9))
         fits[node.pool.name] += max(0, count)
     return dict(fits)
+
+
+def _held_for_wanted_replicas(*, exclude: int | None) -> dict[str, float]:
+    """Devices the last scheduling cycle held for wanted replicas that do not run yet, per node, of every deployment
+    still waiting for them (live or PENDING) but `exclude`."""
+    from inference.workflows import LIVE_STATES
+
+    held: dict[str, float] = defaultdict(float)
+    rows = Deployment.objects.filter(state__in=[*LIVE_STATES, DeploymentState.PENDING]).exclude(capacity_held=[])
+    if exclude is not None:
+        rows = rows.exclude(pk=exclude)
+    for node, devices in (pair for pairs in rows.values_list("capacity_held", flat=True) for pair in pairs or []):
+        held[str(node)] += float(devices)
+    return held
 
 
 def serving_held_by_node(accelerator_type: str) -> dict[str, tuple[float, float]]:

@@ -152,7 +152,8 @@ def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
                 continue
         fits = selectors.replica_capacity(accelerator_type=slug, devices_per_replica=devices,
                                           cpus_per_replica=replica_cpus(accelerator_type=slug,
-                                                                        devices_per_replica=devices))
+                                                                        devices_per_replica=devices),
+                                          for_deployment=deployment.pk)
         pool = next((name for name, count in sorted(fits.items()) if count >= needed), None)
         if pool is not None:
             return Placement(slug, pool), ""

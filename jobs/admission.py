@@ -285,6 +285,7 @@ def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
     result.preempted[:0] = plan.preempted
     result.shrunk[:0] = plan.shrunk
     _limit_replicas(plan.limits)  # (first: a note repeated from the last cycle is then still the latest event)
+    _store_holds(plan.held_for_wanted)
     _note_on_deployments(plan)
     for index, admit in enumerate(result.admitted):
         if lent.get(admit.accelerator_type):
@@ -316,6 +317,21 @@ def _note_on_deployments(plan) -> None:
             if reason != last.first():
                 record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
                              to_state=deployment.state, reason=reason, system="scheduler")
+
+
+def _store_holds(held: dict[str, tuple]) -> None:
+    """Store the devices the cycle holds for each deployment's wanted replicas that do not run yet, as [node, devices]
+    pairs, and clear the rest: the deploy check of another deployment leaves them out (before, a deployment created
+    while training gave a node back for another one's replica could take that node)."""
+    from inference.models import Deployment
+
+    wanted = {int(i): sorted([w.node, round(sum(share for _, share in w.taken), 6)] for w in workers)
+              for i, workers in held.items()}
+    changed = [d for d in Deployment.objects.filter(Q(pk__in=list(wanted)) | ~Q(capacity_held=[])).order_by("id")
+               if d.capacity_held != wanted.get(d.pk, [])]
+    for deployment in changed:
+        deployment.capacity_held = wanted.get(deployment.pk, [])
+    write_fields(changed, ["capacity_held"])
 
 
 def _limit_replicas(limits: dict[str, tuple[int, str]]) -> None:

@@ -208,12 +208,26 @@ def test_a_deployment_pending_for_capacity_gets_it_back_from_training_then_deplo
     # Ray reports every node free (the victim stopped; the survivor's run has not reserved its node yet): the
     # replica must still not go where the survivor was placed, so the deploy waits for the victim's node only.
     Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").update(free_devices=8)
+    assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=8, cpus_per_replica=0.5,
+                            for_deployment=deployment_id) == {"h100-pool": 1}
+    # the victim's node is held for this deployment: placing any other one leaves it out
+    held = Deployment.objects.get(pk=deployment_id).capacity_held
+    assert len(held) == 1 and held[0][1] == 8, held
     assert replica_capacity(accelerator_type="nvidia-h100", devices_per_replica=8, cpus_per_replica=0.5) == \
-        {"h100-pool": 1}
+        {"h100-pool": 0}
+    other = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "name": "late", "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 1})
+    late = Deployment.objects.get(pk=other)
+    assert late.state == "PENDING" and "waiting for capacity" in late.state_reason, late.state_reason
     with TestCase.captureOnCommitCallbacks(execute=True):
         tasks.sync_deployments()
     deployment = Deployment.objects.get(pk=deployment_id)
     assert deployment.state in ("DEPLOYING", "SERVING") and deployment.accelerator_type == "nvidia-h100"
+    assert Deployment.objects.get(pk=other).state == "PENDING"  # it did not take the node held for the first
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()  # the replica runs now (or is about to): its hold is no longer needed
+    assert Deployment.objects.get(pk=deployment_id).capacity_held == []
 
 
 def test_a_pending_deployment_whose_model_is_gone_makes_nobody_give_anything_back(api, backend, model_dir):

@@ -739,3 +739,13 @@ def test_serving_replicas_are_no_non_preemptible_usage_of_their_queue():
                            [ServingDemand("d1", "h100", 8, 1, 1, ("n0",), cluster_queue="shared")])
     result = schedule(plan.snapshot)
     assert [a.workload_id for a in result.admitted] == ["pinned"], result.waiting
+
+
+def test_the_plan_names_the_devices_it_holds_for_wanted_replicas_that_do_not_run_yet():
+    """The platform stores them so that placing another deployment leaves them out; running replicas are not in it."""
+    snap = Snapshot(nodes(2), QUEUES)
+    plan = plan_mixed_load(snap, [serving(3, ("n0",), per_replica=4)])  # one runs on n0, two more wanted
+    held = plan.held_for_wanted["d1"]
+    assert len(held) == 2 and all(len(w.taken) == 4 for w in held)
+    assert sum(len(w.taken) for w in held if w.node == "n0") == 4  # the rest of n0, then n1
+    assert plan_mixed_load(snap, [serving(1, ("n0",), per_replica=4)]).held_for_wanted == {}

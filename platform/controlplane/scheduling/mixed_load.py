@@ -66,6 +66,9 @@ class MixedLoadPlan:
     # deployment id -> (the most replicas its ClusterQueue's quota lets it run now, why not replicas_max or "");
     # live deployments in a ClusterQueue only: the platform caps Ray Serve's autoscaler there (`replica_limits`)
     limits: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # deployment id -> the devices held for its wanted replicas that do not run yet (free ones, or ones training gives
+    # back): the platform stores them so that placing another deployment does not take them meanwhile
+    held_for_wanted: dict[str, tuple[WorkerPlacement, ...]] = field(default_factory=dict)
 
 
 class _Free:
@@ -181,6 +184,7 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
             placed = _place_replica(free, demand)
             if placed is not None:
                 held[demand.id].append(placed)
+    running_held = {d.id: len(held[d.id]) for d in demands}
     # 3. Wanted replicas not running yet, within their queue's quota: free devices, or what training gives back.
     ledger = _quota_ledger(snapshot)
     for demand in demands:
@@ -232,6 +236,8 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                 ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
         if saved is not None and demand.id in plan.waiting:  # fewer than all: as if none had been tried
             _restore(saved, free, running, touched, ledger, plan, held[demand.id])
+    plan.held_for_wanted = {d.id: tuple(held[d.id][running_held[d.id]:]) for d in demands
+                            if len(held[d.id]) > running_held[d.id]}
     plan.limits = replica_limits(ledger, demands, held, running, touched, snapshot, _again(plan))
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
