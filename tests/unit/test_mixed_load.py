@@ -749,3 +749,15 @@ def test_the_plan_names_the_devices_it_holds_for_wanted_replicas_that_do_not_run
     assert len(held) == 2 and all(len(w.taken) == 4 for w in held)
     assert sum(len(w.taken) for w in held if w.node == "n0") == 4  # the rest of n0, then n1
     assert plan_mixed_load(snap, [serving(1, ("n0",), per_replica=4)]).held_for_wanted == {}
+
+
+def test_the_last_replica_of_room_goes_to_the_deployment_that_wants_it_not_the_first_by_id():
+    """Found by QA: with room for one more replica in the queue, d1 (idle) took it in id order every cycle while d2,
+    which wanted more, stayed at its cap."""
+    queues = (ClusterQueueSpec("team", {"h100": Quota(6, borrowing_limit=0)}),)
+    demands = [ServingDemand("d1", "h100", 2, 4, 1, ("n0",), cluster_queue="team"),
+               ServingDemand("d2", "h100", 2, 4, 2, ("n1",), cluster_queue="team", replicas_limit=1)]
+    plan = plan_mixed_load(Snapshot(nodes(2), queues), demands)
+    assert plan.limits["d2"][0] == 2 and plan.limits["d1"][0] == 1, plan.limits
+    idle = [replace(demands[1], replicas_wanted=1)]  # nobody wants more: the room goes in id order, as before
+    assert plan_mixed_load(Snapshot(nodes(2), queues), [demands[0], *idle]).limits["d1"][0] == 2

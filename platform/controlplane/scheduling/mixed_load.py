@@ -262,9 +262,9 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
        priority: the cycle preempts it), and only for what the cohort's idle quota does not cover;
     3. the replicas that run on borrowed quota, as far as the cohort still lends: a deployment borrowing quota a
        lender's waiting work claims gets a limit below what it runs, and Serve scales in;
-    4. the headroom: one replica of room each first, then to those whose autoscaler wants more than they hold,
-       then to all, each in turn, so no deployment's scale-out takes quota another one's running replicas use or all
-       the headroom of its queue."""
+    4. the headroom: one replica of room each first (those that want more than they hold first), then to those
+       whose autoscaler wants more than they hold, then to all, each in turn, so no deployment's scale-out takes
+       quota another one's running replicas use or all the headroom of its queue."""
     scratch = QuotaLedger(snapshot.cluster_queues)
     scratch.usage.update(ledger.usage)
     queue_of = {d.id: _queue_of(d, snapshot) for d in demands}
@@ -336,7 +336,9 @@ def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict
     # those whose autoscaler wants more than they hold, then for all, each in turn. It depends on what they hold and
     # want, not on the last limits, so steady load gives the same limits cycle after cycle.
     growing = [d for d in live if counts[d.id] == len(held[d.id])]
-    for demand in growing:
+    # (those that want more take their replica of room first: in id order, one that did not use it took the last
+    # room of a queue for good while another at its cap wanted more; found by QA)
+    for demand in sorted(growing, key=lambda d: d.replicas_wanted <= len(held[d.id])):
         if counts[demand.id] < demand.replicas_max:
             borrowing(demand)
     for turn in ([d for d in growing if d.replicas_wanted > len(held[d.id])], growing):
