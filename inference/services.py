@@ -348,9 +348,10 @@ def deployment_delete(*, actor, deployment: Deployment) -> Deployment:
         return deployment
     deployment = transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent,
                             to=DeploymentState.DELETED, reason=f"deleted by {actor.get_username()}", actor=actor)
-    if deployment.replicas_limit is not None:  # no quota limits what no longer runs (the API showed the last one)
-        deployment.replicas_limit = None
-        Deployment.objects.filter(pk=deployment.pk).update(replicas_limit=None)
+    if deployment.replicas_limit is not None or deployment.capacity_held:
+        # no quota limits what no longer runs (the API showed the last one), and nothing is held for it
+        deployment.replicas_limit, deployment.capacity_held = None, []
+        Deployment.objects.filter(pk=deployment.pk).update(replicas_limit=None, capacity_held=[])
     if was_placed:
         from inference.tasks import tear_down_deployment
 

@@ -152,7 +152,7 @@ class DeploymentStatusSerializer(serializers.ModelSerializer):
     class Meta:
         model = Deployment
         fields = ["state", "reason", "changed_at", "replicas_ready", "replicas_target", "replicas_limit",
-                  "applied_revision",
+                  "capacity_held", "applied_revision",
                   "accelerator_type", "pool", "model_dir", "compute_handle", "autoscaling", "observed",
                   "finished_at"]
 

@@ -201,6 +201,11 @@ def test_detail_shows_state_sla_revisions_actions_and_live_regions(world, demo_c
     assert f'data-url="/deployments/{deployment.pk}/playground/"' in html
     assert 'id="deployment-metrics"' in html and "/static/frontend/vendor/echarts-6.1.0.min.js" in html
     assert "chat/completions" in html and '"model": "chat"' in html
+    assert 'id="deployment-held"' not in html
+    Deployment.objects.filter(pk=deployment.pk).update(capacity_held=[["a100-pool-1", 8.0], ["a100-pool-0", 0.5]])
+    html = session(alpha["member"]).get(f"/deployments/{deployment.pk}/").content.decode()
+    assert ("held by the scheduler for replicas it wants: <code>a100-pool-1</code> (8 devices), "
+            "<code>a100-pool-0</code> (0.5 devices)") in html
 
 
 def test_detail_chart_data_comes_from_the_request_log(world):

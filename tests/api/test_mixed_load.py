@@ -601,10 +601,13 @@ def test_replicas_no_node_could_hold_are_refused_and_a_deleted_deployment_has_no
         patched = client.patch(f"/api/v1/deployments/{deployment.pk}/", {"devices_per_replica": 16}, format="json")
     assert patched.status_code == 400 and "could hold one replica" in patched.json()["devices_per_replica"][0]
     assert Deployment.objects.get(pk=deployment.pk).replicas_limit == 1  # its quota takes one of its two replicas
+    Deployment.objects.filter(pk=deployment.pk).update(capacity_held=[["h100-pool-1", 8.0]])  # as a cycle stores it
+    assert client.get(f"/api/v1/deployments/{deployment.pk}/").json()["status"]["capacity_held"] == \
+        [["h100-pool-1", 8.0]]
     with TestCase.captureOnCommitCallbacks(execute=True):
         assert client.delete(f"/api/v1/deployments/{deployment.pk}/").status_code in (200, 202, 204)
     status = client.get(f"/api/v1/deployments/{deployment.pk}/").json()["status"]
-    assert status["state"] == "DELETED" and status["replicas_limit"] is None
+    assert status["state"] == "DELETED" and status["replicas_limit"] is None and status["capacity_held"] == []
 
 
 
