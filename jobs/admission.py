@@ -182,10 +182,6 @@ def load_serving() -> list[ServingDemand]:
         observed = deployment.observed or {}
         nodes = tuple(str(n) for n in observed.get("node_names") or ())[:deployment.replicas_ready]
         wanted = max(deployment.replicas_min, deployment.replicas_target, deployment.replicas_ready)
-        cap = deployment.replicas_max if deployment.replicas_limit is None else deployment.replicas_limit
-        if observed.get("breach") and deployment.replicas_ready >= cap and wanted < deployment.replicas_max:
-            # Serve's autoscaler cannot want more than its cap, but a deployment in breach of its SLA there does
-            wanted += 1
         demands.append(ServingDemand(id=str(deployment.pk), accelerator_type=deployment.accelerator_type,
                                      devices_per_replica=float(deployment.devices_per_replica),
                                      replicas_max=deployment.replicas_max, replicas_wanted=wanted,

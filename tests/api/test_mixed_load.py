@@ -639,17 +639,3 @@ def test_a_pending_deployment_asks_the_type_whose_training_can_give_back(api, ba
     states = {name: TrainingJob.objects.get(pk=pk).state for name, pk in jobs.items()}
     assert states["a0"] == states["a1"] == "RUNNING" and "PREEMPTED" in (states["h0"], states["h1"]), states
 
-
-def test_a_deployment_in_breach_of_its_sla_at_its_cap_wants_one_more_replica(api, backend, model_dir):
-    """Serve's autoscaler cannot want more than the limit the cycle set, so the cycle read a deployment at its cap as
-    wanting no more, even in breach of its SLA, and gave the queue's last room to an idle one (QA)."""
-    deployment = deploy_h100(api("alpha", "member"), model_dir)
-    observed = {**deployment.observed, "node_names": ["h100-pool-0"], "breach": "TTFT p95 812 ms > SLA 500 ms"}
-    Deployment.objects.filter(pk=deployment.pk).update(replicas_limit=1, replicas_ready=1, replicas_target=1,
-                                                       observed=observed)
-    [demand] = load_serving()
-    assert demand.replicas_wanted == 2
-    Deployment.objects.filter(pk=deployment.pk).update(observed={**observed, "breach": None})
-    assert load_serving()[0].replicas_wanted == 1
-    Deployment.objects.filter(pk=deployment.pk).update(replicas_limit=None, observed=observed)
-    assert load_serving()[0].replicas_wanted == 1  # below its cap, Serve's own target says what it wants

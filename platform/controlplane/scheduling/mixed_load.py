@@ -66,8 +66,8 @@ class MixedLoadPlan:
     # deployment id -> (the most replicas its ClusterQueue's quota lets it run now, why not replicas_max or "");
     # live deployments in a ClusterQueue only: the platform caps Ray Serve's autoscaler there (`replica_limits`)
     limits: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # deployment id -> the devices held for its wanted replicas that do not run yet (free ones, or ones training gives
-    # back): the platform stores them so that placing another deployment does not take them meanwhile
+    # deployment id -> the devices held for the replicas of a deployment waiting to be deployed (free ones, or ones
+    # training gives back): the platform stores them so that placing another deployment does not take them meanwhile
     held_for_wanted: dict[str, tuple[WorkerPlacement, ...]] = field(default_factory=dict)
 
 
@@ -236,8 +236,10 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                 ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
         if saved is not None and demand.id in plan.waiting:  # fewer than all: as if none had been tried
             _restore(saved, free, running, touched, ledger, plan, held[demand.id])
+    # (deployments waiting to be deployed only: a live one's replica still starting is not reported as running, and
+    # its hold, on a node picked here rather than where Serve starts it, hid a free node from others; a review)
     plan.held_for_wanted = {d.id: tuple(held[d.id][running_held[d.id]:]) for d in demands
-                            if len(held[d.id]) > running_held[d.id]}
+                            if d.all_or_none and len(held[d.id]) > running_held[d.id]}
     plan.limits = replica_limits(ledger, demands, held, running, touched, snapshot, _again(plan))
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
