@@ -18,11 +18,13 @@ import argparse
 import csv
 import datetime as dt
 import json
+import math
 import os
 import random
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -32,17 +34,25 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "platform"))
 
 from controlplane.scheduling.fgd import (  # noqa: E402
+    INF_CPU,
     MILLI,
     TargetRequest,
     WorkloadDistribution,
+    fgd_take,
     model_pressure,
+    node_key,
     stranded_gpu_milli,
 )
+from controlplane.scheduling.placement import EPS, NodeState, best_fit, place_gang  # noqa: E402
 
 DATA_DIR = REPO_ROOT.parent / "shared" / "benchmarks" / "alibaba-gpu-2023"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 POD_LISTS = ("default", "gpuspec33", "multigpu50")
 POLICIES = ("first-fit", "best-fit", "fgd", "fleetyard")
+# The platform's scheduling core's own placement rules (controlplane.scheduling.placement.place_gang), not run by
+# default: "core" is what the core does (best fit, a fraction on the fullest device it fits), "core-fgd" the same
+# with FGD's node and device choice for fractional pods. Both see the trace as the core does (devices only).
+CORE_POLICIES = ("core", "core-fgd")
 CHECKPOINTS = (0.80, 0.90, 0.95, 1.00, 1.30)
 TARGET_RATIO = 1.30
 TYPICAL_POPULARITY = 0.95  # the simulator's typical-pods threshold (top shapes covering 95% of pods)
@@ -359,9 +369,97 @@ def gpu_only(nodes: Sequence[Node], pods: Sequence[Pod]) -> tuple[list[Node], li
             [replace(p, cpu_milli=0, memory_mib=0) for p in pods if p.num_gpu])
 
 
+def core_distribution(pods: Sequence[Pod]) -> WorkloadDistribution:
+    """The target workload core-fgd scores against: every GPU pod shape of the pod list as the core sees it (a
+    fraction of one device or N whole devices, no CPU), weighted half by pod count and half by GPU demand."""
+    counts = Counter(TargetRequest.from_devices(_core_devices(p)) for p in pods if p.num_gpu)
+    if not counts:
+        raise ValueError("no pod asks for a GPU")
+    n_pods = sum(counts.values())
+    n_gpu = sum(count * request.total_gpu_milli for request, count in counts.items())
+    shapes = sorted(counts.items(), key=lambda kv: (kv[0].gpu_milli, kv[0].num_gpu))
+    return WorkloadDistribution(tuple((request, 0.5 * count / n_pods + 0.5 * count * request.total_gpu_milli / n_gpu)
+                                      for request, count in shapes))
+
+
+def _core_devices(pod: Pod) -> float:
+    """A pod's worker size in the core's terms: a share of one device, or whole devices."""
+    return pod.gpu_milli / MILLI if pod.gpu_milli < MILLI else float(pod.num_gpu)
+
+
+def simulate_core(nodes: Sequence[Node], arrivals: Sequence[Pod], policy: str,
+                  distribution: WorkloadDistribution | None = None, checkpoints: Sequence[float] = CHECKPOINTS
+                  ) -> dict:
+    """Place `arrivals` one at a time with the scheduling core's placement rules (placement.place_gang, the
+    reference its indexed version is tested equal to): each GPU model a node pool of one leaf group, a pod's
+    accepted models tried in name order (the core tries a workload's accepted types in its preference order, which
+    comes from prices the trace does not have), the first pool that holds it wins. CPU and memory are not seen.
+    "core-fgd": a fractional pod goes to the node, and the device, with the least FGD fragmentation increase
+    (ties: best fit, then node name); whole devices as "core"."""
+    if policy not in CORE_POLICIES:
+        raise ValueError(f"unknown core policy {policy}")
+    if policy == "core-fgd" and distribution is None:
+        raise ValueError("core-fgd needs a workload distribution")
+    pools: dict[str, list[NodeState]] = {}
+    for node in nodes:
+        pools.setdefault(node.model, []).append(NodeState(node.name, node.model, node.model, node.model,
+                                                          [1.0] * node.gpus))
+    models = sorted(pools)
+    score, take = best_fit, None
+    if policy == "core-fgd":
+        def score(node: NodeState, devices: float):
+            if devices >= 1.0 - EPS:
+                return (0.0, node.free_total() - devices)
+            move = distribution.best_move(node_key(node.accelerator_type, INF_CPU,
+                                                   [round(share * MILLI) for share in node.device_free]),
+                                          TargetRequest.from_devices(devices))
+            return (math.inf if move is None else move[0], node.free_total() - devices)
+
+        def take(node: NodeState, devices: float):
+            return fgd_take(node, devices, distribution)
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    arrived = allocated = placed = failed = 0
+    marks = list(checkpoints)
+    at: dict[str, float] = {}
+    first_failure: dict | None = None
+    failed_by_kind: dict[str, int] = {}
+    for pod in arrivals:
+        arrived += pod.total_gpu_milli
+        if pod.num_gpu:
+            devices = _core_devices(pod)
+            for model in (m for m in models if not pod.models or m in pod.models):
+                if place_gang(pools[model], workers=1, devices=devices, score=score, take=take) is not None:
+                    allocated += pod.total_gpu_milli
+                    placed += 1
+                    break
+            else:
+                failed += 1
+                kind = "share" if pod.gpu_milli < MILLI else f"{pod.num_gpu}gpu"
+                failed_by_kind[kind] = failed_by_kind.get(kind, 0) + 1
+                if first_failure is None:
+                    first_failure = {"pod_index": placed + failed - 1, "arrived_pct": 100.0 * arrived / capacity,
+                                     "allocated_pct": 100.0 * allocated / capacity}
+        while marks and arrived >= marks[0] * capacity - 1e-6:
+            at[f"{round(marks.pop(0) * 100)}"] = 100.0 * allocated / capacity
+    for mark in marks:
+        at[f"{round(mark * 100)}"] = 100.0 * allocated / capacity
+    return {"policy": policy, "allocated_pct_at_arrived_pct": at, "first_failure": first_failure,
+            "pods": len(arrivals), "placed": placed, "failed": failed, "failed_by_kind": failed_by_kind,
+            "arrived_pct_final": 100.0 * arrived / capacity, "allocated_pct_final": 100.0 * allocated / capacity}
+
+
 def run_one(data_dir: str, pod_list: str, policy: str, seed: int, tie_break: str = "random",
             fleetyard: FleetyardConfig = FLEETYARD, devices_only: bool = False) -> dict:
     nodes, pods = _inputs(Path(data_dir), pod_list)
+    if policy in CORE_POLICIES:  # the core sees devices only, whatever the flag
+        nodes, pods = gpu_only(nodes, pods)
+        capacity = sum(n.gpus for n in nodes) * MILLI
+        arrivals = build_arrivals(pods, capacity, seed)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        result = simulate_core(nodes, arrivals, policy, core_distribution(pods) if policy == "core-fgd" else None)
+        result.update(seed=seed, wall_s=time.perf_counter() - started, cpu_s=time.process_time() - cpu_started,
+                      pod_list=pod_list)
+        return result
     if devices_only:
         nodes, pods = gpu_only(nodes, pods)
     capacity = sum(n.gpus for n in nodes) * MILLI
@@ -463,8 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pod_lists = [p for p in args.pod_lists.split(",") if p]
     policies = [p for p in args.policies.split(",") if p]
     for name in policies:
-        if name not in POLICIES:
-            parser.error(f"unknown policy {name}; known: {', '.join(POLICIES)}")
+        if name not in POLICIES + CORE_POLICIES:
+            parser.error(f"unknown policy {name}; known: {', '.join(POLICIES + CORE_POLICIES)}")
     data_dir = Path(args.data_dir)
     if not (data_dir / "openb_node_list_gpu_node.csv").exists():
         print(f"data not found under {data_dir}", file=sys.stderr)

@@ -108,8 +108,12 @@ class GangPlacement:
         return [worker.node for worker in self.workers]
 
 
+# Takes a worker's devices on the chosen node (NodeState.take when none is given: a fraction on the fullest device).
+DeviceTake = Callable[[NodeState, float], tuple[tuple[int, float], ...]]
+
+
 def place_gang(nodes: Sequence[NodeState], *, workers: int, devices: float, score: NodeScore = best_fit,
-               leaf_group_aware: bool = True) -> GangPlacement | None:
+               leaf_group_aware: bool = True, take: DeviceTake | None = None) -> GangPlacement | None:
     """Place `workers` workers of `devices` each on `nodes`, all or none (state is left untouched on failure).
 
     With `leaf_group_aware`, the gang goes into the leaf group that can hold all of it with the least
@@ -130,14 +134,14 @@ def place_gang(nodes: Sequence[NodeState], *, workers: int, devices: float, scor
                 holding.append((slots - workers, name))
         if holding:
             _, best_group = min(holding)
-            placement = _place_in(groups[best_group], workers, devices, score)
+            placement = _place_in(groups[best_group], workers, devices, score, take=take)
             if placement is not None:
                 return placement
         ordered = sorted(groups.values(), key=lambda members: (-sum(_slots(n, devices) for n in members),
                                                                 members[0].leaf_group))
         candidates = [node for members in ordered for node in members]
-        return _place_in(candidates, workers, devices, score, keep_order=True)
-    return _place_in(candidates, workers, devices, score)
+        return _place_in(candidates, workers, devices, score, keep_order=True, take=take)
+    return _place_in(candidates, workers, devices, score, take=take)
 
 
 def _slots(node: NodeState, devices: float) -> int:
@@ -150,7 +154,7 @@ def _slots(node: NodeState, devices: float) -> int:
 
 
 def _place_in(nodes: Sequence[NodeState], workers: int, devices: float, score: NodeScore,
-              keep_order: bool = False) -> GangPlacement | None:
+              keep_order: bool = False, take: DeviceTake | None = None) -> GangPlacement | None:
     placement = GangPlacement()
     for _ in range(workers):
         fitting = [node for node in nodes if node.fits(devices)]
@@ -162,5 +166,6 @@ def _place_in(nodes: Sequence[NodeState], workers: int, devices: float, score: N
             node = fitting[0]
         else:
             node = min(fitting, key=lambda n: (score(n, devices), n.name))
-        placement.workers.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
+        taken = node.take(devices) if take is None else take(node, devices)
+        placement.workers.append(WorkerPlacement(node=node.name, taken=taken))
     return placement
