@@ -35,6 +35,7 @@ from fleetyard.errors import (
     ServerError,
     TimeoutExpired,
 )
+from fleetyard.spec import accelerator_slug
 
 JOB_TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 DEPLOYMENT_TERMINAL = ("DELETED", "FAILED")
@@ -412,20 +413,33 @@ def plan_pool(entry) -> dict:
 
 def plan_devices(entry) -> dict:
     """Hypothetical devices for Client.plan: "TYPE:COUNT[:PER_NODE]", (type, count[, per_node]) or a dict of the API's
-    fields. Anything else is a ValueError that says what is accepted."""
+    fields. The type may be written as a spec writes it (H100, h100, nvidia-h100): a known short name becomes its
+    slug (before, "H100" went to the server as is and came back as an unknown type; found by QA); any other name is
+    sent as given, for the server to judge. Anything else is a ValueError that says what is accepted."""
     if isinstance(entry, dict):
-        return dict(entry)
+        body = dict(entry)
+        if isinstance(body.get("accelerator_type"), str):
+            body["accelerator_type"] = _known_slug(body["accelerator_type"])
+        return body
     if isinstance(entry, str):
         parts = entry.split(":")
         if len(parts) not in (2, 3) or not parts[0]:
             raise ValueError(f"devices are TYPE:COUNT or TYPE:COUNT:DEVICES_PER_NODE, got {entry!r}")
         entry = (parts[0], *(_positive(part, entry) for part in parts[1:]))
     if isinstance(entry, tuple | list) and len(entry) in (2, 3) and isinstance(entry[0], str):
-        body = {"accelerator_type": entry[0], "count": entry[1]}
+        body = {"accelerator_type": _known_slug(entry[0]), "count": entry[1]}
         if len(entry) == 3:
             body["devices_per_node"] = entry[2]
         return body
     raise ValueError(f"devices are \"TYPE:COUNT[:PER_NODE]\", (type, count[, per_node]) or a dict, got {entry!r}")
+
+
+def _known_slug(name: str) -> str:
+    """The slug of a known accelerator name (spec.accelerator_slug), or the name as given."""
+    try:
+        return accelerator_slug(name)
+    except ValueError:
+        return name
 
 
 def _positive(text: str, whole: str) -> int:
@@ -443,7 +457,9 @@ def _entries(value, what: str) -> list:
     letter, and a single tuple as two entries)."""
     if isinstance(value, str | dict) or not isinstance(value, list | tuple):
         raise ValueError(f"{what} takes a list of entries, got {value!r}")
-    if what == "devices" and len(value) in (2, 3) and isinstance(value[0], str) and not isinstance(value[1], str):
+    # (a count second: ["a100:8", {...}] is two entries, which this refused before)
+    if what == "devices" and len(value) in (2, 3) and isinstance(value[0], str) and isinstance(value[1], int | float) \
+            and not isinstance(value[1], bool):
         raise ValueError(f"devices takes a list of entries: write [{tuple(value)!r}], not {tuple(value)!r}")
     return list(value)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+from controlplane.cluster.plans import device_type_for
 from controlplane.cluster.selectors import accelerator_type_list, node_pools_for_planning
 from controlplane.planning.presets import PRESET_NAMES
 from frontend.views import _base_context
@@ -18,15 +19,30 @@ from frontend.views import _base_context
 @login_required
 def plan_page(request):
     _, context = _base_context(request, "plan")
+    # Types the planner cannot model (no published dense TFLOPS, memory or bandwidth) are not offered: every plan on
+    # them is refused (before, the page offered them; found by QA). Their pools are shown, disabled, saying why.
+    types = [t for t in accelerator_type_list() if t.slug != "cpu"]
+    missing = {t.slug: _missing_facts(t) for t in types}
     # What a plan can use: the healthy, uncordoned nodes (as POST /api/v1/plans/ counts them).
     pools = [{"name": pool.name, "accelerator_type": pool.accelerator_type.slug, "simulated": pool.simulated,
-              "devices": pool.ready_node_count * pool.devices_per_node, "devices_per_node": pool.devices_per_node}
+              "devices": pool.ready_node_count * pool.devices_per_node, "devices_per_node": pool.devices_per_node,
+              "not_plannable": missing.get(pool.accelerator_type.slug) or _missing_facts(pool.accelerator_type)}
              for pool in node_pools_for_planning().values() if pool.accelerator_type.slug != "cpu"]
     context.update({
         "presets": PRESET_NAMES,
         "preset": request.GET.get("model") if request.GET.get("model") in PRESET_NAMES else "llama2-7b",
         "pools": pools,
-        "first_ready": next((pool["name"] for pool in pools if pool["devices"]), None),
-        "accelerator_types": [t.slug for t in accelerator_type_list() if t.slug != "cpu"],
+        "first_ready": next((pool["name"] for pool in pools if pool["devices"] and not pool["not_plannable"]), None),
+        "accelerator_types": [t.slug for t in types if not missing[t.slug]],
+        "not_plannable": sorted((slug, why) for slug, why in missing.items() if why),
     })
     return render(request, "frontend/plan.html", context)
+
+
+def _missing_facts(accelerator) -> str:
+    """Why the planner cannot model the type (device_type_for's reason), or ""."""
+    try:
+        device_type_for(accelerator)
+    except ValueError as exc:
+        return str(exc)
+    return ""

@@ -33,6 +33,7 @@ from controlplane.scheduling.mixed_load import (
     ServingDemand,
     gives_back_quota,
     loans,
+    non_preemptible_caps,
     plan_mixed_load,
     training_usage_after,
 )
@@ -168,6 +169,16 @@ def _facts() -> list[dict]:
             for a in AcceleratorType.objects.all()]
 
 
+def non_preemptible_caps_now() -> dict[str, float]:
+    """Per type deployments reserve, the devices non-preemptible training may hold, as the next cycle's mixed load
+    sets them (mixed_load.non_preemptible_caps): for a spec's dry run."""
+    nodes = tuple(NodeSpec(name=name, pool=pool, accelerator_type=slug, leaf_group=pool, devices=int(devices))
+                  for name, pool, slug, devices in Node.objects.filter(health=NodeHealth.HEALTHY, cordoned=False)
+                  .exclude(pool__accelerator_type__slug="cpu")
+                  .values_list("name", "pool__name", "pool__accelerator_type__slug", "capacity_devices"))
+    return non_preemptible_caps(Snapshot(nodes, ()), [d for d in load_serving() if d.devices_per_replica > 0])
+
+
 def load_serving() -> list[ServingDemand]:
     """Live deployments on accelerators, as mixed load sees them: what they reserve (replicas_max), what their
     autoscaler wants now, where their replicas run, and the ClusterQueue whose quota they count against (CPU
@@ -287,8 +298,11 @@ def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
     _limit_replicas(plan.limits)  # (first: a note repeated from the last cycle is then still the latest event)
     _store_holds(plan.held_for_wanted)
     _note_on_deployments(plan)
+    # (preemptible ones only: a non-preemptible job is kept off reserved capacity, and could not give it back; before,
+    # every admission on a type with a loan promised to give it back; found by QA)
+    preemptible = {w.id for w in snapshot.pending if w.preemptible}
     for index, admit in enumerate(result.admitted):
-        if lent.get(admit.accelerator_type):
+        if lent.get(admit.accelerator_type) and admit.workload_id in preemptible:
             result.admitted[index] = replace(admit, reason=(
                 f"{admit.reason}; on loan: training now uses {lent[admit.accelerator_type]:g} "
                 f"{admit.accelerator_type} of the capacity deployments reserved, given back when they scale out"))

@@ -5,7 +5,8 @@ The plan sizes the gang: when the best layout of every accepted type uses fewer 
 asked for (a small global batch cannot be split over more data-parallel ranks), the gang shrinks to the
 workers those layouts need, so the scheduler does not hold idle devices for it (`sized_by_plan`); a layout
 with tensor or pipeline parallelism needs every one of its devices, so such a job is not elastic
-(workers_min is raised to workers_max). The built-in trainer (one rank per worker) takes the plan's
+(workers_min is raised to workers_max); an elastic data-parallel one starts no narrower than the width at
+which its layout fits device memory (`min_workers_by_plan`). The built-in trainer (one rank per worker) takes the plan's
 tensor and pipeline degrees at worker granularity where its small model can (jobs.runtime.lm_config.
 trainer_layout: a tensor group inside one worker's devices stays inside that worker) and runs them with
 jobs.runtime.model_parallel; otherwise it trains data parallel and logs why.
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
-from controlplane.cluster.models import NodePool
-from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE, plan_estimate
+from controlplane.cluster.models import AcceleratorType, NodePool
+from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE, device_type_for, plan_estimate, resolve_model
 from controlplane.common.errors import ValidationFailed
-from controlplane.planning import Layout
+from controlplane.planning import DevicePool, Layout, PlanOptions, PlanRequest, predict
 
 PLAN_KEYS = {"mode", "model", "global_batch_size", "options"}
 
@@ -119,15 +121,57 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
         raise ValidationFailed(f"no accepted accelerator type can run this model at {count} devices ({details})",
                                field="parallelism")
     model_parallel = any(plan["tp"] * plan["pp"] > 1 for plan in by_type.values())
+    if not model_parallel:
+        spec, _preset = resolve_model(parallelism["model"])
+        accelerators = {a.slug: a for a in AcceleratorType.objects.filter(slug__in=list(by_type))}
+        for slug, summary in by_type.items():
+            summary["fewest_devices"] = fewest_data_parallel_devices(
+                summary, spec=spec, global_batch_size=batch, accelerator=accelerators[slug],
+                devices_per_worker=devices_per_worker, options=options, fractions=fractions)
     return {"mode": "auto", "model": model_facts, "global_batch_size": batch, "devices": count,
             "by_type": by_type, "cannot_run": cannot, "model_parallel": model_parallel}
 
 
+def fewest_data_parallel_devices(summary: dict, *, spec, global_batch_size: int, accelerator: AcceleratorType,
+                                 devices_per_worker: int, options: Mapping, fractions) -> int:
+    """The fewest devices, in whole workers, on which the type's best data-parallel layout (tp = pp = 1) still fits
+    device memory with fewer data-parallel ranks: an elastic job runs at any width from its minimum, and with fewer
+    ranks each device holds a larger share of the optimizer state (ZeRO) and more micro-batches. At a narrower width
+    the layout may use the most memory-saving settings the request's options allow (micro-batch 1, optimizer state
+    and gradients sharded, full recomputation). The layout's own width when no fewer fits."""
+    layout = Layout.from_dict(summary["layout"])
+    per_worker = max(1, devices_per_worker)
+    shape = summary["pool"]
+    plan_options = PlanOptions(**dict(options))
+    saving = replace(layout, micro_batch_size=1, zero=layout.zero or plan_options.allow_zero,
+                     shard_gradients=layout.shard_gradients or plan_options.allow_zero,
+                     recompute="full" if plan_options.allow_recompute else layout.recompute)
+    for devices in range(per_worker, layout.dp, per_worker):
+        per_node = shape["devices_per_node"]
+        if devices > per_node and devices % per_node:
+            continue  # the planner plans whole nodes, or part of one
+        nodes, per_node = (1, devices) if devices <= per_node else (devices // per_node, per_node)
+        pool = DevicePool(device=device_type_for(accelerator, fractions), nodes=nodes, devices_per_node=per_node,
+                          intra_node_gbps=shape["intra_node_gbps"], inter_node_gbps=shape["inter_node_gbps"],
+                          name=layout.stages[0].pool)
+        request = PlanRequest(model=spec, global_batch_size=global_batch_size, pools=(pool,), options=plan_options)
+        for candidate in (layout, saving):
+            try:
+                if predict(request, replace(candidate, dp=devices)).fits:
+                    return devices
+            except ValueError:  # this width cannot run it (e.g. the batch does not split over its ranks)
+                continue
+    return layout.dp
+
+
 def gang_size_from_plan(plan: dict, *, workers_min: int, workers_max: int, devices_per_worker: int) -> tuple[int, int]:
     """(workers_min, workers_max) for the stored plan: no more workers than the largest best layout of the accepted
-    types uses (noted in the plan as `sized_by_plan`), and all of them for a model-parallel layout."""
+    types uses (noted in the plan as `sized_by_plan`), all of them for a model-parallel layout, and for a
+    data-parallel one no fewer than the width at which every accepted type's layout fits device memory (before, an
+    elastic job planned at 8 devices was admitted on 1, where the planner says it needs 121 GB of 80; found by QA)."""
     used = max((p.get("layout_devices") or p["devices"]) for p in plan["by_type"].values())
-    needed = max(1, math.ceil(used / max(1, devices_per_worker)))
+    per_worker = max(1, devices_per_worker)
+    needed = max(1, math.ceil(used / per_worker))
     if needed < workers_max:
         plan["sized_by_plan"] = (f"the best layouts use at most {used} of the {workers_max * devices_per_worker} "
                                  f"devices asked for: the gang is {needed} x {devices_per_worker} devices")
@@ -135,4 +179,10 @@ def gang_size_from_plan(plan: dict, *, workers_min: int, workers_max: int, devic
         workers_min = min(workers_min, needed)
     if plan["model_parallel"]:
         workers_min = workers_max
+    fewest = max((p.get("fewest_devices") or 0) for p in plan["by_type"].values())
+    at_least = min(workers_max, math.ceil(fewest / per_worker))
+    if at_least > workers_min:
+        plan["min_workers_by_plan"] = (f"the best layouts need at least {fewest} devices to fit device memory: the "
+                                       f"gang starts at {at_least} workers, not {workers_min}")
+        workers_min = at_least
     return workers_min, workers_max

@@ -54,3 +54,21 @@ def test_the_page_counts_only_the_nodes_a_plan_can_use(world, cluster):
     html = client.get("/plan/").content.decode()
     line = html.split('data-plan-pool="h100-pool"')[1].split("</label>")[0]
     assert " disabled" in line and " checked" not in line and "no healthy, uncordoned node to plan on" in line
+
+
+def test_types_the_planner_cannot_model_are_not_offered_and_their_pools_say_why(world, cluster, accel):
+    """QA (2026-11-28): the page offered kunlun-p800 and ascend-910b (and the p800 pool), which every plan refuses
+    ("no published bf16_dense_tflops")."""
+    from controlplane.cluster.services import node_pool_create
+
+    node_pool_create(actor=world["ops"], name="p800-pool", accelerator_type=accel["kunlun-p800"], devices_per_node=8,
+                     simulated=True)
+    client = Client()
+    client.force_login(world["alpha"]["member"])
+    html = client.get("/plan/").content.decode()
+    assert '<option value="kunlun-p800">' not in html and '<option value="ascend-910b">' not in html
+    assert '<option value="nvidia-h100">nvidia-h100</option>' in html
+    note = html.split('id="not-plannable"')[1].split("</p>")[0]
+    assert "kunlun-p800 (" in note and "ascend-910b (" in note and "bf16_dense_tflops" in note, note
+    line = html.split('data-plan-pool="p800-pool"')[1].split("</label>")[0]
+    assert " disabled" in line and " checked" not in line and "the planner cannot model it" in line, line

@@ -639,3 +639,78 @@ def test_a_pending_deployment_asks_the_type_whose_training_can_give_back(api, ba
     states = {name: TrainingJob.objects.get(pk=pk).state for name, pk in jobs.items()}
     assert states["a0"] == states["a1"] == "RUNNING" and "PREEMPTED" in (states["h0"], states["h1"]), states
 
+
+
+@pytest.mark.parametrize("queue", ["same", "other"])
+def test_non_preemptible_training_is_kept_off_capacity_a_deployment_reserved(api, backend, model_dir, world, queue):
+    """QA (2026-11-28): a non-preemptible job was admitted onto the H100s a deployment reserved but did not use, with
+    the reason "on loan ... given back when they scale out"; it could never give them back, so the deployment never
+    scaled out ("fit nowhere, and no preemptible training holds enough to give back"). Both for a job of another
+    queue of the cohort and for one of the deployment's own queue."""
+    from controlplane.quotas.models import ResourceQuota
+    from controlplane.quotas.services import cluster_queue_create, local_queue_create
+
+    PriorityClass.objects.create(name="pinned", value=1000, preemptible=False)
+    ResourceQuota.objects.filter(cluster_queue=world["cluster_queue"], accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=16 if queue == "same" else 8)
+    submit_as, queue_name = api("alpha", "member"), None
+    if queue == "other":
+        other = cluster_queue_create(actor=world["ops"], name="other", cohort="all", quotas=[
+            {"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+        local_queue_create(actor=world["beta"]["admin"], team=world["beta"]["team"], name="mine", cluster_queue=other)
+        submit_as, queue_name = api("beta", "member"), "mine"
+    deployment = deploy_h100(api("alpha", "member"), model_dir)  # 1 of 2 replicas x 8 H100 on the 16-H100 pool
+    pinned = post(submit_as, "/api/v1/training-jobs/", {
+        **JOB_BODY, "name": "pinned", "workers_min": 1, "workers_max": 1, "accelerator_types": ["nvidia-h100"],
+        "priority": "pinned", **({"queue": queue_name} if queue_name else {})})
+    status = body(submit_as, pinned)["status"]
+    assert status["state"] == "QUEUED", status
+    assert "beyond the 0 that serving deployments have not reserved" in status["reason"], status["reason"]
+
+    deployment = scale_out(backend, deployment, 2)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    assert not [e.reason for e in deployment.events.all() if "fit nowhere" in e.reason]
+    assert TrainingJob.objects.get(pk=pinned).state == "QUEUED"
+
+
+def test_a_non_preemptible_admission_beside_a_loan_promises_no_give_back(api, backend, model_dir, world):
+    """The "on loan ... given back" note is for preemptible training only: a non-preemptible job admitted on capacity
+    no deployment reserved (4 of the 16 H100s, while preemptible training borrows from the reservation) says nothing
+    of a loan, even on a type with one."""
+    from controlplane.quotas.models import ResourceQuota
+
+    PriorityClass.objects.create(name="pinned", value=1000, preemptible=False)
+    ResourceQuota.objects.filter(cluster_queue=world["cluster_queue"], accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=64)
+    client = api("alpha", "member")
+    post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 4, "replicas_min": 1, "replicas_max": 3})  # reserves 12 of 16: 4 are not reserved
+    borrower = job(client, "borrower")  # 8 H100: 4 of them on loan
+    events = client.get(f"/api/v1/training-jobs/{borrower}/events/").json()["results"]
+    assert "on loan" in events[-1]["reason"], events[-1]["reason"]
+    pinned = post(client, "/api/v1/training-jobs/", {
+        **JOB_BODY, "name": "pinned", "workers_min": 1, "workers_max": 1, "accelerator_types": ["nvidia-h100"],
+        "devices_per_worker": 4, "priority": "pinned"})
+    events = client.get(f"/api/v1/training-jobs/{pinned}/events/").json()["results"]
+    assert events[-1]["to_state"] == "ADMITTED" and "on loan" not in events[-1]["reason"], events[-1]["reason"]
+
+
+def test_the_dry_run_says_a_non_preemptible_job_would_not_fit_on_reserved_capacity(api, backend, model_dir, world):
+    """The spec's dry run checks what the cycle checks: a non-preemptible job is kept off the capacity deployments
+    reserved (a preemptible one may use it on loan)."""
+    from controlplane.quotas.models import ResourceQuota
+
+    PriorityClass.objects.create(name="pinned", value=1000, preemptible=False)
+    ResourceQuota.objects.filter(cluster_queue=world["cluster_queue"], accelerator_type__slug="nvidia-h100") \
+        .update(nominal_quota=64)
+    client = api("alpha", "member")
+    deploy_h100(client, model_dir)  # reserves all 16 H100, runs on 8
+    spec = ("name: next\nqueue: default\npriority: {priority}\nworkers: 1\nresources:\n  accelerators: H100:8\n"
+            "hyperparameters: {{steps: 100}}\n")
+    plans = {priority: client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec.format(priority=priority)},
+                                   format="json").json()["plan"]["options"][0] for priority in ("pinned", "standard")}
+    assert not plans["pinned"]["fits_now"], plans["pinned"]
+    assert "beyond the 0 that serving deployments have not reserved" in plans["pinned"]["why_not"], plans["pinned"]
+    assert plans["standard"]["fits_now"], plans["standard"]

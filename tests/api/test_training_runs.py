@@ -388,7 +388,9 @@ def test_parallelism_auto_stores_the_plan_sizes_the_gang_and_drops_types_that_ca
     assert set(plan["by_type"]) == {"nvidia-h100", "nvidia-a100"} and plan["devices"] == 16
     h100 = plan["by_type"]["nvidia-h100"]
     assert h100["dp"] * h100["tp"] * h100["pp"] == 16 and h100["memory_gb"] <= h100["memory_limit_gb"]
-    assert (job.workers_min == job.workers_max == 2) == plan["model_parallel"]
+    # all of the gang for a model-parallel layout; else no fewer workers than the layout fits device memory on
+    fewest = max(p.get("fewest_devices", 16) for p in plan["by_type"].values())
+    assert job.workers_max == 2 and job.workers_min == (2 if plan["model_parallel"] else -(-fewest // 8)), plan
     body = client.get(f"/api/v1/training-jobs/{job.pk}/").json()
     assert body["spec"]["parallelism"]["model"] == "llama2-13b" and body["status"]["parallel_plan"]["by_type"]
     launch = workflows.build_launch(TrainingJob.objects.get(pk=job.pk))
@@ -585,3 +587,32 @@ def test_a_run_shrunk_again_while_still_leaving_a_node_keeps_that_node_held(api,
     busy = _devices_still_in_use([], [(elastic, released)])
     leaving = {(second, int(i)) for w in workers if w["node"] == second and w not in kept for i, _ in w["taken"]}
     assert leaving and all(busy.get(key) == elastic.pk for key in leaving), busy
+
+
+def test_an_elastic_auto_job_starts_no_narrower_than_its_layout_fits_device_memory(api, backend, world):
+    """QA (2026-11-28): an elastic job (1..8 workers x 1 H100) planned at 8 devices as DP8 with ZeRO-1 was admitted on
+    1 H100, where the same layout needs 121 GB of 80. Its minimum is now the fewest workers the layout fits."""
+    from django.test import Client
+
+    from controlplane.cluster.plans import plan_estimate
+
+    client = api("alpha", "member")
+    job = submit(client, name="elastic-auto", accelerator_types=["nvidia-h100"], devices_per_worker=1, workers_min=1,
+                 workers_max=8, parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 8})
+    h100 = job.parallel_plan["by_type"]["nvidia-h100"]
+    assert (h100["dp"], h100["tp"], h100["pp"]) == (8, 1, 1) and not job.parallel_plan["model_parallel"]
+    fewest = h100["fewest_devices"]
+    assert (job.workers_min, job.workers_max) == (fewest, 8), (fewest, job.workers_min)
+    assert job.parallel_plan["min_workers_by_plan"] == (
+        f"the best layouts need at least {fewest} devices to fit device memory: the gang starts at {fewest} "
+        "workers, not 1")
+    # one H100 holds no layout at all (the planner's own answer); two hold DP2 with ZeRO-2, full recompute
+    one = plan_estimate(model="llama2-7b", global_batch_size=8, devices=[{"accelerator_type": "nvidia-h100",
+                                                                         "count": 1}])
+    assert fewest == 2 and not one["feasible"] and "needs at least 121 GB" in one["reason"], one["reason"]
+    admitted = client.get(f"/api/v1/training-jobs/{job.pk}/").json()
+    assert admitted["status"]["state"] in ("ADMITTED", "STARTING"), admitted["status"]
+    assert len(TrainingJob.objects.get(pk=job.pk).placement) >= fewest
+    browser = Client()
+    browser.force_login(world["alpha"]["member"])
+    assert "Smallest gang set by the plan" in browser.get(f"/jobs/{job.pk}/").content.decode()

@@ -261,6 +261,22 @@ def test_the_sdk_plans_with_pool_and_device_shorthands(live):
     assert result["pools"][0]["simulated"] is True and result["compare"]["by_type"]
 
 
+def test_plan_takes_accelerator_names_as_a_spec_writes_them(cli, live):
+    """QA (2026-11-28): `--devices H100:8` and Client.plan(devices=["H100:8"]) sent "H100" as is and got "unknown
+    accelerator type", though a spec's `accelerators: H100:8` is accepted. A name the client does not know is still
+    sent as given, for the server to judge."""
+    from fleetyard import Client
+
+    code, out, err = cli("plan", "llama2-7b", "--batch", "8", "--devices", "H100:8", "--json")
+    assert code == 0, err
+    assert json.loads(out)["pools"][0]["accelerator_type"] == "nvidia-h100"
+    client = Client(url=live.url, token=live.token)
+    result = client.plan("llama2-7b", 8, devices=["a100:8", {"accelerator_type": "H100", "count": 8}])
+    assert sorted(p["accelerator_type"] for p in result["pools"]) == ["nvidia-a100", "nvidia-h100"]
+    code, out, err = cli("plan", "llama2-7b", "--batch", "8", "--devices", "warp9:8")
+    assert code == 3 and "unknown accelerator type 'warp9'" in err and "Traceback" not in err + out, err
+
+
 
 @pytest.mark.parametrize("name, content, message", [
     ("latin1.yaml", "name: caf\xe9\nlayers: 2\n".encode("latin-1"), "not UTF-8 text"),

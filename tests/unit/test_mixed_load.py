@@ -761,3 +761,34 @@ def test_the_last_replica_of_room_goes_to_the_deployment_that_wants_it_not_the_f
     assert plan.limits["d2"][0] == 2 and plan.limits["d1"][0] == 1, plan.limits
     idle = [replace(demands[1], replicas_wanted=1)]  # nobody wants more: the room goes in id order, as before
     assert plan_mixed_load(Snapshot(nodes(2), queues), [demands[0], *idle]).limits["d1"][0] == 2
+
+
+def test_non_preemptible_training_is_kept_off_reserved_capacity_and_preempts_nobody_for_it():
+    """Only preemptible training may use reserved-idle capacity: it gives it back when the deployment scales out; a
+    non-preemptible job could not (found by QA). The cap counts every queue's non-preemptible usage of the type."""
+    pinned = Workload("pinned", "team", ("h100",), devices_per_worker=4, priority=100, preemptible=False)
+    snap = Snapshot(nodes(2), QUEUES, running=(running("low", [("n1", [0, 1, 2, 3])]),), pending=(pinned,))
+    demand = serving(1, ("n0",), maximum=6)  # reserves 12 of 16: 4 are not reserved
+    plan = plan_mixed_load(snap, [demand])
+    assert plan.snapshot.non_preemptible_caps == {"h100": 4.0}
+    assert [a.workload_id for a in schedule(plan.snapshot).admitted] == ["pinned"]  # within the 4
+
+    fixed = running("fixed", [("n1", [4, 5])], preemptible=False)  # 2 of the 4 already non-preemptible
+    snap = replace(snap, running=(*snap.running, fixed))
+    result = schedule(plan_mixed_load(snap, [demand]).snapshot)
+    assert not result.admitted and not result.preempted and not result.shrunk
+    assert "non-preemptible workloads would use 6 h100, beyond the 4 that serving deployments have not reserved" \
+        in result.waiting[0].reason, result.waiting[0].reason
+    # a preemptible job of the same size is admitted on the loan
+    result = schedule(plan_mixed_load(replace(snap, pending=(replace(pinned, preemptible=True),)), [demand]).snapshot)
+    assert [a.workload_id for a in result.admitted] == ["pinned"]
+
+
+def test_elastic_non_preemptible_training_grows_no_further_than_the_unreserved_capacity():
+    elastic = Workload("elastic", "team", ("h100",), devices_per_worker=2, workers_min=1, workers_max=8,
+                       preemptible=False)
+    snap = Snapshot(nodes(2), QUEUES, pending=(elastic,))
+    result = schedule(plan_mixed_load(snap, [serving(1, ("n0",), maximum=5)]).snapshot)  # reserves 10: 6 are not
+    [admit] = result.admitted
+    assert len(admit.workers) == 3, admit
+    assert len(schedule(snap).admitted[0].workers) == 8  # without the deployment it takes all it may

@@ -33,7 +33,7 @@ from controlplane.scheduling.model import (
 )
 from controlplane.scheduling.placement import EPS, NodeState, WorkerPlacement, place_gang
 from controlplane.scheduling.placement import _slots as place_slots
-from controlplane.scheduling.quota import QuotaCheck, QuotaLedger, non_preemptible_refusal
+from controlplane.scheduling.quota import QuotaCheck, QuotaLedger, non_preemptible_refusal, reserved_capacity_refusal
 from controlplane.scheduling.scheduler import schedule
 from tests.unit.test_scheduler_core import running_from
 from tests.unit.test_scheduler_core import snapshots as core_snapshots
@@ -56,6 +56,7 @@ class RefState:
         self.started_before = frozenset(self.running)
         self.spared = frozenset()  # running workloads a successful preemption trial walked and put back whole
         self.reserved = {}  # type -> (the workload holding the reservation, devices set aside)
+        self.caps = snap.non_preemptible_caps
 
     def nodes_of(self, t):
         return [n for n in self.nodes.values() if n.accelerator_type == t]
@@ -149,6 +150,12 @@ def ref_check(state, wl, t, amount, growing=0.0):
                     and not r.workload.preemptible) + growing
         nominal = state.ledger.quota(wl.cluster_queue, t).nominal
         why = non_preemptible_refusal(wl.cluster_queue, t, fixed, amount, nominal)
+        if why:
+            return QuotaCheck(False, 0.0, why)
+        cap = state.caps.get(t)  # every queue's non-preemptible usage of the type (mixed load's reservations)
+        total = sum(len(r.workers) * r.workload.devices_per_worker for r in state.running.values()
+                    if r.accelerator_type == t and not r.workload.preemptible) + growing
+        why = "" if cap is None else reserved_capacity_refusal(t, total, amount, cap)
         if why:
             return QuotaCheck(False, 0.0, why)
     return check
@@ -276,7 +283,7 @@ def ref_reserve(state, pending, types):
 def ref_could_ever(state, wl, t) -> bool:
     """Whether a waiting workload could run on type t some day (quota ceiling, gang on empty schedulable nodes)."""
     ceiling = state.ledger.ceiling(wl.cluster_queue, t) if wl.preemptible else \
-        state.ledger.quota(wl.cluster_queue, t).nominal  # non-preemptible work never borrows
+        min(state.ledger.quota(wl.cluster_queue, t).nominal, state.caps.get(t, float("inf")))  # never borrows
     if wl.demand() > ceiling + 1e-9:
         return False
     return ref_most_slots([n for n in state.nodes_of(t) if n.schedulable], wl.devices_per_worker) >= wl.workers_min
@@ -379,7 +386,9 @@ def random_snapshot(rng: random.Random) -> Snapshot:
     # some queues with other preemption policies (drawn after everything else, so the rest is as before)
     queues = [replace(q, preemption_within_queue=rng.choice(("LowerPriority", "LowerPriority", "Never")),
                       reclaim_within_cohort=rng.choice(("Any", "Any", "LowerPriority", "Never"))) for q in queues]
-    return Snapshot(tuple(nodes), tuple(queues), tuple(running), tuple(pending), preference)
+    # some types with a cap on non-preemptible usage (mixed load: capacity deployments reserved), drawn last too
+    caps = {t: float(rng.choice((0, 4, 8, 16, 32))) for t in types if rng.random() < 0.3}
+    return Snapshot(tuple(nodes), tuple(queues), tuple(running), tuple(pending), preference, caps)
 
 
 @pytest.mark.parametrize("seed", range(400))

@@ -245,8 +245,23 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
                  for r in snapshot.running if r.workload.id in running)
     pseudo = tuple(_pseudo(d, tuple(held[d.id]), _queue_of(d, snapshot)) for d in demands if held[d.id])
-    plan.snapshot = replace(snapshot, running=kept + pseudo)
+    plan.snapshot = replace(snapshot, running=kept + pseudo,
+                            non_preemptible_caps=non_preemptible_caps(snapshot, demands))
     return plan
+
+
+def non_preemptible_caps(snapshot: Snapshot, serving) -> dict[str, float]:
+    """Per type that deployments reserve, the devices non-preemptible training may hold: the schedulable capacity
+    minus every deployment's reservation (as `loans` counts it), and within any cap the snapshot already has. Only
+    preemptible training uses reserved capacity on loan: it gives it back when the deployments scale out, which a
+    non-preemptible job cannot (before, one was admitted onto it, and the deployment could never scale out; found
+    by QA). All pools of a type together, like the loan."""
+    capacity, reserved = _capacity_and_reserved(snapshot, serving)
+    caps = dict(snapshot.non_preemptible_caps)
+    for kind, amount in reserved.items():
+        cap = max(0.0, capacity[kind] - amount)
+        caps[kind] = min(cap, caps.get(kind, cap))
+    return caps
 
 
 def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict[str, list],
@@ -702,6 +717,13 @@ def training_usage_after(snapshot: Snapshot, result) -> dict[str, float]:
 def loans(snapshot: Snapshot, serving, training_usage: dict[str, float]) -> dict[str, float]:
     """Per accelerator type, the devices of capacity deployments reserved that training uses (0 when none):
     training usage beyond the schedulable capacity minus every deployment's reservation."""
+    capacity, reserved = _capacity_and_reserved(snapshot, serving)
+    return {t: max(0.0, used - max(0.0, capacity[t] - reserved[t])) for t, used in training_usage.items()
+            if reserved.get(t)}
+
+
+def _capacity_and_reserved(snapshot: Snapshot, serving) -> tuple[dict[str, float], dict[str, float]]:
+    """Per type, the devices of schedulable nodes, and what the deployments reserve (replicas_max each)."""
     capacity: dict[str, float] = defaultdict(float)
     for node in snapshot.nodes:
         if node.schedulable:
@@ -709,5 +731,4 @@ def loans(snapshot: Snapshot, serving, training_usage: dict[str, float]) -> dict
     reserved: dict[str, float] = defaultdict(float)
     for demand in serving:
         reserved[demand.accelerator_type] += demand.reserved
-    return {t: max(0.0, used - max(0.0, capacity[t] - reserved[t])) for t, used in training_usage.items()
-            if reserved.get(t)}
+    return capacity, reserved

@@ -103,6 +103,10 @@ class Snapshot:
     # Preference order of accepted types per workload id (cheapest per unit of work first); when a
     # workload is absent, its accepted_types order is used.
     type_preference: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Per type, the most devices non-preemptible workloads may hold, all queues together (mixed load: the capacity
+    # serving deployments have not reserved; a non-preemptible workload could not give reserved capacity back when
+    # they scale out). A type absent here has no such cap.
+    non_preemptible_caps: Mapping[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------- decisions

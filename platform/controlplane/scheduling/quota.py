@@ -40,6 +40,19 @@ def non_preemptible_refusal(queue: str, accelerator_type: str, fixed: float, amo
             f"nominal quota of {nominal:g}: a non-preemptible workload does not borrow from its cohort")
 
 
+def reserved_capacity_refusal(accelerator_type: str, fixed: float, amount: float, cap: float) -> str:
+    """Why a non-preemptible workload may not take `amount` more of the type, all queues together, or "". `fixed`:
+    what non-preemptible workloads of every queue use of it now; `cap`: the type's capacity that serving deployments
+    have not reserved (Snapshot.non_preemptible_caps). Training on reserved capacity gives it back when the
+    deployments scale out, by preemption; a non-preemptible workload cannot (before, one was admitted there and the
+    deployment could never scale out; found by QA)."""
+    if fixed + amount <= cap + EPS:
+        return ""
+    return (f"non-preemptible workloads would use {fixed + amount:g} {accelerator_type}, beyond the {cap:g} that "
+            "serving deployments have not reserved: a non-preemptible workload could not give reserved capacity "
+            "back when they scale out")
+
+
 class QuotaLedger:
     def __init__(self, queues: Iterable[ClusterQueueSpec]):
         self.queues = {queue.name: queue for queue in queues}

@@ -68,7 +68,13 @@ from controlplane.scheduling.model import (
     Workload,
 )
 from controlplane.scheduling.placement import EPS, WorkerPlacement
-from controlplane.scheduling.quota import NO_QUOTA, QuotaCheck, QuotaLedger, non_preemptible_refusal
+from controlplane.scheduling.quota import (
+    NO_QUOTA,
+    QuotaCheck,
+    QuotaLedger,
+    non_preemptible_refusal,
+    reserved_capacity_refusal,
+)
 
 _WHOLE = 1.0 - EPS
 _INF = float("inf")
@@ -461,6 +467,9 @@ class _State:
         # What non-preemptible workloads use per (queue, type): it stays within nominal (rule 3).
         self.fixed: dict[tuple[str, str], float] = {}
         fixed = self.fixed
+        # What they use per type, all queues together, against the snapshot's non_preemptible_caps.
+        self.caps = snapshot.non_preemptible_caps
+        self.fixed_by_type: dict[str, float] = {}
         for running in sorted(snapshot.running, key=attrgetter("workload.id")):
             workload = running.workload
             shares = 0.0
@@ -486,6 +495,8 @@ class _State:
             usage[key] = usage.get(key, 0.0) + used
             if not workload.preemptible:
                 fixed[key] = fixed.get(key, 0.0) + used
+                self.fixed_by_type[running.accelerator_type] = \
+                    self.fixed_by_type.get(running.accelerator_type, 0.0) + used
             running_by_id[workload.id] = running
             if len(running.workers) < workload.workers_max:
                 elastic.add(workload.id)
@@ -514,15 +525,21 @@ class _State:
         if not workload.preemptible:
             key = (workload.cluster_queue, accelerator_type)
             self.fixed[key] = self.fixed.get(key, 0.0) + amount
+            self.fixed_by_type[accelerator_type] = self.fixed_by_type.get(accelerator_type, 0.0) + amount
 
     def fixed_refusal(self, workload: Workload, accelerator_type: str, amount: float) -> str:
         """Why `amount` more of the type would take a non-preemptible workload's queue past its nominal quota in
-        non-preemptible usage (quota.non_preemptible_refusal), or "" (always "" for a preemptible workload)."""
+        non-preemptible usage (quota.non_preemptible_refusal), or all non-preemptible usage of the type past its
+        cap (quota.reserved_capacity_refusal), or "" (always "" for a preemptible workload)."""
         if workload.preemptible:
             return ""
         queue = workload.cluster_queue
-        return non_preemptible_refusal(queue, accelerator_type, self.fixed.get((queue, accelerator_type), 0.0),
-                                       amount, self.ledger.quota(queue, accelerator_type).nominal)
+        why = non_preemptible_refusal(queue, accelerator_type, self.fixed.get((queue, accelerator_type), 0.0),
+                                      amount, self.ledger.quota(queue, accelerator_type).nominal)
+        cap = self.caps.get(accelerator_type)
+        if why or cap is None:
+            return why
+        return reserved_capacity_refusal(accelerator_type, self.fixed_by_type.get(accelerator_type, 0.0), amount, cap)
 
     def versions(self, types) -> tuple:
         """What changes whenever anything a workload's admission or preemption depends on changes, for its types:
@@ -946,13 +963,13 @@ def _could_ever_run_on(state: _State, workload: Workload, types) -> tuple[str, .
     quota plus the most its cohort could lend) and the type's schedulable nodes could hold its gang with nothing
     running. Elastic growth keeps off these types (someone waits for them), not off the others: a workload that can
     never run there held idle capacity back for good (found by QA, 2026-11-28). A non-preemptible workload never
-    borrows, so its ceiling is its queue's nominal quota."""
+    borrows, so its ceiling is its queue's nominal quota (and the type's non-preemptible cap, when there is one)."""
     ledger, queue = state.ledger, workload.cluster_queue
     could = []
     for accelerator_type in types:
         sized = workload.on(accelerator_type)
         ceiling = ledger.ceiling(queue, accelerator_type) if workload.preemptible else \
-            ledger.quota(queue, accelerator_type).nominal
+            min(ledger.quota(queue, accelerator_type).nominal, state.caps.get(accelerator_type, _INF))
         if sized.demand() > ceiling + EPS:
             continue
         if state.pool(accelerator_type).most_slots(sized.devices_per_worker) < sized.workers_min:

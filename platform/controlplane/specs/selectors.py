@@ -12,7 +12,7 @@ from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
 from controlplane.quotas.models import LocalQueue, PriorityClass, ResourceQuota
 from controlplane.quotas.selectors import check_workload_request
 from controlplane.scheduling.mixed_load import serving_quota_refusal
-from controlplane.scheduling.quota import non_preemptible_refusal
+from controlplane.scheduling.quota import non_preemptible_refusal, reserved_capacity_refusal
 from jobs.models import TrainingJob
 from jobs.selectors import quota_usage
 
@@ -38,6 +38,10 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
     # what the cycle counts as its queue's non-preemptible usage: jobs of non-preemptible classes only (a preemptible
     # job STARTING is not giveable now, but it is not fixed either; counted so, it refused what the cycle admits)
     fixed_usage = quota_usage(non_preemptible_only=True) if non_preemptible else {}
+    if non_preemptible:
+        from jobs.admission import non_preemptible_caps_now
+
+        caps = non_preemptible_caps_now()
     options = []
     for slug in accelerator_types:
         units = units_by_type[slug]
@@ -62,6 +66,9 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
                     fixed = fixed_usage.get((queue_name, slug), 0.0)
                     quota_why = non_preemptible_refusal(queue_name, slug, fixed, need,
                                                         ledger.quota(queue_name, slug).nominal)
+                    if not quota_why and slug in caps:  # and kept off capacity deployments reserved
+                        total = sum(amount for (_, kind), amount in fixed_usage.items() if kind == slug)
+                        quota_why = reserved_capacity_refusal(slug, total, need, caps[slug])
                     fits_quota = not quota_why
             else:  # as the deploy check counts replicas (inference.selectors.serving_quota_refusal)
                 quota_why = serving_quota_refusal(ledger, queue_name, slug, need,
