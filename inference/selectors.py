@@ -71,8 +71,8 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
     for node in nodes:
         serving_devices, serving_cpus = serving.get(node.name, (0.0, 0.0))
         serving_devices += held_for_others.get(node.name, 0.0)
-        if accelerator_type == "cpu":
-            held_cpus = training_units.get(node.name, 0.0) + serving_cpus
+        if accelerator_type == "cpu":  # (what the cycle holds on a CPU node is cores)
+            held_cpus = training_units.get(node.name, 0.0) + serving_cpus + held_for_others.get(node.name, 0.0)
         else:
             held_cpus = training_cpus.get(node.name, 0.0) + serving_cpus
         free_cpus = min(node.free_cpus, node.capacity_cpus - held_cpus)

@@ -32,6 +32,7 @@ from controlplane.scheduling.mixed_load import (
     SERVING_PREFIX,
     ServingDemand,
     gives_back_quota,
+    hold_in_place,
     loans,
     non_preemptible_caps,
     plan_mixed_load,
@@ -102,15 +103,7 @@ def cluster_queue_specs() -> list[ClusterQueueSpec]:
 
 def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
     """The scheduler's view of the database (call inside the cycle's transaction)."""
-    nodes = []
-    # (plain values, not model instances: 12,500 nodes took 0.57 s as instances, 0.03 s as values)
-    rows = Node.objects.order_by("name").values_list("name", "pool__name", "pool__accelerator_type__slug",
-                                                     "capacity_cpus", "capacity_devices", "leaf_group", "health",
-                                                     "cordoned")
-    for name, pool, slug, cpus, devices, leaf_group, health, cordoned in rows:
-        capacity = cpus if slug == "cpu" else devices
-        nodes.append(NodeSpec(name=name, pool=pool, accelerator_type=slug, leaf_group=leaf_group or pool,
-                              devices=int(capacity), schedulable=health == NodeHealth.HEALTHY and not cordoned))
+    nodes = node_specs()
     queues = cluster_queue_specs()
     # The jobs are locked too (in id order; only their own rows: PostgreSQL cannot lock the nullable side of
     # an outer join). Without this a job cancelled, launched or finished while the cycle computed was acted on
@@ -169,36 +162,50 @@ def _facts() -> list[dict]:
             for a in AcceleratorType.objects.all()]
 
 
+def node_specs() -> list[NodeSpec]:
+    """Every node as the scheduling core sees it: its devices, or its cores on the CPU pool; schedulable when healthy
+    and not cordoned."""
+    nodes = []
+    # (plain values, not model instances: 12,500 nodes took 0.57 s as instances, 0.03 s as values)
+    rows = Node.objects.order_by("name").values_list("name", "pool__name", "pool__accelerator_type__slug",
+                                                     "capacity_cpus", "capacity_devices", "leaf_group", "health",
+                                                     "cordoned")
+    for name, pool, slug, cpus, devices, leaf_group, health, cordoned in rows:
+        capacity = cpus if slug == "cpu" else devices
+        nodes.append(NodeSpec(name=name, pool=pool, accelerator_type=slug, leaf_group=leaf_group or pool,
+                              devices=int(capacity), schedulable=health == NodeHealth.HEALTHY and not cordoned))
+    return nodes
+
+
 def non_preemptible_caps_now() -> dict[str, float]:
-    """Per type deployments reserve, the devices non-preemptible training may hold, as the next cycle's mixed load
-    sets them (mixed_load.non_preemptible_caps): for a spec's dry run."""
-    nodes = tuple(NodeSpec(name=name, pool=pool, accelerator_type=slug, leaf_group=pool, devices=int(devices))
-                  for name, pool, slug, devices in Node.objects.filter(health=NodeHealth.HEALTHY, cordoned=False)
-                  .exclude(pool__accelerator_type__slug="cpu")
-                  .values_list("name", "pool__name", "pool__accelerator_type__slug", "capacity_devices"))
-    return non_preemptible_caps(Snapshot(nodes, ()), [d for d in load_serving() if d.devices_per_replica > 0])
+    """Per type deployments reserve, the devices (cores on the CPU pool) non-preemptible training may hold, as the
+    next cycle's mixed load sets them (mixed_load.non_preemptible_caps): for a spec's dry run."""
+    return non_preemptible_caps(Snapshot(tuple(node_specs()), ()), load_serving())
 
 
 def load_serving() -> list[ServingDemand]:
-    """Live deployments on accelerators, as mixed load sees them: what they reserve (replicas_max), what their
-    autoscaler wants now, where their replicas run, and the ClusterQueue whose quota they count against (CPU
-    replicas are not counted: they take host CPUs); then deployments PENDING for capacity (`pending_serving`)."""
+    """Live deployments, as mixed load sees them: what they reserve (replicas_max), what their autoscaler wants now,
+    where their replicas run, and the ClusterQueue whose quota they count against; then deployments PENDING for
+    capacity (`pending_serving`). A CPU deployment's replicas are cores of the CPU pool (the cycle's slots there),
+    counted against no quota (as the deploy check and the dry run count them); before, the cycle left them out, so
+    CPU training was admitted onto cores replicas used and a CPU deployment waiting for cores got none back (QA)."""
     from inference.models import Deployment
     from inference.workflows import LIVE_STATES
 
     demands = []
     for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES)).exclude(accelerator_type="") \
-            .exclude(accelerator_type="cpu").filter(devices_per_replica__gt=0) \
+            .filter(Q(devices_per_replica__gt=0) | Q(accelerator_type="cpu")) \
             .select_related("local_queue__cluster_queue").order_by("id"):
         observed = deployment.observed or {}
         nodes = tuple(str(n) for n in observed.get("node_names") or ())[:deployment.replicas_ready]
         wanted = max(deployment.replicas_min, deployment.replicas_target, deployment.replicas_ready)
+        on_cpu = deployment.accelerator_type == "cpu"
         demands.append(ServingDemand(id=str(deployment.pk), accelerator_type=deployment.accelerator_type,
-                                     devices_per_replica=float(deployment.devices_per_replica),
+                                     devices_per_replica=_serving_units(deployment, deployment.accelerator_type),
                                      replicas_max=deployment.replicas_max, replicas_wanted=wanted,
                                      replica_nodes=nodes, pool=deployment.pool or None,
                                      replicas_running=deployment.replicas_ready,
-                                     cluster_queue=deployment.local_queue.cluster_queue.name,
+                                     cluster_queue=None if on_cpu else deployment.local_queue.cluster_queue.name,
                                      replicas_min=deployment.replicas_min,
                                      replicas_limit=deployment.replicas_limit))
     return demands + pending_serving()
@@ -216,18 +223,21 @@ def pending_serving() -> list[ServingDemand]:
     from inference.workflows import ModelNotFound, resolve_model_dir
 
     demands = []
-    for deployment in Deployment.objects.filter(state=DeploymentState.PENDING, devices_per_replica__gt=0,
+    for deployment in Deployment.objects.filter(state=DeploymentState.PENDING,
                                                 state_reason__startswith="waiting for capacity") \
             .select_related("local_queue__cluster_queue", "source_job").order_by("id"):
         replicas = max(1, deployment.replicas_min)
-        per_replica = float(deployment.devices_per_replica)
-        candidates = [slug for slug in deployment.accelerator_types if slug != "cpu"
-                      and _nodes_could_hold(slug, per_replica, replicas) and not
-                      selectors.serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=replicas)]
+        # (a CPU replica takes cores of the CPU pool, counted against no quota)
+        candidates = [slug for slug in deployment.accelerator_types
+                      if _serving_units(deployment, slug) > 0
+                      and _nodes_could_hold(slug, _serving_units(deployment, slug), replicas)
+                      and (slug == "cpu" or not selectors.serving_quota_refusal(
+                          deployment=deployment, accelerator_type=slug, replicas=replicas))]
         # The first type where free devices and what training may give back could hold it (before, always the first
         # type: a deployment accepting A100 and H100 waited for good for A100s non-preemptible training held while
         # preemptible training filled the H100s, found by QA); else the first, which says why it waits.
-        slug = next((slug for slug in candidates if _could_be_freed(slug, per_replica, replicas)),
+        slug = next((slug for slug in candidates
+                     if _could_be_freed(slug, _serving_units(deployment, slug), replicas)),
                     candidates[0] if candidates else None)
         if slug is None:
             continue
@@ -236,11 +246,22 @@ def pending_serving() -> list[ServingDemand]:
         except ModelNotFound:  # not ready yet (or never will be): nothing to give capacity to
             continue
         demands.append(ServingDemand(id=str(deployment.pk), accelerator_type=slug,
-                                     devices_per_replica=float(deployment.devices_per_replica),
+                                     devices_per_replica=_serving_units(deployment, slug),
                                      replicas_max=deployment.replicas_max, replicas_wanted=replicas,
-                                     replicas_running=0, cluster_queue=deployment.local_queue.cluster_queue.name,
-                                     all_or_none=True))
+                                     replicas_running=0, all_or_none=True,
+                                     cluster_queue=None if slug == "cpu" else
+                                     deployment.local_queue.cluster_queue.name))
     return demands
+
+
+def _serving_units(deployment, slug: str) -> float:
+    """What one replica of the deployment takes of `slug` in the cycle: its devices, or on the CPU pool the cores
+    its server reserves (inference.workflows.replica_cpus)."""
+    from inference.workflows import replica_cpus
+
+    if slug == "cpu":
+        return replica_cpus(accelerator_type="cpu", devices_per_replica=0.0)
+    return float(deployment.devices_per_replica)
 
 
 def _could_be_freed(slug: str, devices_per_replica: float, replicas: int) -> bool:
@@ -251,7 +272,7 @@ def _could_be_freed(slug: str, devices_per_replica: float, replicas: int) -> boo
     from inference.workflows import LIVE_STATES
 
     capacity = dict(Node.objects.filter(pool__accelerator_type__slug=slug, health=NodeHealth.HEALTHY, cordoned=False)
-                    .values_list("name", "capacity_devices"))
+                    .values_list("name", "capacity_cpus" if slug == "cpu" else "capacity_devices"))
     held: Counter = Counter()
     for placement, state, preemptible in TrainingJob.objects.filter(
             state__in=HOLDING_STATES, admitted_accelerator_type=slug).values_list(
@@ -260,10 +281,10 @@ def _could_be_freed(slug: str, devices_per_replica: float, replicas: int) -> boo
             continue  # it may give its devices back
         for worker in placement or []:
             held[worker["node"]] += sum(float(share) for _, share in worker.get("taken", []))
-    for nodes, per_replica in Deployment.objects.filter(state__in=list(LIVE_STATES), accelerator_type=slug) \
-            .values_list("observed", "devices_per_replica"):
-        for node in (nodes or {}).get("node_names") or ():
-            held[str(node)] += float(per_replica)
+    for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES), accelerator_type=slug) \
+            .only("observed", "devices_per_replica"):
+        for node in (deployment.observed or {}).get("node_names") or ():
+            held[str(node)] += _serving_units(deployment, slug)
     room = 0
     for node, devices in capacity.items():
         room += _replicas_fit(max(0.0, float(devices) - held[node]), devices_per_replica)
@@ -271,8 +292,11 @@ def _could_be_freed(slug: str, devices_per_replica: float, replicas: int) -> boo
 
 
 def _nodes_could_hold(slug: str, devices_per_replica: float, replicas: int) -> bool:
-    """Whether the type's live, uncordoned nodes could hold the replicas once training gave their devices back."""
-    capacities = ready_device_capacities(accelerator_type=slug)
+    """Whether the type's live, uncordoned nodes could hold the replicas once training gave their devices back (cores
+    on the CPU pool)."""
+    capacities = ready_device_capacities(accelerator_type=slug) if slug != "cpu" else list(
+        Node.objects.filter(pool__accelerator_type__slug="cpu", health=NodeHealth.HEALTHY, cordoned=False)
+        .values_list("capacity_cpus", flat=True))
     return sum(_replicas_fit(float(capacity), devices_per_replica) for capacity in capacities) >= replicas
 
 
@@ -587,6 +611,21 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
 
 
 @transaction.atomic
+def _with_others_held(snapshot: Snapshot, job_id: int) -> Snapshot:
+    """The snapshot with what the cycle keeps training off held: running serving replicas, the devices runs that are
+    stopping or shrinking still use (`_devices_still_in_use`, but the job's own), and the capacity the cycle holds for
+    deployments' wanted replicas (`Deployment.capacity_held`)."""
+    from inference.models import Deployment
+    from inference.states import DeploymentState
+    from inference.workflows import LIVE_STATES
+
+    busy = [device for device, holder in _devices_still_in_use([], []).items() if holder != job_id]
+    held = [(str(node), float(devices)) for pairs in Deployment.objects.filter(
+        state__in=[*LIVE_STATES, DeploymentState.PENDING]).exclude(capacity_held=[]).order_by("id")
+        .values_list("capacity_held", flat=True) for node, devices in pairs or []]
+    return hold_in_place(snapshot, load_serving(), held=held, devices=busy)
+
+
 def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = False) -> TrainingJob | None:
     """Give a running gang new nodes for the workers it has on `exclude` (lost or cordoned nodes).
 
@@ -614,6 +653,7 @@ def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = Fals
         nodes=tuple(replace(n, schedulable=n.schedulable and n.name not in excluded) for n in snapshot.nodes),
         running=tuple(Running(r.workload, r.accelerator_type, kept) if r.workload.id == str(job.pk) else r
                       for r in snapshot.running))
+    snapshot = _with_others_held(snapshot, job.pk)
     accelerator_type = job.admitted_accelerator_type
     added = place_additional_workers(snapshot, accelerator_type=accelerator_type, workers=missing,
                                      devices=_units(job, accelerator_type))

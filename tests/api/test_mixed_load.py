@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from django.test import TestCase
 
+from controlplane.cluster.models import Node
 from controlplane.compute.memory import InMemoryComputeBackend
 from controlplane.compute.topology import load_topology
 from controlplane.quotas.models import PriorityClass
@@ -14,7 +15,8 @@ from inference import tasks as inference_tasks
 from inference import workflows
 from inference.models import Deployment
 from inference.selectors import replica_capacity
-from jobs.admission import load_serving, run_cycle
+from inference.workflows import CPUS_PER_REPLICA
+from jobs.admission import load_serving, replace_workers, run_cycle
 from jobs.models import TrainingJob
 from tests.conftest import DEPLOYMENT_BODY, JOB_BODY
 
@@ -159,15 +161,21 @@ def test_a_deployment_whose_wanted_replicas_fit_nowhere_says_why_once(api, backe
                      "to give back"]
 
 
-def test_deployments_on_cpu_or_not_placed_hold_nothing(api, backend, model_dir):
+def test_a_cpu_deployment_holds_cores_outside_quota_and_one_not_placed_holds_nothing(api, backend, model_dir):
+    """A CPU deployment's replicas are cores of the CPU pool (its server's reservation), counted against no quota
+    (before 2026-11-29 the cycle left them out, and CPU training was admitted onto their cores; QA)."""
+    from inference.workflows import CPUS_PER_REPLICA
+
     client = api("alpha", "member")
-    post(client, "/api/v1/deployments/", {**DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}",
-                                          "accelerator_types": ["cpu"], "devices_per_replica": 1})
+    on_cpu = post(client, "/api/v1/deployments/", {**DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}",
+                                                   "accelerator_types": ["cpu"], "devices_per_replica": 1})
     waiting = post(client, "/api/v1/deployments/", {**DEPLOYMENT_BODY, "name": "later",
                                                     "model_uri": f"file://{model_dir}"})
     Deployment.objects.filter(pk=waiting).update(state="PENDING", accelerator_type="")
     assert Deployment.objects.filter(state="SERVING", accelerator_type="cpu").exists()
-    assert load_serving() == []
+    [demand] = load_serving()
+    assert (demand.id, demand.accelerator_type, demand.devices_per_replica, demand.cluster_queue) == (
+        str(on_cpu), "cpu", CPUS_PER_REPLICA, None)
 
 
 def test_a_deployment_pending_for_capacity_gets_it_back_from_training_then_deploys(api, backend, model_dir):
@@ -714,3 +722,125 @@ def test_the_dry_run_says_a_non_preemptible_job_would_not_fit_on_reserved_capaci
     assert not plans["pinned"]["fits_now"], plans["pinned"]
     assert "beyond the 0 that serving deployments have not reserved" in plans["pinned"]["why_not"], plans["pinned"]
     assert plans["standard"]["fits_now"], plans["standard"]
+
+
+# ---- from a QA pass (2026-11-29): CPU serving replicas and CPU training share the CPU node's cores (the cycle left
+# CPU replicas out); a replica on a cordoned node is not reserved twice; a running gang's workers moved off a node do
+# not land on a replica's devices or a stopping run's.
+
+def cpu_job(client, name, workers=2, cpus=1.0):
+    return post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": name, "workers_min": workers,
+                                                   "workers_max": workers, "accelerator_types": ["cpu"],
+                                                   "devices_per_worker": 0, "cpus_per_worker": cpus})
+
+
+def test_cpu_training_is_not_admitted_onto_cores_a_running_cpu_replica_uses(api, backend, model_dir):
+    """The CPU node has 2 cores. A CPU deployment's replica runs there (0.25 core, as the sync records it from Serve).
+    A gang of 2 x 1 core needs the whole node: admitting it over-commits the node (2.25 cores on 2) and its placement
+    group cannot be reserved in Ray while the replica runs. The cycle must leave it waiting."""
+    client = api("alpha", "member")
+    node = Node.objects.get(pool__accelerator_type__slug="cpu")
+    assert node.capacity_cpus == 2
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["cpu"],
+        "replicas_min": 1, "replicas_max": 1})
+    deployment = Deployment.objects.get(pk=deployment_id)
+    assert deployment.accelerator_type == "cpu" and deployment.state in ("DEPLOYING", "SERVING")
+    Deployment.objects.filter(pk=deployment_id).update(state="SERVING", replicas_ready=1,
+                                                       observed={"node_names": [node.name]})
+    Node.objects.filter(pk=node.pk).update(free_cpus=node.capacity_cpus - CPUS_PER_REPLICA)  # Ray: replica reserved
+
+    gang = cpu_job(client, "two-cores")
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    job = TrainingJob.objects.get(pk=gang)
+    held = sum(float(s) for w in job.placement for _, s in w["taken"])
+    assert job.state == "QUEUED", (
+        f"admitted onto {held:g} cores of {node.name} beside a running CPU replica "
+        f"({held + CPUS_PER_REPLICA:g} of {node.capacity_cpus:g} cores)")
+
+
+def test_a_cpu_deployment_waiting_for_cores_gets_them_back_from_preemptible_cpu_training(api, backend, model_dir):
+    """Preemptible CPU training fills the CPU node (2 x 1 core, running). A one-replica CPU deployment (0.25 core)
+    is PENDING "waiting for capacity". On accelerators the cycle has preemptible training give a node back for it
+    ("A new deployment is not starved by training"); on the CPU pool `pending_serving` skips it (`slug != "cpu"`,
+    `devices_per_replica__gt=0`), so nothing is ever given back and the deployment waits as long as training runs."""
+    client = api("alpha", "member")
+    gang = cpu_job(client, "fills-the-node")
+    assert TrainingJob.objects.get(pk=gang).state == "ADMITTED"
+    TrainingJob.objects.filter(pk=gang).update(state="RUNNING", compute_handle="fy-train-cpu")
+    Node.objects.filter(pool__accelerator_type__slug="cpu").update(free_cpus=0)  # Ray: the gang reserved both
+    deployment_id = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["cpu"],
+        "replicas_min": 1, "replicas_max": 1})
+    deployment = Deployment.objects.get(pk=deployment_id)
+    assert deployment.state == "PENDING" and deployment.state_reason.startswith("waiting for capacity"), \
+        deployment.state_reason
+    for _ in range(3):
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            run_cycle()
+    assert TrainingJob.objects.get(pk=gang).state != "RUNNING", \
+        "the preemptible CPU gang gave nothing back; the CPU deployment waits for capacity for good"
+
+
+def test_a_replica_on_a_cordoned_node_does_not_reserve_the_other_nodes_too(api, backend, model_dir):
+    """A 1-1 deployment (8 H100) reserves 8 H100, and its one replica runs on h100-pool-0. The operator cordons
+    h100-pool-0 (the replica keeps running there; no new work comes). `non_preemptible_caps` takes the schedulable
+    capacity (8: h100-pool-1 only) less the whole reservation (8) = 0, although the reservation is already met by the
+    replica on the cordoned node: a non-preemptible job is kept off the idle h100-pool-1 ("beyond the 0 that serving
+    deployments have not reserved"), and stays so for as long as the node is cordoned."""
+    PriorityClass.objects.create(name="pinned", value=1000, preemptible=False)
+    client = api("alpha", "member")
+    dep = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 1})
+    Deployment.objects.filter(pk=dep).update(state="SERVING", replicas_ready=1, replicas_target=1,
+                                             observed={"node_names": ["h100-pool-0"]})
+    Node.objects.filter(name="h100-pool-0").update(cordoned=True)
+    job = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "pinned", "workers_min": 1, "workers_max": 1,
+                                                  "accelerator_types": ["nvidia-h100"], "priority": "pinned"})
+    state = TrainingJob.objects.get(pk=job)
+    assert state.state == "ADMITTED", state.state_reason
+
+
+def test_workers_moved_off_a_cordoned_node_do_not_land_on_a_running_replicas_devices(api, backend, model_dir):
+    """A 1-replica deployment (8 H100) runs on one H100 node, a 1 x 8 H100 job on the other. The operator cordons
+    the job's node: `replace_workers` (the launcher's reconcile) re-places the worker from `load_snapshot()` alone,
+    which has no serving replicas in it, so it moves the worker onto the 8 devices the replica uses (16 of 8 on that
+    node). It should find no room and leave the gang where it is (it keeps running on the cordoned node)."""
+    client = api("alpha", "member")
+    dep = post(client, "/api/v1/deployments/", {
+        **DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}", "accelerator_types": ["nvidia-h100"],
+        "devices_per_replica": 8, "replicas_min": 1, "replicas_max": 1})
+    Deployment.objects.filter(pk=dep).update(state="SERVING", replicas_ready=1, replicas_target=1,
+                                             observed={"node_names": ["h100-pool-0"]})
+    job = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "beside", "workers_min": 1, "workers_max": 1,
+                                                  "accelerator_types": ["nvidia-h100"]})
+    placed = TrainingJob.objects.get(pk=job)
+    assert placed.state == "ADMITTED" and [w["node"] for w in placed.placement] == ["h100-pool-1"]
+    TrainingJob.objects.filter(pk=job).update(state="RUNNING", compute_handle="fy-train-x",
+                                              observed_nodes=["h100-pool-1"])
+    Node.objects.filter(name="h100-pool-1").update(cordoned=True)
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        replace_workers(job_id=job, exclude=["h100-pool-1"])
+    nodes = [w["node"] for w in TrainingJob.objects.get(pk=job).placement]
+    assert "h100-pool-0" not in nodes, f"worker moved onto h100-pool-0, whose 8 devices the replica uses: {nodes}"
+
+
+def test_workers_moved_off_a_cordoned_node_do_not_land_on_a_preempted_run_still_stopping(api, backend):
+    """Same root cause, without serving: the cycle keeps new work off the devices of a PREEMPTED run that has not
+    stopped yet (`_devices_still_in_use`), `replace_workers` does not (PREEMPTED is not in load_snapshot)."""
+    client = api("alpha", "member")
+    body = {**JOB_BODY, "workers_min": 1, "workers_max": 1, "accelerator_types": ["nvidia-h100"]}
+    stopping, moved = post(client, "/api/v1/training-jobs/", {**body, "name": "a"}), \
+        post(client, "/api/v1/training-jobs/", {**body, "name": "b"})
+    [old] = [w["node"] for w in TrainingJob.objects.get(pk=stopping).placement]
+    [node] = [w["node"] for w in TrainingJob.objects.get(pk=moved).placement]
+    TrainingJob.objects.filter(pk=stopping).update(state="PREEMPTED", compute_handle="fy-a")  # checkpointing
+    TrainingJob.objects.filter(pk=moved).update(state="RUNNING", compute_handle="fy-b", observed_nodes=[node])
+    Node.objects.filter(name=node).update(cordoned=True)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        replace_workers(job_id=moved, exclude=[node])
+    nodes = [w["node"] for w in TrainingJob.objects.get(pk=moved).placement]
+    assert old not in nodes, f"worker moved onto {old}, whose devices the stopping run {stopping} still holds"

@@ -792,3 +792,32 @@ def test_elastic_non_preemptible_training_grows_no_further_than_the_unreserved_c
     [admit] = result.admitted
     assert len(admit.workers) == 3, admit
     assert len(schedule(snap).admitted[0].workers) == 8  # without the deployment it takes all it may
+
+
+def test_hold_in_place_holds_replicas_stopping_devices_and_held_amounts_and_gives_nothing_back():
+    """For re-placing a gang's workers: what runs or is held stays unavailable, and no training is preempted or
+    shrunk, whatever the deployments want (found by QA: workers were moved onto a running replica's devices)."""
+    from controlplane.scheduling.mixed_load import hold_in_place
+    from controlplane.scheduling.scheduler import place_additional_workers
+
+    snap = Snapshot(nodes(3), QUEUES, running=(running("low", [("n2", [0, 1, 2, 3])]),))
+    demand = serving(4, ("n0",), per_replica=8, maximum=4)  # one replica runs on n0, it wants 4
+    held = hold_in_place(snap, [demand], held=[("n1", 4.0)], devices=[("n1", 0), ("n1", 1)])
+    assert {r.workload.id for r in held.running} >= {"low", "serving:d1"}  # nobody gives anything back
+    assert place_additional_workers(held, accelerator_type="h100", workers=1, devices=4) is not None  # n2's free 4
+    assert place_additional_workers(held, accelerator_type="h100", workers=2, devices=4) is None  # n0, n1 held
+    assert place_additional_workers(held, accelerator_type="h100", workers=1, devices=3) is not None
+    assert place_additional_workers(snap, accelerator_type="h100", workers=3, devices=4) is not None
+
+
+def test_a_replica_on_an_unschedulable_node_is_not_reserved_again_on_the_schedulable_ones():
+    """A 1-replica deployment whose replica runs on a cordoned node: the schedulable capacity is not reserved for it
+    (before, it reserved a second node's worth; found by QA)."""
+    from controlplane.scheduling.mixed_load import non_preemptible_caps
+
+    cordoned = (replace(nodes(2)[0], schedulable=False), nodes(2)[1])
+    snap = Snapshot(cordoned, QUEUES)
+    assert non_preemptible_caps(snap, [serving(1, ("n0",), per_replica=8, maximum=1)]) == {"h100": 8.0}
+    assert non_preemptible_caps(snap, [serving(1, ("n0",), per_replica=8, maximum=2)]) == {"h100": 0.0}
+    assert non_preemptible_caps(Snapshot(nodes(2), QUEUES), [serving(1, ("n0",), per_replica=8, maximum=1)]) \
+        == {"h100": 8.0}

@@ -264,6 +264,32 @@ def non_preemptible_caps(snapshot: Snapshot, serving) -> dict[str, float]:
     return caps
 
 
+def hold_in_place(snapshot: Snapshot, serving, held: list[tuple[str, float]] = (),
+                  devices: list[tuple[str, int]] = ()) -> Snapshot:
+    """The snapshot with what training must not be moved onto held as settled running workloads, and nothing given
+    back: the devices deployments' running replicas use (on the nodes they run on), then `devices` ((node, device
+    index) pairs, whole), then `held` ((node, devices) amounts, on free devices of the node). For re-placing a
+    running gang's workers off a node (before, they were placed from the training snapshot alone, onto a running
+    replica's devices or a stopping run's; found by QA)."""
+    running_only = [replace(d, replicas_wanted=0, cluster_queue=None, all_or_none=False) for d in serving]
+    snapshot = plan_mixed_load(snapshot, running_only).snapshot
+    free = _Free(snapshot)
+    placements = []
+    for node, index in sorted(set(devices)):
+        shares = free.free.get(node)
+        if shares is not None and index < len(shares) and shares[index] > EPS:
+            placements.append(WorkerPlacement(node, ((index, shares[index]),)))
+            shares[index] = 0.0
+    for node, amount in held:
+        taken = free.take(node, amount, force=True) if node in free.free else None
+        if taken:
+            placements.append(WorkerPlacement(node, taken))
+    extra = tuple(Running(Workload(id=f"held:{i}", cluster_queue=SERVING_QUEUE, accepted_types=(kind,),
+                                   devices_per_worker=sum(share for _, share in w.taken)), kind, (w,), settled=True)
+                  for i, w in enumerate(placements) for kind in (free.nodes[w.node].accelerator_type,))
+    return replace(snapshot, running=snapshot.running + extra)
+
+
 def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict[str, list],
                    running: dict[str, Running], touched: set[str], snapshot: Snapshot,
                    again: frozenset[str] = frozenset()) -> dict[str, tuple[int, str]]:
@@ -723,12 +749,17 @@ def loans(snapshot: Snapshot, serving, training_usage: dict[str, float]) -> dict
 
 
 def _capacity_and_reserved(snapshot: Snapshot, serving) -> tuple[dict[str, float], dict[str, float]]:
-    """Per type, the devices of schedulable nodes, and what the deployments reserve (replicas_max each)."""
+    """Per type, the devices of schedulable nodes, and what the deployments reserve of them: replicas_max each, less
+    the replicas that run on nodes outside that capacity (cordoned or unhealthy: before, a 1-replica deployment whose
+    replica ran on a cordoned node reserved a second node's worth; found by QA)."""
     capacity: dict[str, float] = defaultdict(float)
+    schedulable = set()
     for node in snapshot.nodes:
         if node.schedulable:
             capacity[node.accelerator_type] += node.devices
+            schedulable.add(node.name)
     reserved: dict[str, float] = defaultdict(float)
     for demand in serving:
-        reserved[demand.accelerator_type] += demand.reserved
+        elsewhere = sum(1 for node in demand.replica_nodes if node not in schedulable)
+        reserved[demand.accelerator_type] += max(0, demand.replicas_max - elsewhere) * demand.devices_per_replica
     return capacity, reserved
