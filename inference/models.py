@@ -81,6 +81,29 @@ class Deployment(models.Model):
         return f"{self.team}/{self.name}"
 
     @property
+    def replica_size(self) -> str:
+        """What one replica takes, for people: devices, or on the CPU pool the cores its server reserves (before,
+        the console said "1 device" for a CPU replica; found by QA)."""
+        from inference.workflows import replica_cpus
+
+        if self.accelerator_type == "cpu":
+            return f"{replica_cpus(accelerator_type='cpu', devices_per_replica=0.0):g} CPU core"
+        amount = float(self.devices_per_replica)
+        return f"{amount:g} device{'' if amount == 1 else 's'}"
+
+    @property
+    def capacity_held_shown(self) -> list[tuple[str, str]]:
+        """`capacity_held` for people: (node, "0.25 CPU core" or "0.125 device"), cores on CPU nodes (before, the
+        console rounded to one decimal and called a CPU hold devices; found by QA)."""
+        from controlplane.cluster.models import Node
+
+        held = [(str(node), float(amount)) for node, amount in self.capacity_held or []]
+        kinds = dict(Node.objects.filter(name__in=[node for node, _ in held])
+                     .values_list("name", "pool__accelerator_type__slug"))
+        return [(node, f"{amount:g} CPU core{'' if amount == 1 else 's'}" if kinds.get(node) == "cpu"
+                 else f"{amount:g} device{'' if amount == 1 else 's'}") for node, amount in held]
+
+    @property
     def is_terminal(self) -> bool:
         return DEPLOYMENT_MACHINE.is_terminal(self.state)
 

@@ -146,20 +146,26 @@ def fewest_data_parallel_devices(summary: dict, *, spec, global_batch_size: int,
     saving = replace(layout, micro_batch_size=1, zero=layout.zero or plan_options.allow_zero,
                      shard_gradients=layout.shard_gradients or plan_options.allow_zero,
                      recompute="full" if plan_options.allow_recompute else layout.recompute)
+    device = device_type_for(accelerator, fractions)
     for devices in range(per_worker, layout.dp, per_worker):
         per_node = shape["devices_per_node"]
-        if devices > per_node and devices % per_node:
-            continue  # the planner plans whole nodes, or part of one
+        if devices > per_node and devices % per_node and per_worker <= per_node:
+            per_node = per_worker  # as plan_job_parallelism plans workers that do not fill whole nodes
         nodes, per_node = (1, devices) if devices <= per_node else (devices // per_node, per_node)
-        pool = DevicePool(device=device_type_for(accelerator, fractions), nodes=nodes, devices_per_node=per_node,
+        pool = DevicePool(device=device, nodes=nodes, devices_per_node=per_node,
                           intra_node_gbps=shape["intra_node_gbps"], inter_node_gbps=shape["inter_node_gbps"],
                           name=layout.stages[0].pool)
-        request = PlanRequest(model=spec, global_batch_size=global_batch_size, pools=(pool,), options=plan_options)
         for candidate in (layout, saving):
+            # Memory only: with tp = pp = 1 it does not depend on the global batch, which need not split evenly over
+            # a narrower width for this question (before, a batch of 509 made every width fail, and the job was
+            # told it needed 509 devices "to fit device memory"; found by a review).
+            step = devices * candidate.micro_batch_size
+            batch = max(step, -(-global_batch_size // step) * step)
+            request = PlanRequest(model=spec, global_batch_size=batch, pools=(pool,), options=plan_options)
             try:
                 if predict(request, replace(candidate, dp=devices)).fits:
                     return devices
-            except ValueError:  # this width cannot run it (e.g. the batch does not split over its ranks)
+            except ValueError:  # this width cannot run it at all (e.g. expert parallelism does not divide it)
                 continue
     return layout.dp
 

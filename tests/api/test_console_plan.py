@@ -69,6 +69,21 @@ def test_types_the_planner_cannot_model_are_not_offered_and_their_pools_say_why(
     assert '<option value="kunlun-p800">' not in html and '<option value="ascend-910b">' not in html
     assert '<option value="nvidia-h100">nvidia-h100</option>' in html
     note = html.split('id="not-plannable"')[1].split("</p>")[0]
-    assert "kunlun-p800 (" in note and "ascend-910b (" in note and "bf16_dense_tflops" in note, note
+    assert "kunlun-p800: no published bf16_dense_tflops" in note and "ascend-910b: " in note, note
+    assert "kunlun-p800 (kunlun-p800" not in note  # said once (a review)
     line = html.split('data-plan-pool="p800-pool"')[1].split("</label>")[0]
-    assert " disabled" in line and " checked" not in line and "the planner cannot model it" in line, line
+    assert " disabled" in line and " checked" not in line and line.count("the planner cannot model it") == 1, line
+    assert 'id="nothing-plannable"' not in html
+
+
+def test_the_page_says_so_when_no_type_can_be_planned(world, cluster):
+    """A review: with no type the planner can model, the page showed device rows offering only "—" and an active
+    Plan button."""
+    from controlplane.cluster.models import AcceleratorType
+
+    AcceleratorType.objects.exclude(slug="cpu").update(bf16_dense_tflops=None)
+    client = Client()
+    client.force_login(world["alpha"]["member"])
+    html = client.get("/plan/").content.decode()
+    assert 'id="nothing-plannable"' in html and "data-plan-device-type" not in html
+    assert 'data-busy="Planning…" disabled>Plan</button>' in html

@@ -616,3 +616,27 @@ def test_an_elastic_auto_job_starts_no_narrower_than_its_layout_fits_device_memo
     browser = Client()
     browser.force_login(world["alpha"]["member"])
     assert "Smallest gang set by the plan" in browser.get(f"/jobs/{job.pk}/").content.decode()
+
+
+def _auto_gang(model, batch: int, workers: int, per_worker: int):
+    from jobs.planning import gang_size_from_plan, plan_job_parallelism
+
+    plan = plan_job_parallelism(parallelism={"mode": "auto", "model": model, "global_batch_size": batch},
+                                accelerator_types=["nvidia-h100"], workers=workers, devices_per_worker=per_worker)
+    return plan, gang_size_from_plan(plan, workers_min=1, workers_max=workers, devices_per_worker=per_worker)
+
+
+def test_the_plans_minimum_gang_counts_widths_that_are_not_whole_nodes(demo_cluster):
+    """A review found widths over one node that are not whole nodes skipped (16 workers x 3 H100: 9, 12, ... never
+    tried), so a gang that fits on 3 workers was told to start at 8. Such widths are planned one worker per node."""
+    plan, (workers_min, _) = _auto_gang({"preset": "llama2-13b", "layers": 48}, 144, 16, 3)
+    assert not plan["model_parallel"]
+    assert workers_min <= 3 and plan["by_type"]["nvidia-h100"]["fewest_devices"] <= 9, plan.get("min_workers_by_plan")
+
+
+def test_the_plans_minimum_gang_is_about_memory_not_how_the_batch_splits(demo_cluster):
+    """A review found a batch of 509 (prime) reported as needing 509 devices "to fit device memory": every narrower
+    width failed because 509 does not split over it. Memory is the question; the batch is rounded up for it."""
+    _, (even, _) = _auto_gang("llama2-7b", 510, 512, 1)
+    plan, (odd, workers_max) = _auto_gang("llama2-7b", 509, 512, 1)
+    assert even == odd == 2 and workers_max == 509, (even, odd, workers_max, plan.get("min_workers_by_plan"))

@@ -34,7 +34,7 @@ from controlplane.scheduling.model import (
 from controlplane.scheduling.placement import EPS, NodeState, WorkerPlacement, place_gang
 from controlplane.scheduling.placement import _slots as place_slots
 from controlplane.scheduling.quota import QuotaCheck, QuotaLedger, non_preemptible_refusal, reserved_capacity_refusal
-from controlplane.scheduling.scheduler import schedule
+from controlplane.scheduling.scheduler import schedule, units_of
 from tests.unit.test_scheduler_core import running_from
 from tests.unit.test_scheduler_core import snapshots as core_snapshots
 
@@ -98,10 +98,10 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                 most = ref_most_slots(nodes, wl.devices_per_worker)
                 reasons.append(f"no schedulable {t} nodes" if not nodes else
                                f"{t} nodes can never hold it: its {len(nodes)} schedulable nodes (the largest with "
-                               f"{max(n.capacity for n in nodes)} devices) would hold at most {most} workers of "
+                               f"{max(n.capacity for n in nodes)} {units_of(t)}) would hold at most {most} workers of "
                                f"{wl.devices_per_worker:g} even with nothing running, it needs {wl.workers_min}"
                                if most < wl.workers_min else
-                               f"not enough free {t}: {sum(n.free_total() for n in nodes):g} devices free on "
+                               f"not enough free {t}: {sum(n.free_total() for n in nodes):g} {units_of(t)} free on "
                                f"{len(nodes)} nodes, needs {wl.workers_min} x {wl.devices_per_worker:g} placed all "
                                "at once" + (f" ({state.reserved[t][1]:g} more set aside for {state.reserved[t][0]}, "
                                             "which waits ahead of it)" if t in state.reserved else ""))

@@ -54,7 +54,19 @@ class ServingDemand:
 
     @property
     def reserved(self) -> float:
-        return self.replicas_max * self.devices_per_replica
+        """The devices replicas_max replicas take: whole devices each, or as many shares as fit on one device each
+        (before, 3 replicas of 0.6 counted as 1.8 devices, though no two of them share a device; found by a review)."""
+        return replica_devices(self.replicas_max, self.devices_per_replica)
+
+
+def replica_devices(replicas: int, per_replica: float) -> float:
+    """The devices `replicas` replicas of `per_replica` take as `_Free.take` places them: ceil(per_replica) whole
+    devices each, or shares of a device, as many on one as fit."""
+    if replicas <= 0 or per_replica <= EPS:
+        return 0.0
+    if per_replica >= 1.0 - EPS:
+        return replicas * math.ceil(per_replica - EPS)
+    return float(math.ceil(replicas / int(1 / per_replica + 1e-9)))
 
 
 @dataclass
@@ -255,11 +267,21 @@ def non_preemptible_caps(snapshot: Snapshot, serving) -> dict[str, float]:
     minus every deployment's reservation (as `loans` counts it), and within any cap the snapshot already has. Only
     preemptible training uses reserved capacity on loan: it gives it back when the deployments scale out, which a
     non-preemptible job cannot (before, one was admitted onto it, and the deployment could never scale out; found
-    by QA). All pools of a type together, like the loan."""
+    by QA).
+
+    A deployment pinned to a pool reserves that pool's devices. The core places by type, not by pool, so the cap
+    is conservative there: non-preemptible training of the type holds no more than what the pinned reservations
+    leave free in the pool they take most of, wherever it is placed (before, with the cap per type alone, a
+    non-preemptible job whose only room was the pinned pool took it; found by a review). Such a job may wait while
+    another pool of the type has room."""
     capacity, reserved = _capacity_and_reserved(snapshot, serving)
+    by_pool, pinned = _capacity_and_reserved(snapshot, serving, by_pool=True)
     caps = dict(snapshot.non_preemptible_caps)
     for kind, amount in reserved.items():
         cap = max(0.0, capacity[kind] - amount)
+        for (pool_kind, pool), held in pinned.items():
+            if pool_kind == kind:
+                cap = min(cap, max(0.0, by_pool[(kind, pool)] - held))
         caps[kind] = min(cap, caps.get(kind, cap))
     return caps
 
@@ -748,18 +770,22 @@ def loans(snapshot: Snapshot, serving, training_usage: dict[str, float]) -> dict
             if reserved.get(t)}
 
 
-def _capacity_and_reserved(snapshot: Snapshot, serving) -> tuple[dict[str, float], dict[str, float]]:
+def _capacity_and_reserved(snapshot: Snapshot, serving, by_pool: bool = False) -> tuple[dict, dict]:
     """Per type, the devices of schedulable nodes, and what the deployments reserve of them: replicas_max each, less
     the replicas that run on nodes outside that capacity (cordoned or unhealthy: before, a 1-replica deployment whose
-    replica ran on a cordoned node reserved a second node's worth; found by QA)."""
-    capacity: dict[str, float] = defaultdict(float)
+    replica ran on a cordoned node reserved a second node's worth; found by QA). `by_pool`: per (type, pool), and the
+    reservations of deployments pinned to a pool only."""
+    capacity: dict = defaultdict(float)
     schedulable = set()
     for node in snapshot.nodes:
         if node.schedulable:
-            capacity[node.accelerator_type] += node.devices
+            capacity[(node.accelerator_type, node.pool) if by_pool else node.accelerator_type] += node.devices
             schedulable.add(node.name)
-    reserved: dict[str, float] = defaultdict(float)
+    reserved: dict = defaultdict(float)
     for demand in serving:
+        if by_pool and demand.pool is None:
+            continue
         elsewhere = sum(1 for node in demand.replica_nodes if node not in schedulable)
-        reserved[demand.accelerator_type] += max(0, demand.replicas_max - elsewhere) * demand.devices_per_replica
+        key = (demand.accelerator_type, demand.pool) if by_pool else demand.accelerator_type
+        reserved[key] += replica_devices(max(0, demand.replicas_max - elsewhere), demand.devices_per_replica)
     return capacity, reserved

@@ -1037,6 +1037,12 @@ def _held_admission(state: _State, workload: Workload, accelerator_type: str, re
     return Admit(workload.id, accelerator_type, held.workers, borrowed, reason)
 
 
+def units_of(accelerator_type: str) -> str:
+    """What a node's slots are, in reasons: CPU cores on the CPU pool, devices elsewhere (before, a CPU job was told
+    of "2 devices"; found by QA)."""
+    return "CPU cores" if accelerator_type == "cpu" else "devices"
+
+
 def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -> str:
     pool = state.pool(accelerator_type)
     if not pool.sched:
@@ -1044,10 +1050,12 @@ def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -
     most = pool.most_slots(workload.devices_per_worker)
     if most < workload.workers_min:
         return (f"{accelerator_type} nodes can never hold it: its {len(pool.sched)} schedulable nodes (the largest "
-                f"with {max(node.capacity for node in pool.sched)} devices) would hold at most {most} workers of "
+                f"with {max(node.capacity for node in pool.sched)} {units_of(accelerator_type)}) would hold at most "
+                f"{most} workers of "
                 f"{workload.devices_per_worker:g} even with nothing running, it needs {workload.workers_min}")
     free = pool.free_total()
-    reason = (f"not enough free {accelerator_type}: {free:g} devices free on {len(pool.sched)} nodes, needs "
+    reason = (f"not enough free {accelerator_type}: {free:g} {units_of(accelerator_type)} free on {len(pool.sched)} "
+              "nodes, needs "
               f"{workload.workers_min} x {workload.devices_per_worker:g} placed all at once")
     held = state.reserved.get(accelerator_type)
     if held is not None:  # "0 devices free" read as a full cluster while devices stood idle, set aside (QA)

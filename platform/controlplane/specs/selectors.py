@@ -85,6 +85,8 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
             "fits_now": fits_capacity and fits_quota,
             "why_not": "" if fits_capacity and fits_quota else (
                 f"not enough free {slug}: {members} x {units:g} needed, {placeable} fit now" if not fits_capacity
+                # (a rule rather than the amount: before, "quota left 56 < 8 (non-preemptible workloads would ...)")
+                else quota_why if quota_why and quota_left is not None and quota_left + 1e-9 >= need
                 else f"quota left {quota_left:g} < {need:g}" + (f" ({quota_why})" if quota_why else "")),
         })
     preference = []
