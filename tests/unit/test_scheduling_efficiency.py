@@ -280,3 +280,13 @@ def test_smoke_first_50_jobs_of_a_real_trace():
     assert results[0]["no_wait_bound_avg_jct_h"] <= policies["fleetyard"]["avg_jct_h"] + 1e-9
     assert "GAVEL'S OWN SIMULATOR" in gavel.format_report(results, gavel.parse_cluster("36:36:36"), 0)
     assert time.perf_counter() - started < 10
+
+
+def test_the_accelerator_notes_shown_to_people_use_no_python_words():
+    """QA (2026-11-29): the console's cluster page read "every numeric figure is left None"."""
+    import re
+
+    from controlplane.cluster.accelerator_facts import ACCELERATOR_FACTS
+
+    for fact in ACCELERATOR_FACTS:
+        assert not re.search(r"\bNone\b", fact.get("notes", "")), fact["slug"]

@@ -116,7 +116,7 @@ ACCELERATOR_FACTS: list[dict] = [
                                   "and 2026-09-25 agree; read " + _WRITTEN + ")",
         },
         "notes": "The A100 datasheet prints the dense BF16 figure directly (312), with 624 for sparse, so no "
-                 "halving is needed. FP8 is None because Ampere has no FP8 tensor support. The figures are "
+                 "halving is needed. FP8 is left empty because Ampere has no FP8 tensor support. The figures are "
                  "for the 80GB SXM4 part; the 40GB part has 1,555 GB/s, and the PCIe parts have lower "
                  "bandwidth and no NVSwitch. Lambda's A100 price is high compared with other providers: "
                  "RunPod listed A100 SXM 80GB at $1.39-$1.79/h per GPU in Sep-Nov 2026.",
@@ -211,7 +211,7 @@ ACCELERATOR_FACTS: list[dict] = [
                  "official datasheet with TFLOPS, memory or bandwidth could be found. One analyst "
                  "(hellochinatech.com, 2025) says the P800 uses GDDR6 rather than HBM and that its specs "
                  "come only from conference talks and securities research. We did not verify that, so memory "
-                 "is left None. Every figure is None on purpose; fill them in only from a Kunlunxin or Baidu "
+                 "is left empty. Every figure is empty on purpose; fill them in only from a Kunlunxin or Baidu "
                  "publication.",
     },
     {
@@ -242,7 +242,7 @@ ACCELERATOR_FACTS: list[dict] = [
         "notes": "Poorly documented in English, and Huawei publishes no 910B datasheet. Secondary reports "
                  "(blogs and Chinese media) put FP16 at about 320 TFLOPS and memory at 64 GB HBM2e, but they "
                  "disagree on bandwidth (400 GB/s to 1.6 TB/s) and one says 32 GB. Because of that, every "
-                 "numeric figure is left None. FP8 is None because the 910B has no FP8 data type. The 910C "
+                 "numeric figure is left empty. FP8 is empty because the 910B has no FP8 data type. The 910C "
                  "is two 910B dies in one package; do not confuse the two.",
     },
     {
@@ -270,7 +270,7 @@ ACCELERATOR_FACTS: list[dict] = [
         "notes": "The 'cpu' type is billed per vCPU, not per device. The price is AWS m7i.large's on-demand "
                  "Linux price in us-east-1 ($0.1008/h for 2 vCPUs) divided by 2, and it includes that "
                  "instance's share of memory (4 GiB per vCPU). An AWS x86 vCPU is one hyperthread, i.e. half "
-                 "a physical core. TFLOPS, memory and bandwidth are None because they describe a whole "
+                 "a physical core. TFLOPS, memory and bandwidth are left empty because they describe a whole "
                  "socket, not a vCPU.",
     },
 ]

@@ -185,8 +185,9 @@ def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions
         where = f"devices[{index}]"
         slug = item["accelerator_type"]
         accelerator = types.get(slug)
-        if accelerator is None:
-            raise ValidationFailed(f"{where}: unknown accelerator type {slug!r}", field="devices")
+        if accelerator is None:  # (the names it could be: a typo sent through the SDK got no hint; a review)
+            known = ", ".join(sorted(a.slug for a in selectors.accelerator_type_list() if a.slug != "cpu"))
+            raise ValidationFailed(f"{where}: unknown accelerator type {slug!r}; known: {known}", field="devices")
         try:
             device = device_type_for(accelerator, fractions)
             nodes, per_node = _shape(item["count"], item.get("devices_per_node") or 8)
