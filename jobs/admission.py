@@ -610,7 +610,6 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
                                                   if not waits_for])
 
 
-@transaction.atomic
 def _with_others_held(snapshot: Snapshot, job_id: int) -> Snapshot:
     """The snapshot with what the cycle keeps training off held: running serving replicas, the devices runs that are
     stopping or shrinking still use (`_devices_still_in_use`, but the job's own), and the capacity the cycle holds for
@@ -626,6 +625,7 @@ def _with_others_held(snapshot: Snapshot, job_id: int) -> Snapshot:
     return hold_in_place(snapshot, load_serving(), held=held, devices=busy)
 
 
+@transaction.atomic
 def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = False) -> TrainingJob | None:
     """Give a running gang new nodes for the workers it has on `exclude` (lost or cordoned nodes).
 

@@ -846,3 +846,28 @@ def test_workers_moved_off_a_cordoned_node_do_not_land_on_a_preempted_run_still_
         replace_workers(job_id=moved, exclude=[node])
     nodes = [w["node"] for w in TrainingJob.objects.get(pk=moved).placement]
     assert old not in nodes, f"worker moved onto {old}, whose devices the stopping run {stopping} still holds"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_replace_workers_is_its_own_transaction(api, backend, monkeypatch):
+    """A review (2026-11-29): `@transaction.atomic` slid onto a helper above `replace_workers`, which the launcher
+    calls outside any transaction; on PostgreSQL its SELECT ... FOR UPDATE then raised, and no gang was ever moved
+    off a cordoned node. (The `db` fixture's own transaction hid it; this test has none.)"""
+    from django.db import connection
+
+    import jobs.admission as admission
+
+    client = api("alpha", "member")
+    job = post(client, "/api/v1/training-jobs/", {**JOB_BODY, "name": "moves", "workers_min": 1, "workers_max": 1,
+                                                  "accelerator_types": ["nvidia-h100"]})
+    [node] = [w["node"] for w in TrainingJob.objects.get(pk=job).placement]
+    TrainingJob.objects.filter(pk=job).update(state="RUNNING", compute_handle="fy-train-x", observed_nodes=[node])
+    Node.objects.filter(name=node).update(cordoned=True)
+    locked_in = []
+    real_lock = admission.lock_cluster_queues
+    monkeypatch.setattr(admission, "lock_cluster_queues",
+                        lambda: (locked_in.append(connection.in_atomic_block), real_lock())[1])
+    assert not connection.in_atomic_block  # as in the launcher's sync task
+    moved = replace_workers(job_id=job, exclude=[node])
+    assert locked_in == [True]
+    assert moved is not None and node not in [w["node"] for w in moved.placement]
