@@ -10,6 +10,7 @@ from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from controlplane.cluster.models import Node, NodeHealth, NodePool
+from controlplane.scheduling.mixed_load import replica_devices, replicas_fit
 from inference.autoscaling import ObservedWindow, percentile
 from inference.models import Deployment, DeploymentState, InferenceRequest
 from jobs.models import TrainingJob
@@ -82,7 +83,9 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
         else:
             held_devices = training_units.get(node.name, 0.0) + serving_devices
             free_devices = min(node.free_devices, node.capacity_devices - held_devices)
-            count = min(by_cpu, math.floor(free_devices / devices_per_replica + 1e-9))
+            # as the scheduling cycle places replicas: whole devices each, or shares packed per device (before,
+            # 26 replicas of 0.6 "fit" 16 A100s, where the cycle holds 16; found by a review)
+            count = min(by_cpu, replicas_fit(max(0.0, free_devices), devices_per_replica))
         fits[node.pool.name] += max(0, count)
     return dict(fits)
 
@@ -111,12 +114,14 @@ def serving_held_by_node(accelerator_type: str) -> dict[str, tuple[float, float]
     held: dict[str, tuple[float, float]] = {}
     for deployment in Deployment.objects.filter(state__in=list(LIVE_STATES)):
         same_type = deployment.accelerator_type == accelerator_type and accelerator_type != "cpu"
-        devices_each = float(deployment.devices_per_replica) if same_type else 0.0
         cores_each = replica_cpus(accelerator_type=deployment.accelerator_type or "cpu",
                                   devices_per_replica=float(deployment.devices_per_replica))
-        for name in [str(n) for n in (deployment.observed or {}).get("node_names") or ()][:deployment.replicas_ready]:
-            devices, cpus = held.get(name, (0.0, 0.0))
-            held[name] = (devices + devices_each, cpus + cores_each)
+        names = [str(n) for n in (deployment.observed or {}).get("node_names") or ()][:deployment.replicas_ready]
+        for name, count in Counter(names).items():
+            # the devices its replicas there take as the cycle places them: fractions packed per whole device
+            devices = replica_devices(count, float(deployment.devices_per_replica)) if same_type else 0.0
+            before_devices, before_cpus = held.get(name, (0.0, 0.0))
+            held[name] = (before_devices + devices, before_cpus + cores_each * count)
     return held
 
 

@@ -3,7 +3,9 @@ of the first version found (2026-11-29), each a failure on that version."""
 
 from __future__ import annotations
 
-from controlplane.scheduling.mixed_load import ServingDemand, plan_mixed_load
+from dataclasses import replace
+
+from controlplane.scheduling.mixed_load import ServingDemand, non_preemptible_caps, plan_mixed_load
 from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
 from controlplane.scheduling.placement import WorkerPlacement
 from controlplane.scheduling.scheduler import schedule
@@ -28,7 +30,6 @@ def _admit_then_scale_out(nodes, demand, pending, before=()):
     for admit in result.admitted:
         running.append(Running(pending, admit.accelerator_type, admit.workers))
     out = Snapshot(nodes, QUEUES, running=tuple(running))
-    from dataclasses import replace
     return admitted, plan_mixed_load(out, [replace(demand, replicas_wanted=demand.replicas_max)])
 
 
@@ -73,3 +74,36 @@ def test_replica_devices_counts_whole_devices_and_shares_per_device():
     assert [replica_devices(n, 0.25) for n in (1, 4, 5, 8)] == [1.0, 1.0, 2.0, 2.0]
     assert replica_devices(3, 0.1) == 1.0  # ten shares of 0.1 fit on one device (1 // 0.1 is 9.0)
     assert (replica_devices(2, 2.5), replica_devices(2, 8)) == (6, 16)
+
+
+def test_a_replica_on_a_node_the_snapshot_does_not_know_is_still_reserved():
+    """eeda2bc: `_capacity_and_reserved` drops a running replica from the reservation when its node is "not in
+    schedulable", meant for cordoned / unhealthy nodes. A node name the snapshot does not know at all (Serve reported
+    a name that is not a Node row) is dropped too, although `plan_mixed_load` step 2 holds that replica on free
+    schedulable capacity of the type. 2 x 8 H100, a 1-2 replica deployment (8 each), one replica running on "ghost":
+    the cap becomes 16 - 8 = 8, a non-preemptible 1 x 8 job takes the other node, and the deployment can never scale
+    out to its replicas_max (the failure the cap exists to prevent). Before eeda2bc the cap was 0."""
+    nodes = (NodeSpec("n0", "p", "h100", "g", 8), NodeSpec("n1", "p", "h100", "g", 8))
+    demand = ServingDemand("d1", "h100", 8, 2, 1, ("ghost",))
+    assert non_preemptible_caps(Snapshot(nodes, QUEUES), [demand]) == {"h100": 0.0}
+
+    pinned = Workload("np", "team", ("h100",), devices_per_worker=8, preemptible=False)
+    result = schedule(plan_mixed_load(Snapshot(nodes, QUEUES, pending=(pinned,)), [demand]).snapshot)
+    assert [a.workload_id for a in result.admitted] == []
+
+
+def test_a_pinned_deployment_on_a_pool_with_no_schedulable_node_does_not_zero_the_whole_types_cap():
+    """a7ec1d8: the pinned cap is min(..., schedulable capacity of the pinned pool - pinned reservation). Pool p's only
+    node is cordoned (or the pool name is not a pool at all), so its schedulable capacity is 0 and the cap for every
+    H100 becomes 0: no non-preemptible H100 job is admitted anywhere, although pool q (8 devices, nothing reserved)
+    is idle and no training can be placed in p either (nothing there to protect)."""
+    nodes = (NodeSpec("n0", "p", "h100", "g0", 8, schedulable=False), NodeSpec("n1", "q", "h100", "g1", 8),
+             NodeSpec("n2", "q", "h100", "g1", 8))
+    # one replica runs on the cordoned node (a replica on an unschedulable node is not reserved again)
+    demand = ServingDemand("d1", "h100", 8, 1, 1, ("n0",), pool="p")
+    caps = non_preemptible_caps(Snapshot(nodes, QUEUES), [demand])
+    assert caps["h100"] == 16.0, caps  # 16 schedulable, nothing left to reserve on them
+    # not running at all (pool under maintenance): q's 16 less the per-type reservation 8
+    idle = replace(demand, replica_nodes=(), replicas_wanted=0)
+    caps = non_preemptible_caps(Snapshot(nodes, QUEUES), [idle])
+    assert caps["h100"] == 8.0, caps

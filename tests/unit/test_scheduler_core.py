@@ -519,11 +519,12 @@ def test_a_reason_behind_a_reservation_says_the_devices_are_set_aside():
 
 def test_replica_room_counts_shares_of_a_device_exactly():
     """1 // 0.1 is 9.0 in floating point: a deployment's check said 8 devices hold 72 replicas of 0.1, not 80."""
-    from jobs.admission import _replicas_fit
+    from controlplane.scheduling.mixed_load import replicas_fit
 
-    assert _replicas_fit(8.0, 0.1) == 80 and _replicas_fit(1.0, 0.1) == 10 and _replicas_fit(2.5, 0.25) == 8
-    assert _replicas_fit(8.0, 2.0) == 4 and _replicas_fit(7.999999999999, 2.0) == 4 and _replicas_fit(7.5, 2.0) == 3
-    assert _replicas_fit(0.0, 0.5) == 0
+    assert replicas_fit(8.0, 0.1) == 80 and replicas_fit(1.0, 0.1) == 10 and replicas_fit(2.5, 0.25) == 8
+    assert replicas_fit(8.0, 2.0) == 4 and replicas_fit(7.999999999999, 2.0) == 4 and replicas_fit(7.5, 2.0) == 3
+    assert replicas_fit(0.0, 0.5) == 0
+    assert replicas_fit(8.0, 2.5) == 2  # 3 whole devices each, as the cycle places them (8 / 2.5 said 3)
 
 
 def test_growth_trimmed_off_devices_a_stopping_run_holds_says_its_new_size():

@@ -181,11 +181,14 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
     touched: set[str] = set()  # training workloads already shrunk or preempted (each at most once)
     demands = [d for d in sorted(serving, key=lambda d: d.id) if d.devices_per_replica > EPS]
     held: dict[str, list[WorkerPlacement]] = {d.id: [] for d in demands}
-    runs = {d.id: max(len(d.replica_nodes), d.replicas_running or 0) for d in demands}
+    # (a replica on a node of another type, as Ray may run a CPU replica on an accelerator node, holds nothing of the
+    # deployment's type: before, it held 0.25 of an H100 there; found by a review)
+    runs = {d.id: max(len(d.replica_nodes), d.replicas_running or 0) - len(_foreign(d, free.nodes)) for d in demands}
     # 1. Every deployment's running replicas first, on the nodes they run on, before any wanted replica is placed
     #    (or one deployment's new replica could be put on devices another's replica already uses).
     for demand in demands:
-        for node in sorted(n for n in demand.replica_nodes if n in free.nodes):
+        for node in sorted(n for n in demand.replica_nodes if n in free.nodes
+                           and free.nodes[n].accelerator_type == demand.accelerator_type):
             taken = free.take(node, demand.devices_per_replica, force=True)
             if taken:
                 held[demand.id].append(WorkerPlacement(node, taken))
@@ -280,7 +283,9 @@ def non_preemptible_caps(snapshot: Snapshot, serving) -> dict[str, float]:
     for kind, amount in reserved.items():
         cap = max(0.0, capacity[kind] - amount)
         for (pool_kind, pool), held in pinned.items():
-            if pool_kind == kind:
+            # (a pool with no schedulable node takes no new work, so it has nothing to protect: before, it set the
+            # whole type's cap to 0; found by a review)
+            if pool_kind == kind and by_pool.get((kind, pool), 0.0) > 0:
                 cap = min(cap, max(0.0, by_pool[(kind, pool)] - held))
         caps[kind] = min(cap, caps.get(kind, cap))
     return caps
@@ -770,22 +775,40 @@ def loans(snapshot: Snapshot, serving, training_usage: dict[str, float]) -> dict
             if reserved.get(t)}
 
 
+def _foreign(demand: ServingDemand, nodes) -> list[str]:
+    """The nodes of `demand`'s running replicas that are known (in `nodes`, name -> NodeSpec) but of another type."""
+    return [n for n in demand.replica_nodes if n in nodes and nodes[n].accelerator_type != demand.accelerator_type]
+
+
+def replicas_fit(devices: float, per_replica: float) -> int:
+    """How many replicas of `per_replica` `devices` free devices of one node hold, as `_Free.take` places them:
+    ceil(per_replica) whole devices each, or as many shares on each whole device as fit (1 // 0.1 is 9.0 in floating
+    point: 10 shares of 0.1 were counted as 9)."""
+    if per_replica <= EPS:
+        return 0
+    if per_replica >= 1.0 - EPS:
+        return int(devices / math.ceil(per_replica - EPS) + 1e-9)
+    return int(devices + 1e-9) * int(1 / per_replica + 1e-9)
+
+
 def _capacity_and_reserved(snapshot: Snapshot, serving, by_pool: bool = False) -> tuple[dict, dict]:
     """Per type, the devices of schedulable nodes, and what the deployments reserve of them: replicas_max each, less
     the replicas that run on nodes outside that capacity (cordoned or unhealthy: before, a 1-replica deployment whose
     replica ran on a cordoned node reserved a second node's worth; found by QA). `by_pool`: per (type, pool), and the
     reservations of deployments pinned to a pool only."""
     capacity: dict = defaultdict(float)
-    schedulable = set()
+    known = {node.name: node for node in snapshot.nodes}
     for node in snapshot.nodes:
         if node.schedulable:
             capacity[(node.accelerator_type, node.pool) if by_pool else node.accelerator_type] += node.devices
-            schedulable.add(node.name)
     reserved: dict = defaultdict(float)
     for demand in serving:
         if by_pool and demand.pool is None:
             continue
-        elsewhere = sum(1 for node in demand.replica_nodes if node not in schedulable)
+        # replicas on known nodes outside the type's schedulable capacity (a name the snapshot does not know still
+        # reserves: mixed load holds such a replica on the type's free devices; a review)
+        elsewhere = sum(1 for node in demand.replica_nodes if node in known
+                        and not (known[node].schedulable and known[node].accelerator_type == demand.accelerator_type))
         key = (demand.accelerator_type, demand.pool) if by_pool else demand.accelerator_type
         reserved[key] += replica_devices(max(0, demand.replicas_max - elsewhere), demand.devices_per_replica)
     return capacity, reserved
