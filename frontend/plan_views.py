@@ -26,7 +26,8 @@ def plan_page(request):
     # What a plan can use: the healthy, uncordoned nodes (as POST /api/v1/plans/ counts them).
     pools = [{"name": pool.name, "accelerator_type": pool.accelerator_type.slug, "simulated": pool.simulated,
               "devices": pool.ready_node_count * pool.devices_per_node, "devices_per_node": pool.devices_per_node,
-              "not_plannable": missing.get(pool.accelerator_type.slug) or _missing_facts(pool.accelerator_type)}
+              "not_plannable": missing[pool.accelerator_type.slug] if pool.accelerator_type.slug in missing
+              else _missing_facts(pool.accelerator_type)}
              for pool in node_pools_for_planning().values() if pool.accelerator_type.slug != "cpu"]
     context.update({
         "presets": PRESET_NAMES,

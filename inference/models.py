@@ -14,6 +14,11 @@ from inference.states import DEPLOYMENT_MACHINE, DeploymentState
 from jobs.models import TrainingJob
 
 
+def _counted(amount: float, unit: str) -> str:
+    """"0.25 CPU core", "1 device", "8 devices": an amount as the console writes it (as the API has it, no rounding)."""
+    return f"{amount:g} {unit}{'' if amount == 1 else 's'}"
+
+
 class Deployment(models.Model):
     # --- spec (desired) ---
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="deployments")
@@ -88,8 +93,7 @@ class Deployment(models.Model):
 
         if self.accelerator_type == "cpu":
             return f"{replica_cpus(accelerator_type='cpu', devices_per_replica=0.0):g} CPU core"
-        amount = float(self.devices_per_replica)
-        return f"{amount:g} device{'' if amount == 1 else 's'}"
+        return _counted(float(self.devices_per_replica), "device")
 
     @property
     def capacity_held_shown(self) -> list[tuple[str, str]]:
@@ -100,8 +104,7 @@ class Deployment(models.Model):
         held = [(str(node), float(amount)) for node, amount in self.capacity_held or []]
         kinds = dict(Node.objects.filter(name__in=[node for node, _ in held])
                      .values_list("name", "pool__accelerator_type__slug"))
-        return [(node, f"{amount:g} CPU core{'' if amount == 1 else 's'}" if kinds.get(node) == "cpu"
-                 else f"{amount:g} device{'' if amount == 1 else 's'}") for node, amount in held]
+        return [(node, _counted(amount, "CPU core" if kinds.get(node) == "cpu" else "device")) for node, amount in held]
 
     @property
     def is_terminal(self) -> bool:

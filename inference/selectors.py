@@ -68,7 +68,7 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
                                 cordoned=False).select_related("pool").order_by("pool__name", "name")
     training_units, training_cpus = training_held_by_node()  # devices (cores on the CPU pool); workers' cores
     serving = serving_held_by_node(accelerator_type)
-    held_for_others = _held_for_wanted_replicas(exclude=for_deployment)
+    held_for_others = held_for_wanted_replicas(exclude=for_deployment)
     for node in nodes:
         serving_devices, serving_cpus = serving.get(node.name, (0.0, 0.0))
         serving_devices += held_for_others.get(node.name, 0.0)
@@ -90,9 +90,9 @@ def replica_capacity(*, accelerator_type: str, devices_per_replica: float, cpus_
     return dict(fits)
 
 
-def _held_for_wanted_replicas(*, exclude: int | None) -> dict[str, float]:
-    """Devices the last scheduling cycle held for wanted replicas that do not run yet, per node, of every deployment
-    still waiting for them (live or PENDING) but `exclude`."""
+def held_for_wanted_replicas(*, exclude: int | None) -> dict[str, float]:
+    """Devices (cores on CPU nodes) the last scheduling cycle held for wanted replicas that do not run yet, per node,
+    of every deployment still waiting for them (live or PENDING) but `exclude`."""
     from inference.workflows import LIVE_STATES
 
     held: dict[str, float] = defaultdict(float)

@@ -17,7 +17,6 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
-from controlplane.cluster.selectors import ready_device_capacities
 from controlplane.common.bulk import write_fields
 from controlplane.common.lifecycle import record_event, record_events_many, transition_many
 from controlplane.common.tasks import dispatch_many_on_commit
@@ -185,11 +184,17 @@ def non_preemptible_caps_now() -> dict[str, float]:
 
 
 def load_serving() -> list[ServingDemand]:
+    """Every deployment mixed load counts: the live ones (`live_serving`), then those PENDING for capacity
+    (`pending_serving`)."""
+    return live_serving() + pending_serving()
+
+
+def live_serving() -> list[ServingDemand]:
     """Live deployments, as mixed load sees them: what they reserve (replicas_max), what their autoscaler wants now,
-    where their replicas run, and the ClusterQueue whose quota they count against; then deployments PENDING for
-    capacity (`pending_serving`). A CPU deployment's replicas are cores of the CPU pool (the cycle's slots there),
-    counted against no quota (as the deploy check and the dry run count them); before, the cycle left them out, so
-    CPU training was admitted onto cores replicas used and a CPU deployment waiting for cores got none back (QA)."""
+    where their replicas run, and the ClusterQueue whose quota they count against. A CPU deployment's replicas are
+    cores of the CPU pool (the cycle's slots there), counted against no quota (as the deploy check and the dry run
+    count them); before, the cycle left them out, so CPU training was admitted onto cores replicas used and a CPU
+    deployment waiting for cores got none back (QA)."""
     from inference.models import Deployment
     from inference.workflows import LIVE_STATES
 
@@ -209,7 +214,7 @@ def load_serving() -> list[ServingDemand]:
                                      cluster_queue=None if on_cpu else deployment.local_queue.cluster_queue.name,
                                      replicas_min=deployment.replicas_min,
                                      replicas_limit=deployment.replicas_limit))
-    return demands + pending_serving()
+    return demands
 
 
 def pending_serving() -> list[ServingDemand]:
@@ -224,7 +229,7 @@ def pending_serving() -> list[ServingDemand]:
     from inference.workflows import ModelNotFound, resolve_model_dir
 
     demands = []
-    reads: dict = {}  # per-type reads, made once per pass
+    reads: dict = {}  # per-type reads (_type_reads), made once per pass
     for deployment in Deployment.objects.filter(state=DeploymentState.PENDING,
                                                 state_reason__startswith="waiting for capacity") \
             .select_related("local_queue__cluster_queue", "source_job").order_by("id"):
@@ -266,25 +271,30 @@ def _serving_units(deployment, slug: str) -> float:
     return float(deployment.devices_per_replica)
 
 
-def _could_be_freed(slug: str, devices_per_replica: float, replicas: int, reads: dict | None = None) -> bool:
+def _could_be_freed(slug: str, devices_per_replica: float, replicas: int, reads: dict) -> bool:
     """Whether the type's live, uncordoned nodes could hold the replicas once the training that may be preempted now
     gave its devices back: devices of non-preemptible training, of jobs STARTING or RECOVERING, and of running
-    serving replicas stay where they are. `reads`: the per-type reads of this pass, kept for the next deployment
-    (before, every pending deployment read them all again: 45 pending took a cycle to 347 queries; a review)."""
-    if reads is None:
-        reads = {}
-    if ("freed", slug) not in reads:
-        reads[("freed", slug)] = _fixed_by_node(slug)
-    capacity, held = reads[("freed", slug)]
+    serving replicas stay where they are."""
+    capacity, held = _type_reads(slug, reads)
     room = 0
     for node, devices in capacity.items():
         room += replicas_fit(max(0.0, float(devices) - held[node]), devices_per_replica)
     return room >= replicas
 
 
-def _fixed_by_node(slug: str) -> tuple[dict[str, float], Counter]:
+def _nodes_could_hold(slug: str, devices_per_replica: float, replicas: int, reads: dict) -> bool:
+    """Whether the type's live, uncordoned nodes could hold the replicas once training gave their devices back (cores
+    on the CPU pool)."""
+    capacity, _ = _type_reads(slug, reads)
+    return sum(replicas_fit(float(devices), devices_per_replica) for devices in capacity.values()) >= replicas
+
+
+def _type_reads(slug: str, reads: dict) -> tuple[dict[str, float], Counter]:
     """(capacity of each live, uncordoned node of the type, what stays held on it: non-preemptible training, jobs
-    STARTING or RECOVERING, running replicas)."""
+    STARTING or RECOVERING, running replicas), read once per pass of `pending_serving` (`reads`; before, every
+    pending deployment read them all again: 45 pending took a cycle to 347 queries; a review)."""
+    if slug in reads:
+        return reads[slug]
     from inference.models import Deployment
     from inference.workflows import LIVE_STATES
 
@@ -302,20 +312,8 @@ def _fixed_by_node(slug: str) -> tuple[dict[str, float], Counter]:
             .only("observed", "devices_per_replica"):
         for node in (deployment.observed or {}).get("node_names") or ():
             held[str(node)] += _serving_units(deployment, slug)
-    return capacity, held
-
-
-def _nodes_could_hold(slug: str, devices_per_replica: float, replicas: int, reads: dict | None = None) -> bool:
-    """Whether the type's live, uncordoned nodes could hold the replicas once training gave their devices back (cores
-    on the CPU pool). `reads` as for `_could_be_freed`."""
-    if reads is None:
-        reads = {}
-    if ("capacities", slug) not in reads:
-        reads[("capacities", slug)] = ready_device_capacities(accelerator_type=slug) if slug != "cpu" else list(
-            Node.objects.filter(pool__accelerator_type__slug="cpu", health=NodeHealth.HEALTHY, cordoned=False)
-            .values_list("capacity_cpus", flat=True))
-    capacities = reads[("capacities", slug)]
-    return sum(replicas_fit(float(capacity), devices_per_replica) for capacity in capacities) >= replicas
+    reads[slug] = (capacity, held)
+    return reads[slug]
 
 
 def _schedule_with_serving(snapshot: Snapshot) -> CycleResult:
@@ -628,16 +626,12 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
 def _with_others_held(snapshot: Snapshot, job_id: int) -> Snapshot:
     """The snapshot with what the cycle keeps training off held: running serving replicas, the devices runs that are
     stopping or shrinking still use (`_devices_still_in_use`, but the job's own), and the capacity the cycle holds for
-    deployments' wanted replicas (`Deployment.capacity_held`)."""
-    from inference.models import Deployment
-    from inference.states import DeploymentState
-    from inference.workflows import LIVE_STATES
+    deployments' wanted replicas (`Deployment.capacity_held`, as the deploy check reads it)."""
+    from inference.selectors import held_for_wanted_replicas
 
     busy = [device for device, holder in _devices_still_in_use([], []).items() if holder != job_id]
-    held = [(str(node), float(devices)) for pairs in Deployment.objects.filter(
-        state__in=[*LIVE_STATES, DeploymentState.PENDING]).exclude(capacity_held=[]).order_by("id")
-        .values_list("capacity_held", flat=True) for node, devices in pairs or []]
-    return hold_in_place(snapshot, load_serving(), held=held, devices=busy)
+    held = sorted(held_for_wanted_replicas(exclude=None).items())
+    return hold_in_place(snapshot, live_serving(), held=held, devices=busy)
 
 
 @transaction.atomic

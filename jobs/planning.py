@@ -94,11 +94,7 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             cannot[slug] = "the planner plans accelerators; CPU workers run data parallel only"
             continue
         pool = NodePool.objects.filter(accelerator_type__slug=slug).order_by("name").first()
-        per_node = pool.devices_per_node if pool else 8
-        if count > per_node and count % per_node and 0 < devices_per_worker <= per_node:
-            # Workers that do not fill whole nodes (3 x 4 devices on nodes of 8) may land on as many nodes as there
-            # are workers: planned as such, tensor parallelism inside a worker (before, a 400 about devices[0])
-            per_node = devices_per_worker
+        per_node = _planned_node_size(count, pool.devices_per_node if pool else 8, devices_per_worker)
         link = pool.link_bandwidth if pool else None
         device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node}
         if link is not None and link.known:
@@ -132,6 +128,15 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             "by_type": by_type, "cannot_run": cannot, "model_parallel": model_parallel}
 
 
+def _planned_node_size(count: int, per_node: int, devices_per_worker: int) -> int:
+    """The devices per node `count` devices of a gang are planned on: the pool's, or for workers that do not fill
+    whole nodes (3 x 4 devices on nodes of 8) one worker per node, as they may land on as many nodes as there are
+    workers: tensor parallelism stays inside a worker (before, a 400 about devices[0])."""
+    if count > per_node and count % per_node and 0 < devices_per_worker <= per_node:
+        return devices_per_worker
+    return per_node
+
+
 def fewest_data_parallel_devices(summary: dict, *, spec, global_batch_size: int, accelerator: AcceleratorType,
                                  devices_per_worker: int, options: Mapping, fractions) -> int:
     """The fewest devices, in whole workers, on which the type's best data-parallel layout (tp = pp = 1) still fits
@@ -148,9 +153,7 @@ def fewest_data_parallel_devices(summary: dict, *, spec, global_batch_size: int,
                      recompute="full" if plan_options.allow_recompute else layout.recompute)
     device = device_type_for(accelerator, fractions)
     for devices in range(per_worker, layout.dp, per_worker):
-        per_node = shape["devices_per_node"]
-        if devices > per_node and devices % per_node and per_worker <= per_node:
-            per_node = per_worker  # as plan_job_parallelism plans workers that do not fill whole nodes
+        per_node = _planned_node_size(devices, shape["devices_per_node"], per_worker)
         nodes, per_node = (1, devices) if devices <= per_node else (devices // per_node, per_node)
         pool = DevicePool(device=device, nodes=nodes, devices_per_node=per_node,
                           intra_node_gbps=shape["intra_node_gbps"], inter_node_gbps=shape["inter_node_gbps"],

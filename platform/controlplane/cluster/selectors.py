@@ -27,12 +27,6 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.select_related("pool", "pool__accelerator_type")
 
 
-def ready_device_capacities(*, accelerator_type: str) -> list[float]:
-    """The device capacity of each healthy, uncordoned node of the type (the nodes work may be placed on)."""
-    return list(Node.objects.filter(pool__accelerator_type__slug=accelerator_type, health=NodeHealth.HEALTHY,
-                                    cordoned=False).values_list("capacity_devices", flat=True))
-
-
 def cpus_per_device(*, accelerator_type: str) -> float | None:
     """The fewest CPU cores per device on any known node of an accelerator type (None when none is known), cordoned or
     unreachable ones too: it is the hardware's, and what was reserved at launch is counted by it later, so it must
