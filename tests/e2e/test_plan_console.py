@@ -63,3 +63,27 @@ def test_plan_a_mix_then_see_field_errors_and_an_infeasible_answer(console):
     page.wait_for_selector("[data-plan-infeasible]")
     assert "needs at least" in page.inner_text("[data-plan-infeasible]")
     assert console.errors == []
+
+
+def test_an_api_error_about_one_device_row_shows_under_that_row(console):
+    """The API's per-entry errors ({"devices": [{"count": [...]}]}) show under the row they are about, not in the
+    form's top box as "devices: count: ..." (before; left for a later stop in stop 25's note). Row 2 is sent as the
+    first entry when row 1 is empty, so the error must go by the row the entry came from, not by its index."""
+    console.login("alpha-member")
+    page = console.open("/plan/")
+    page.select_option("#p-preset", "llama2-7b")
+    page.fill("#p-batch", "64")
+    page.select_option(".plan-devices >> nth=0 >> [data-plan-device-type]", "")
+    page.fill(".plan-devices >> nth=0 >> [data-plan-device-count]", "")
+    page.select_option(".plan-devices >> nth=1 >> [data-plan-device-type]", "nvidia-a100")
+    page.fill(".plan-devices >> nth=1 >> [data-plan-device-count]", "2000000")  # the API takes at most 1,000,000
+    page.click("#plan-form button[type=submit]")
+    page.wait_for_selector(".plan-devices + .field-error")
+    errors = page.locator(".plan-devices + .field-error")
+    assert errors.count() == 1
+    text = errors.first.inner_text()
+    assert "count" in text and "less than or equal to 1000000" in text, text
+    second_row = page.locator(".plan-devices").nth(1)
+    assert second_row.evaluate("row => row.nextElementSibling.classList.contains('field-error')")
+    assert page.is_hidden("#plan-form .form-errors") or "count" not in page.inner_text("#plan-form .form-errors")
+    assert page.is_hidden("#plan-result")

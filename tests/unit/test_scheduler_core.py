@@ -242,6 +242,55 @@ def test_a_queue_within_its_nominal_quota_keeps_its_work_against_higher_prioriti
     assert result.preempted == [] and [w.workload_id for w in result.waiting] == ["a-urgent"]
 
 
+def test_a_reservation_does_not_make_its_queue_a_borrower_others_reclaim_from():
+    """A waiting head's reservation holds its quota, but no work runs on it: before, the hold put queue a over its
+    nominal 8, so b's job "reclaimed borrowed quota" and preempted a1, which ran within a's nominal (found by QA)."""
+    queues = (queue("a", cohort="c", nvidia_h100=Quota(8)), queue("b", cohort="c", nvidia_h100=Quota(8)),
+              queue("x", cohort="", nvidia_h100=Quota(8)))
+    snap = Snapshot(nodes(count=2, per_group=2), queues,
+                    running=(Running(job("a1", queue="a", priority=5), H100, _full("h0")),
+                             Running(job("x1", queue="x", priority=5), H100, _full("h1"))),
+                    pending=(job("h", queue="a", priority=5, arrival=1.0),
+                             job("b1", queue="b", priority=5, arrival=2.0)))
+    result = schedule(snap)
+    assert result.preempted == [] and result.admitted == []
+    waits = {w.workload_id: w for w in result.waiting}
+    assert waits["h"].reserved
+    assert waits["b1"].reason.endswith("(8 nvidia-h100 of a's quota set aside for h, which waits ahead of it)"), \
+        waits["b1"].reason
+
+
+def test_a_job_admitted_by_borrowing_in_the_cycle_does_not_make_its_queue_lose_older_work():
+    """q1 runs r0 within its nominal 8 and admits p by borrowing q0's idle 8; q0's own job p1 then waits for its quota
+    to be reclaimed instead of preempting r0 (before: r0 was stopped for p1 and p ran in its place, rule 7 measured
+    on usage that counted p, found by QA's random search). Next cycle p runs, so q1 borrows and gives it back."""
+    queues = (queue("q0", cohort="c", nvidia_h100=Quota(8)), queue("q1", cohort="c", nvidia_h100=Quota(8)))
+    snap = Snapshot(nodes(count=3, per_group=4), queues,
+                    running=(Running(job("r0", queue="q1", priority=5), H100, _full("h0"),
+                                     work_since_checkpoint_s=600),),
+                    pending=(job("p", queue="q1", priority=5, arrival=1.0),
+                             job("p1", queue="q0", priority=5, arrival=2.0)))
+    result = schedule(snap)
+    assert [a.workload_id for a in result.admitted] == ["p"] and result.admitted[0].borrowed == 8
+    assert result.preempted == []
+    assert "must be reclaimed first" in result.waiting[0].reason
+    later = Snapshot(snap.nodes, queues, running=running_from(snap, result), pending=(snap.pending[1],))
+    assert [(v.workload_id, v.for_workload) for v in schedule(later).preempted] == [("p", "p1")]
+
+
+def test_a_quota_refusal_behind_a_reservation_says_what_the_reservation_holds():
+    """The refusal's usage counts the hold: it said "uses 16 of 16 nominal" of a queue whose jobs used 8 (QA)."""
+    queues = (queue("a", cohort="", nvidia_h100=Quota(16)), queue("x", cohort="", nvidia_h100=Quota(8)))
+    half = (WorkerPlacement("h1", tuple((d, 1.0) for d in range(4))),)
+    snap = Snapshot(nodes(count=2, per_group=2), queues,
+                    running=(Running(job("a1", queue="a"), H100, _full("h0")), Running(job("x1", queue="x", devices=4),
+                                                                                        H100, half)),
+                    pending=(job("h", queue="a", arrival=1.0), job("a2", queue="a", devices=4, arrival=2.0)))
+    waits = {w.workload_id: w.reason for w in schedule(snap).waiting}
+    assert waits["a2"] == ("a would exceed its nvidia-h100 quota: uses 16 of 16 nominal and is in no cohort to borrow "
+                           "from (8 of the 16 are set aside for h, which waits ahead of it)"), waits["a2"]
+
+
 def test_a_borrowing_queue_loses_only_what_it_borrowed_to_a_higher_priority():
     snap = Snapshot(nodes(count=4, per_group=4),
                     (queue("a", nvidia_h100=Quota(16, 16)), queue("b", nvidia_h100=Quota(16, 16))),

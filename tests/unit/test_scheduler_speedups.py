@@ -56,7 +56,16 @@ class RefState:
         self.started_before = frozenset(self.running)
         self.spared = frozenset()  # running workloads a successful preemption trial walked and put back whole
         self.reserved = {}  # type -> (the workload holding the reservation, devices set aside)
+        self.hold = None  # the reservation's quota: (queue, type, amount, holder), in the ledger's usage, not in use
         self.caps = snap.non_preemptible_caps
+
+    def borrowed_by_running(self, queue, t):
+        """What the queue's work that ran before the cycle (as it runs now: less victims, shrunk) uses beyond its
+        nominal quota (rule 7: admissions, held admissions and the reservation's hold of this cycle do not count)."""
+        used = sum(r.usage for r in self.running.values()
+                   if r.workload.id in self.started_before and r.workload.cluster_queue == queue
+                   and r.accelerator_type == t)
+        return max(0.0, used - self.ledger.quota(queue, t).nominal)
 
     def nodes_of(self, t):
         return [n for n in self.nodes.values() if n.accelerator_type == t]
@@ -90,7 +99,8 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             wl = pending.on(t)  # its size on this type
             check = ref_check(state, wl, t, wl.demand())
             if not check.ok:
-                reasons.append(check.reason)
+                by_quota = check == state.ledger.check(q, t, wl.demand())  # not a non-preemptible rule's refusal
+                reasons.append(check.reason + (ref_hold_note(state, q, t) if by_quota else ""))
                 continue
             placement = place_gang(state.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
             if placement is None:
@@ -140,6 +150,19 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
     return result
 
 
+def ref_hold_note(state, q, t):
+    """What a quota refusal of queue q owes to the reservation's hold, as the core says it."""
+    if state.hold is None or state.hold[1] != t:
+        return ""
+    held_q, _, amount, holder = state.hold
+    if held_q == q:
+        return (f" ({amount:g} of the {state.ledger.usage[(q, t)]:g} are set aside for {holder}, which waits ahead "
+                "of it)")
+    if held_q in state.ledger.members(q):
+        return f" ({amount:g} {t} of {held_q}'s quota set aside for {holder}, which waits ahead of it)"
+    return ""
+
+
 def ref_check(state, wl, t, amount, growing=0.0):
     """The quota check; a queue's non-preemptible workloads stay within its nominal quota (`growing`: what a
     non-preemptible workload already grew by in this step, not yet in state.running)."""
@@ -183,13 +206,13 @@ def ref_preemption(state, pending, types, already):
                              and (r.workload.priority < wl.priority
                                   or (r.workload.cluster_queue != wl.cluster_queue
                                       and r.workload.cluster_queue in ledger.members(wl.cluster_queue)
-                                      and ledger.borrowed(r.workload.cluster_queue, t) > EPS and within))),
+                                      and state.borrowed_by_running(r.workload.cluster_queue, t) > EPS and within))),
                             key=lambda r: (r.workload.priority, r.work_since_checkpoint_s, r.workload.id))
         trial, victims, shrinks = copy.deepcopy(state), [], []
         for r in candidates:
             v = r.workload
             if v.cluster_queue != wl.cluster_queue and v.cluster_queue in trial.ledger.queues \
-                    and trial.ledger.borrowed(v.cluster_queue, t) <= EPS:
+                    and trial.borrowed_by_running(v.cluster_queue, t) <= EPS:
                 continue  # another queue within its nominal quota keeps what it runs
             if v.id in state.spared:
                 break  # put back by an earlier trial of the cycle: the trial fails (see below)
@@ -274,6 +297,7 @@ def ref_reserve(state, pending, types):
                         n.device_free[i] -= taken
                         remaining -= taken
         state.ledger.add(wl.cluster_queue, t, wl.demand())
+        state.hold = (wl.cluster_queue, t, wl.demand(), wl.id)
         if wl.demand() - max(0.0, remaining) > 1e-9:
             state.reserved[t] = (wl.id, wl.demand() - max(0.0, remaining))
         return True

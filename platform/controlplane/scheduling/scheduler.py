@@ -373,6 +373,12 @@ class _Ledger(QuotaLedger):
         self.borrowing_cache: dict[str, tuple[int, frozenset[str]]] = {}
         self.what_if = QuotaLedger(())  # for _could_fit: the same queues, its own usage
         self.what_if.queues, self.what_if.cohorts = self.queues, self.cohorts
+        # (queue, type) -> the usage this cycle added for work that did not run before it: admissions, preemptors'
+        # held admissions, the reservation's hold (_reserve). In usage, so no later workload takes that quota, but it
+        # never makes its queue a borrower others may reclaim from (rule 7 looks at the work that runs: before, a
+        # waiting head's reservation or a job admitted by borrowing in the same cycle made its queue a borrower, and a
+        # cohort member preempted a job of it that ran within its nominal quota; found by QA).
+        self.new_usage: dict[tuple[str, str], float] = {}
 
     def _scope(self, queue: str, accelerator_type: str) -> tuple:
         scope = self.scopes.get(queue)
@@ -423,12 +429,26 @@ class _Ledger(QuotaLedger):
         self.version[self._scope(queue, accelerator_type)] += 1
         self.type_version[accelerator_type] += 1
 
+    def add_new(self, queue: str, accelerator_type: str, amount: float) -> None:
+        """`add` for work that did not run before the cycle (see new_usage)."""
+        key = (queue, accelerator_type)
+        self.new_usage[key] = self.new_usage.get(key, 0.0) + amount
+        self.add(queue, accelerator_type, amount)
+
+    def borrowed_by_running(self, queue: str, accelerator_type: str) -> float:
+        """What the queue's work that ran before the cycle (less what the cycle stopped) uses beyond its nominal
+        quota: what others may reclaim from it."""
+        return max(0.0, self.usage[(queue, accelerator_type)] - self.new_usage.get((queue, accelerator_type), 0.0)
+                   - self.quota(queue, accelerator_type).nominal)
+
     def borrowing(self, accelerator_type: str) -> frozenset[str]:
-        """The queues using more than their nominal quota of the type now (cached until an add or set)."""
+        """The queues whose running work uses more than their nominal quota of the type now (new_usage left out).
+        Cached until an add or set."""
         version = self.type_version[accelerator_type]
         hit = self.borrowing_cache.get(accelerator_type)
         if hit is None or hit[0] != version:
-            queues = frozenset(queue for queue in self.queues if self.borrowed(queue, accelerator_type) > EPS)
+            queues = frozenset(queue for queue in self.queues
+                               if self.borrowed_by_running(queue, accelerator_type) > EPS)
             hit = self.borrowing_cache[accelerator_type] = (version, queues)
         return hit[1]
 
@@ -516,6 +536,7 @@ class _State:
         self._empty = _Pool([])
         self._victims: dict[str, _Victims] = {}
         self.reserved: dict[str, tuple[str, float]] = {}  # type -> (the workload holding the reservation, devices)
+        self.hold: tuple[str, str, float, str] | None = None  # the reservation's quota: (queue, type, amount, holder)
 
     def pool(self, accelerator_type: str) -> _Pool:
         return self.pools.get(accelerator_type, self._empty)
@@ -1006,13 +1027,14 @@ def _try_admit(state: _State, pending: Workload, types) -> tuple[Admit | None, l
         if why:  # (said even when the cohort lends too little: more lending would not help it)
             check = QuotaCheck(False, 0.0, why)
         if not check.ok:
-            reasons.append(check.reason)
+            reasons.append(check.reason if why else check.reason + hold_note(state.ledger, state.hold, queue,
+                                                                             accelerator_type))
             continue
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         if workers is None:
             reasons.append(_capacity_reason(state, workload, accelerator_type))
             continue
-        ledger.add(queue, accelerator_type, demand)
+        ledger.add_new(queue, accelerator_type, demand)
         state.hold_fixed(workload, accelerator_type, demand)
         state.running[workload.id] = Running(workload, accelerator_type, workers)
         if len(workers) < workload.workers_max:
@@ -1028,6 +1050,23 @@ def _try_admit(state: _State, pending: Workload, types) -> tuple[Admit | None, l
             why += f" (fallback: {types[0]} was not available)"
         return Admit(workload.id, accelerator_type, workers, check.borrowed, why), reasons
     return None, reasons
+
+
+def hold_note(ledger: QuotaLedger, hold: tuple[str, str, float, str] | None, queue: str,
+              accelerator_type: str) -> str:
+    """What a quota refusal of `queue` owes to the quota a reservation holds (`hold`: (its queue, type, amount, the
+    waiting workload)), or "": the refusal's usage figure counts that hold, which no workload uses yet (before, a job
+    behind a reservation read "uses 16 of 16 nominal" of a queue whose workloads used 8; found by QA)."""
+    if hold is None or hold[1] != accelerator_type:
+        return ""
+    held_queue, _, amount, holder = hold
+    if held_queue == queue:
+        return (f" ({amount:g} of the {ledger.usage[(queue, accelerator_type)]:g} are set aside for {holder}, which "
+                "waits ahead of it)")
+    if held_queue in ledger.members(queue):
+        return (f" ({amount:g} {accelerator_type} of {held_queue}'s quota set aside for {holder}, which waits ahead "
+                "of it)")
+    return ""
 
 
 def _held_admission(state: _State, workload: Workload, accelerator_type: str, reason: str) -> Admit:
@@ -1090,13 +1129,14 @@ def _plan_preemption(state: _State, pending: Workload, types, already: set[str])
         undo = _Undo(state)
         victims, shrinks, gone = [], [], []
         fitted = False
-        known, usage = ledger.queues, ledger.usage
+        known, usage, new = ledger.queues, ledger.usage, ledger.new_usage
         for running in chain((first,), candidates):
             victim = running.workload
             queue = victim.cluster_queue
-            # Another queue that uses no more than its nominal quota of the type now (a queue unknown to the ledger
-            # has no quota to protect):
+            # Another queue whose running work uses no more than its nominal quota of the type now (a queue unknown
+            # to the ledger has no quota to protect; new_usage is not running work):
             if queue != workload.cluster_queue and queue in known and usage[(queue, accelerator_type)] \
+                    - new.get((queue, accelerator_type), 0.0) \
                     - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
                 live.discard(queue)  # and, being no longer borrowing, the rest of it
                 continue  # another queue within its nominal quota keeps it (see rule 7)
@@ -1139,7 +1179,7 @@ def _plan_preemption(state: _State, pending: Workload, types, already: set[str])
         gone = [r for r in gone if r.workload.id not in put_back]
         # Hold the freed devices and quota for the preemptor until the victims are gone.
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
-        ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
+        ledger.add_new(workload.cluster_queue, accelerator_type, workload.demand())
         state.hold_fixed(workload, accelerator_type, workload.demand())
         state.running[workload.id] = Running(workload, accelerator_type, workers)
         if len(workers) < workload.workers_max:
@@ -1243,7 +1283,7 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
     if have >= need:
         return True  # room enough now: the trial is about quota
     own = workload.cluster_queue
-    known, usage = state.ledger.queues, state.ledger.usage
+    known, usage, new = state.ledger.queues, state.ledger.usage, state.ledger.new_usage
     # A walk that failed stays failed for as long as nothing could raise its bound: no device of the type's nodes
     # gained free share since (pool.freed: a trial's release, kept or undone) and the queues it may stop drawing
     # from use what they used then (an admission there lets a walk draw more of their victims before they are
@@ -1262,8 +1302,8 @@ def _room_after_all(state: _State, workload: Workload, accelerator_type: str, vi
         victim = running.workload
         queue = victim.cluster_queue
         used = left[queue] if queue in left else usage[(queue, accelerator_type)]
-        if queue != own and queue in known \
-                and used - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
+        if queue != own and queue in known and used - new.get((queue, accelerator_type), 0.0) \
+                - known[queue].quotas.get(accelerator_type, NO_QUOTA).nominal <= EPS:
             live.discard(queue)
             continue
         if victim.id in spared:
@@ -1357,7 +1397,8 @@ def _reserve(state: _State, pending: Workload, types) -> bool:
                         touched = True
                 if touched:
                     pool.refresh(node)
-        state.ledger.add(workload.cluster_queue, accelerator_type, workload.demand())
+        state.ledger.add_new(workload.cluster_queue, accelerator_type, workload.demand())
+        state.hold = (workload.cluster_queue, accelerator_type, workload.demand(), workload.id)
         set_aside = workload.demand() - max(0.0, remaining)
         if set_aside > EPS:  # (with nothing free, others were told "0 more set aside for ...")
             state.reserved[accelerator_type] = (workload.id, set_aside)
@@ -1405,7 +1446,7 @@ def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiti
                 if node.free == entry[3] and node.slots[devices] > 0:
                     break
                 heapq.heappop(heap)
-            state.ledger.add(workload.cluster_queue, accelerator_type, devices)
+            state.ledger.add_new(workload.cluster_queue, accelerator_type, devices)
             state.hold_fixed(workload, accelerator_type, devices)
             added.append(WorkerPlacement(node=node.name, taken=node.take(devices)))
             free = node.free

@@ -32,6 +32,27 @@
     return text.trim() !== "" && Number.isInteger(n) ? n : text;
   }
 
+  let deviceRows = [];
+
+  /* The API's errors about device entries ({"devices": {"0": {"count": [...]}}}, or a list of one object per entry)
+     keyed by the form row each entry came from, so they show under that row, not as "devices.0.count: ..." in the
+     form's top box. */
+  function devicesUnderRows(body) {
+    const devices = body && body.devices;
+    if (!devices || typeof devices !== "object") return body;
+    const { devices: _, ...rest } = body;
+    const left = [];
+    Object.entries(devices).forEach(([key, entry]) => {
+      const i = /^\d+$/.test(key) ? Number(key) : -1;
+      if (i < 0 || !entry || typeof entry !== "object" || Array.isArray(entry)) { left.push(...[].concat(entry)); return; }
+      const text = Object.entries(entry).map(([field, reasons]) => `${field.replace(/_/g, " ")}: ${[].concat(reasons).join(" ")}`).join("; ");
+      if (!text) return;
+      if (deviceRows[i]) rest[deviceRows[i]] = [text]; else left.push(text);
+    });
+    if (left.length) rest.devices = left;
+    return rest;
+  }
+
   /* The request body, or null after showing why the form cannot be sent. */
   function body() {
     const data = formBody(form);  // compare, options.*
@@ -55,6 +76,7 @@
       data.pools.push(entry);
     });
     data.devices = [];
+    deviceRows = [];  // the form row (its select's name) of each entry sent, for the API's per-entry errors
     const rowErrors = {};
     form.querySelectorAll(".plan-devices").forEach((row) => {
       const select = row.querySelector("[data-plan-device-type]");
@@ -67,6 +89,7 @@
       const entry = { accelerator_type: type, count: whole(count) };
       if (perNode) entry.devices_per_node = whole(perNode);
       data.devices.push(entry);
+      deviceRows.push(select.name);
     });
     if (Object.keys(rowErrors).length) { showErrors(form, { body: rowErrors }); return null; }
     return data;
@@ -137,6 +160,7 @@
         const { model, ...rest } = error.body;
         error.body = { ...rest, model_fields: model };
       }
+      error.body = devicesUnderRows(error.body);
       showErrors(form, error);
     } finally {
       button.textContent = label;
