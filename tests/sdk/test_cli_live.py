@@ -144,6 +144,19 @@ def test_without_a_terminal_launch_needs_yes(cli, tmp_path, monkeypatch):
     assert code == 2 and "pass -y" in err and not TrainingJob.objects.exists()
 
 
+def test_dry_run_prints_the_plan_and_submits_nothing(cli, tmp_path, monkeypatch):
+    """The README's `fleetyard jobs launch --dry-run` (argparse refused it; found by QA), without a terminal too."""
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    spec = write(tmp_path, "t.yaml", JOB_SPEC.format(name="dry"))
+    code, out, err = cli("jobs", "launch", spec, "--dry-run")
+    assert code == 0 and "Plan for dry" in out and "Dry run: nothing was launched." in out, (out, err)
+    code, out, _ = cli("jobs", "launch", spec, "--dry-run", "--json")
+    assert code == 0 and json.loads(out)["plan"]["name"] == "dry"
+    code, out, _ = cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC), "--dry-run")
+    assert code == 0 and "Plan for chat" in out and "Dry run: nothing was deployed." in out
+    assert not TrainingJob.objects.exists() and not Deployment.objects.exists()
+
+
 def test_deploy_and_endpoints(cli, tmp_path):
     code, out, _ = cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC), "-y", "--json")
     assert code == 0

@@ -264,6 +264,28 @@ def ref_preemption(state, pending, types, already):
                 trial.release(workers)
                 trial.ledger.add(v.cluster_queue, t, -trial.running.pop(v.id).usage)
         shrinks = converted + shrinks
+        # Each shrunk victim keeps, of the workers it would give back, as many as the preemptor still fits beside.
+        for k in range(len(shrinks) - 1, -1, -1):
+            r = originals[shrinks[k].workload_id]
+            v, kept = r.workload, shrinks[k].to_workers
+            while kept < len(r.workers) - 1:
+                w = r.workers[kept]
+                if w.node in trial.nodes:
+                    free = trial.nodes[w.node].device_free
+                    for i, share in w.taken:
+                        free[i] = max(0.0, free[i] - share)
+                trial.ledger.add(v.cluster_queue, t, v.devices_per_worker)
+                trial.running[v.id] = Running(v, t, r.workers[:kept + 1], r.work_since_checkpoint_s)
+                if not ref_fits(trial, wl, t):
+                    trial.release((w,))
+                    trial.ledger.add(v.cluster_queue, t, -v.devices_per_worker)
+                    trial.running[v.id] = Running(v, t, r.workers[:kept], r.work_since_checkpoint_s)
+                    break
+                kept += 1
+            if kept > shrinks[k].to_workers:
+                kind = "lower priority" if v.priority < wl.priority else "borrowed quota reclaimed"
+                shrinks[k] = Shrink(v.id, kept, r.workers[kept:], wl.id,
+                                    f"shrunk to {kept} workers for {wl.id} ({kind})")
         trial.spared = state.spared | (walked - {p.workload_id for p in victims} - {s.workload_id for s in shrinks})
         placement = place_gang(trial.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
         trial.ledger.add(wl.cluster_queue, t, wl.demand())
@@ -322,6 +344,7 @@ def ref_grow(state, result, preempted, waiting_types):
         wl, t, added = r.workload, r.accelerator_type, []
         if t in waiting_types:
             continue
+        used_before = state.ledger.usage[(wl.cluster_queue, t)]
         while len(r.workers) + len(added) < wl.workers_max and \
                 ref_check(state, wl, t, wl.devices_per_worker, len(added) * wl.devices_per_worker).ok:
             placement = place_gang(state.nodes_of(t), workers=1, devices=wl.devices_per_worker,
@@ -336,8 +359,11 @@ def ref_grow(state, result, preempted, waiting_types):
             if wl.id in admitted_now:
                 i = next(i for i, a in enumerate(result.admitted) if a.workload_id == wl.id)
                 a = result.admitted[i]
-                result.admitted[i] = Admit(a.workload_id, a.accelerator_type, workers, a.borrowed, a.reason +
-                                           f"; started with {len(workers)} workers (elastic, capacity was idle)")
+                extra = max(0.0, state.ledger.usage[(wl.cluster_queue, t)]
+                            - max(state.ledger.quota(wl.cluster_queue, t).nominal, used_before))
+                note = f"; borrows {extra:g} {t} from its cohort for them" if extra > 1e-9 else ""
+                result.admitted[i] = Admit(a.workload_id, a.accelerator_type, workers, a.borrowed + extra, a.reason +
+                                           f"; started with {len(workers)} workers (elastic, capacity was idle{note})")
             else:
                 result.grown.append(Grow(wl.id, len(workers), tuple(added),
                                          f"grown to {len(workers)} workers into idle {t} capacity"))
