@@ -75,16 +75,22 @@ def _without(running, gone: set[str], shrunk: dict[str, int]) -> tuple[Running, 
     return tuple(kept)
 
 
+def _each_alone(seed: int):
+    """(snapshot, workload, the snapshot with that pending workload alone, its cycle's result) for each pending
+    workload of the random snapshot of `seed`."""
+    snap = random_snapshot(random.Random(seed))
+    for workload in snap.pending:
+        alone = Snapshot(snap.nodes, snap.cluster_queues, snap.running, (workload,),
+                         {k: v for k, v in snap.type_preference.items() if k == workload.id})
+        yield snap, workload, alone, schedule(alone)
+
+
 @pytest.mark.parametrize("seed", range(150))
 def test_every_victim_is_needed(seed):
     """For each pending workload alone on a random snapshot: if it preempts, then with any one of its victims left
     running (the others stopped, shrinks applied), or only shrunk to its minimum when elastic, it would not start
     without preempting."""
-    snap = random_snapshot(random.Random(seed))
-    for workload in snap.pending:
-        alone = Snapshot(snap.nodes, snap.cluster_queues, snap.running, (workload,),
-                         {k: v for k, v in snap.type_preference.items() if k == workload.id})
-        result = schedule(alone)
+    for snap, workload, alone, result in _each_alone(seed):
         victims = {p.workload_id for p in result.preempted}
         if not victims:
             continue
@@ -106,11 +112,7 @@ def test_every_victim_is_needed(seed):
 def test_every_shrink_gives_back_no_more_workers_than_needed(seed):
     """For each pending workload alone on a random snapshot: an elastic victim it shrinks would leave it no room had
     it given back one worker fewer (before, a shrink always went to the minimum; found by QA)."""
-    snap = random_snapshot(random.Random(seed))
-    for workload in snap.pending:
-        alone = Snapshot(snap.nodes, snap.cluster_queues, snap.running, (workload,),
-                         {k: v for k, v in snap.type_preference.items() if k == workload.id})
-        result = schedule(alone)
+    for snap, workload, alone, result in _each_alone(seed):
         victims = {p.workload_id for p in result.preempted}
         shrunk = {s.workload_id: len(s.released) for s in result.shrunk}
         for victim, released in shrunk.items():
