@@ -575,6 +575,14 @@ def _overlap(admit, busy: dict[tuple[str, int], int]) -> list[int]:
     return sorted({busy[(w.node, index)] for w in admit.workers for index, _ in w.taken if (w.node, index) in busy})
 
 
+def waits_on(ids: list[str], verb: str) -> str:
+    """What a held admission waits for, in words: "job 12 checkpoints and stops", "jobs 12, 14 checkpoint and shrink"
+    (it read "12 checkpoint(s) and stop", the job id looking like a count; found by QA)."""
+    if len(ids) == 1:
+        return f"job {ids[0]} checkpoints and {verb}s"
+    return f"jobs {', '.join(ids)} checkpoint and {verb}"
+
+
 def victims_still_stopping(victim_ids: list[int]) -> list[int]:
     """The jobs among `victim_ids` that were preempted while running and have not stopped yet, or shrunk while
     running and still have more workers on a node than their placement."""
@@ -609,8 +617,7 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
         if waits_for:
             stop = [str(v) for v in waits_for if str(v) not in shrinking]
             shrink = [str(v) for v in waits_for if str(v) in shrinking]
-            waits = [f"{', '.join(ids)} checkpoint(s) and {verb}" for ids, verb in ((stop, "stop"), (shrink, "shrink"))
-                     if ids]
+            waits = [waits_on(ids, verb) for ids, verb in ((stop, "stop"), (shrink, "shrink")) if ids]
             reason = (f"admitted ({len(admit.workers)} x {admit.accelerator_type} held); launches once "
                       f"{' and '.join(waits)}")
         changes.append((job, reason, {"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),

@@ -104,11 +104,11 @@ def training_job_launch(*, job_id: int, backend) -> TrainingJob | None:
         if job is None or job.state != JobState.ADMITTED or not job.placement:
             return job
         if job.waits_for:  # admitted onto devices preempted runs still hold: free once they have stopped
-            from jobs.admission import victims_still_stopping
+            from jobs.admission import victims_still_stopping, waits_on
 
             stopping = victims_still_stopping(job.waits_for)
             if stopping:
-                reason = f"admitted; launches once {', '.join(map(str, stopping))} checkpoint(s) and stop"
+                reason = f"admitted; launches once {waits_on([str(pk) for pk in stopping], 'stop')}"
                 if job.state_reason != reason:
                     TrainingJob.objects.filter(pk=job.pk).update(state_reason=reason)
                 return job

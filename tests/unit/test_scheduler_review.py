@@ -248,3 +248,10 @@ def ledger_of(spec, used: float):
     ledger = QuotaLedger([spec])
     ledger.add(spec.name, "h100", used)
     return ledger
+
+
+def test_a_held_admission_names_the_jobs_it_waits_for_as_jobs():
+    from jobs.admission import waits_on
+
+    assert waits_on(["12"], "stop") == "job 12 checkpoints and stops"
+    assert waits_on(["12", "14"], "shrink") == "jobs 12, 14 checkpoint and shrink"
