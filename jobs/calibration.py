@@ -8,8 +8,9 @@ the fits of the latest runs per chip, blended with the published calibration or 
 planner uses from then on (``POST /api/v1/plans/`` and ``parallelism: auto``), with a note saying so.
 
 Left out, each with the reason in ``skipped``: the built-in trainer (it trains the small built-in LM, not the
-model the plan describes), runs on simulated chips (their step times are the host CPU's), runs with too few
-steps, and fits the model cannot explain. A read-only selector: nothing is written.
+model the plan describes), runs on simulated chips (their step times are the host CPU's), runs that ran at another
+width than the plan's layout (an elastic job at its minimum runs fewer data-parallel ranks than planned), runs with
+too few steps, and fits the model cannot explain. A read-only selector: nothing is written.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def simulation_flags() -> tuple[dict[str, bool], set[str]]:
     return nodes, types
 
 
+def widths_ran(job: TrainingJob) -> set[int]:
+    """The numbers of workers the job was admitted, resized or re-placed to (its events' `workers`)."""
+    return {data["workers"] for data in job.events.values_list("data", flat=True)
+            if isinstance(data, dict) and type(data.get("workers")) is int}
+
+
 def median_step_time(job: TrainingJob) -> tuple[float | None, int]:
     times = [t for t in TrainingMetric.objects.filter(job=job, step__gte=WARMUP_STEPS, step_time_s__gt=0)
              .order_by("-id").values_list("step_time_s", flat=True)[:2000]]
@@ -111,6 +118,12 @@ def measured_fractions() -> dict[str, MeasuredFraction]:
             continue
         if ran_on_simulated(job, slug, simulated_nodes, simulated_types):
             entry.skipped.append({"job": job.pk, "why": "ran on simulated chips (host CPU step times)"})
+            continue
+        planned = plan.get("layout_devices") or plan["devices"]
+        other = sorted(w * job.devices_per_worker for w in widths_ran(job) if w * job.devices_per_worker != planned)
+        if other:  # (before, an elastic job at its minimum was fitted against its wider layout; found by QA)
+            entry.skipped.append({"job": job.pk, "why": f"ran on {', '.join(map(str, other))} devices at times, not "
+                                                        f"the {planned} its plan's layout is for"})
             continue
         median, rows = median_step_time(job)
         if median is None or rows < MIN_STEPS:

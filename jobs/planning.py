@@ -99,9 +99,11 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
         device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node}
         if link is not None and link.known:
             device.update(intra_node_gbps=link.intra_node_gbps, inter_node_gbps=link.inter_node_gbps)
+        cap = tensor_parallel_cap(workers, devices_per_worker, per_node)
         try:
             answer = plan_estimate(model=parallelism["model"], global_batch_size=batch, devices=[device],
-                                   options=options, fractions=fractions)
+                                   options={**options, "max_tensor_parallel": cap} if cap else options,
+                                   fractions=fractions)
         except ValidationFailed as exc:
             if exc.field in ("model", "options", "global_batch_size"):
                 raise ValidationFailed(f"{exc.field}: {exc}", field="parallelism") from exc
@@ -135,6 +137,17 @@ def _planned_node_size(count: int, per_node: int, devices_per_worker: int) -> in
     if count > per_node and count % per_node and 0 < devices_per_worker <= per_node:
         return devices_per_worker
     return per_node
+
+
+def tensor_parallel_cap(workers: int, devices_per_worker: int, per_node: int) -> int:
+    """The widest TP group the plan may use (PlanOptions.max_tensor_parallel; 0: a node's): a worker's devices when
+    several workers smaller than a node may land on different nodes (before, 2 x 4 devices were planned as TP8 on one
+    node of 8, and the scheduler put the workers on two nodes; found by QA). Their data- and pipeline-parallel links
+    are still planned at the node's bandwidth: workers usually share nodes (best fit), and a slower link there only
+    makes the step slower than planned, where TP across nodes is not what the plan describes at all."""
+    if workers > 1 and 0 < devices_per_worker < per_node:
+        return devices_per_worker
+    return 0
 
 
 def fewest_data_parallel_devices(summary: dict, *, spec, global_batch_size: int, accelerator: AcceleratorType,

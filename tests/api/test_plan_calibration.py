@@ -131,6 +131,29 @@ def test_simulated_chips_the_built_in_trainer_and_short_runs_do_not_count(api, a
     assert pool["achievable_fraction_source"] == PUBLISHED
 
 
+def test_a_run_at_another_width_than_its_layout_is_skipped_not_fitted(api, accel, real_h100):
+    """An elastic data-parallel job (1-8 x 1 H100, planned DP8) that ran at 2 workers was fitted against the DP8
+    layout: a fraction of 0.10 on chips at 0.6, which then slowed every H100 plan by 40% (found by QA). Its step
+    times are not the layout's, so it is skipped with the reason; a run at the planned width counts."""
+    from jobs.models import TrainingJobEvent
+
+    client = api("alpha", "member")
+    narrow = submit(client, name="narrow", workers_min=1, workers_max=8, devices_per_worker=1)
+    assert narrow.parallel_plan["by_type"]["nvidia-h100"]["dp"] == 8
+    TrainingJobEvent.objects.create(subject=narrow, from_state="QUEUED", to_state="ADMITTED", reason="admitted",
+                                    actor_label="scheduler", data={"workers": 2})
+    ran(narrow, nodes=["h100-pool-0"], step_s=step_time_at(narrow, accel["nvidia-h100"], 0.6) * 4)
+    wide = submit(client, name="wide", workers_min=1, workers_max=8, devices_per_worker=1)
+    TrainingJobEvent.objects.create(subject=wide, from_state="QUEUED", to_state="ADMITTED", reason="admitted",
+                                    actor_label="scheduler", data={"workers": 8})
+    ran(wide, nodes=["h100-pool-0"], step_s=step_time_at(wide, accel["nvidia-h100"], 0.6))
+    found = measured_fractions()["nvidia-h100"]
+    assert [run["job"] for run in found.runs] == [wide.pk]
+    assert found.runs[0]["fitted"] == pytest.approx(0.6, abs=2e-3)
+    why = {entry["job"]: entry["why"] for entry in found.skipped}
+    assert why[narrow.pk] == "ran on 2 devices at times, not the 8 its plan's layout is for"
+
+
 def test_a_run_the_model_cannot_explain_is_reported_not_fitted(api, accel, real_h100):
     client = api("alpha", "member")
     job = submit(client)

@@ -644,3 +644,12 @@ def test_the_plans_minimum_gang_is_about_memory_not_how_the_batch_splits(demo_cl
     _, (even, _) = _auto_gang("llama2-7b", 510, 512, 1)
     plan, (odd, workers_max) = _auto_gang("llama2-7b", 509, 512, 1)
     assert even == odd == 2 and workers_max == 509, (even, odd, workers_max, plan.get("min_workers_by_plan"))
+
+
+def test_tensor_parallelism_stays_inside_a_worker_when_workers_are_smaller_than_a_node(demo_cluster):
+    """2 x 4 H100 (one node's worth) was planned as one node of 8, and QA saw TP8 chosen while the scheduler put the
+    two workers on two nodes. TP now stays inside a worker's 4 devices; whole-node workers may still use TP8."""
+    plan, _ = _auto_gang("llama2-7b", 1, 2, 4)
+    assert plan["by_type"]["nvidia-h100"]["tp"] <= 4, plan["by_type"]["nvidia-h100"]["description"]
+    plan, _ = _auto_gang("llama2-70b", 1, 4, 8)
+    assert plan["by_type"]["nvidia-h100"]["tp"] == 8, plan["by_type"]["nvidia-h100"]["description"]

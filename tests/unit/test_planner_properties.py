@@ -127,3 +127,17 @@ def test_same_request_same_plan(request):
     first, second = plan(request), plan(request)
     assert first.reason.split("; ")[0] == second.reason.split("; ")[0]
     assert (first.best.layout if first.best else None) == (second.best.layout if second.best else None)
+
+
+@SETTINGS
+@given(requests(heterogeneous=True), st.sampled_from([1, 2, 4]))
+def test_a_tensor_parallel_cap_is_kept_and_the_cost_model_refuses_wider(request, cap):
+    """PlanOptions.max_tensor_parallel (a training job's workers smaller than a node: TP stays inside a worker)."""
+    capped = replace(request, options=replace(request.options, max_tensor_parallel=cap))
+    result = plan(capped)
+    if result.feasible:
+        for prediction in (result.best, *result.alternatives):
+            assert all(stage.tp <= cap for stage in prediction.layout.stages)
+    uncapped = plan(request)
+    if uncapped.feasible and any(stage.tp > cap for stage in uncapped.best.layout.stages):
+        assert "widest tensor-parallel group" in CostModel(capped).problem(uncapped.best.layout)
