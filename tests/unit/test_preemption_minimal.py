@@ -108,7 +108,7 @@ def test_every_victim_is_needed(seed):
                 assert not again.admitted, (workload.id, victim, "at its minimum", sorted(victims))
 
 
-@pytest.mark.parametrize("seed", range(150))
+@pytest.mark.parametrize("seed", range(400))
 def test_every_shrink_gives_back_no_more_workers_than_needed(seed):
     """For each pending workload alone on a random snapshot: an elastic victim it shrinks would leave it no room had
     it given back one worker fewer (before, a shrink always went to the minimum; found by QA)."""
@@ -124,13 +124,13 @@ def test_every_shrink_gives_back_no_more_workers_than_needed(seed):
 def test_the_random_snapshots_do_exercise_partial_shrinks():
     """(The test above says something only if some shrinks keep more than the victim's minimum.)"""
     partial = 0
-    for seed in range(150):
+    for seed in range(400):
         snap = random_snapshot(random.Random(seed))
         minimum = {r.workload.id: r.workload.workers_min for r in snap.running}
         for workload in snap.pending:
             result = schedule(Snapshot(snap.nodes, snap.cluster_queues, snap.running, (workload,)))
             partial += sum(s.to_workers > minimum[s.workload_id] for s in result.shrunk)
-    assert partial >= 3, partial
+    assert partial >= 8, partial
 
 
 def test_the_random_snapshots_do_exercise_preemption():

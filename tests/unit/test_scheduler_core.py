@@ -256,8 +256,24 @@ def test_a_reservation_does_not_make_its_queue_a_borrower_others_reclaim_from():
     assert result.preempted == [] and result.admitted == []
     waits = {w.workload_id: w for w in result.waiting}
     assert waits["h"].reserved
-    assert waits["b1"].reason.endswith("(8 nvidia-h100 of a's quota set aside for h, which waits ahead of it)"), \
-        waits["b1"].reason
+    # h would borrow b's idle quota: its reservation holds none of it (b's own work may take it), so b1 waits for
+    # devices, not for quota
+    assert waits["b1"].reason == "not enough free nvidia-h100: 0 devices free on 2 nodes, needs 1 x 8 placed all " \
+                                 "at once", waits["b1"].reason
+
+
+def test_a_reservation_holds_no_quota_its_queue_would_borrow():
+    """h (a, 2 x 8) waits for two whole nodes and would borrow b's idle 8; b1 (b, 4, within b's nominal) fits on the
+    free devices. Before, the reservation held the 8 it would borrow, and b1 waited ("b's idle quota is lent to its
+    cohort; it must be reclaimed first") for as long as h waited, cycle after cycle (found by a review)."""
+    queues = (queue("a", cohort="c", nvidia_h100=Quota(8)), queue("b", cohort="c", nvidia_h100=Quota(8)),
+              queue("x", cohort="", nvidia_h100=Quota(64)))
+    half = [Running(job(f"x{i}", queue="x", devices=4, priority=9), H100,
+                    (WorkerPlacement(f"h{i}", tuple((d, 1.0) for d in range(4))),)) for i in range(6)]
+    snap = Snapshot(nodes(count=6, per_group=2), queues, running=tuple(half),
+                    pending=(job("h", queue="a", workers=2, arrival=1.0), job("b1", queue="b", devices=4, arrival=2.0)))
+    result = schedule(snap)
+    assert [a.workload_id for a in result.admitted] == ["b1"] and result.preempted == []
 
 
 def test_a_job_admitted_by_borrowing_in_the_cycle_does_not_make_its_queue_lose_older_work():
@@ -278,6 +294,35 @@ def test_a_job_admitted_by_borrowing_in_the_cycle_does_not_make_its_queue_lose_o
     assert [(v.workload_id, v.for_workload) for v in schedule(later).preempted] == [("p", "p1")]
 
 
+def test_the_trial_stops_taking_from_a_queue_once_its_running_work_is_within_nominal():
+    """B runs b1 (4) and b2 (8): 4 over its nominal 8. b3 (B, 4) is admitted first by borrowing A's idle 4; then p
+    (A, 8, within A's nominal) reclaims: b1 brings B's running work back to 8, so b2 stays and p waits. Counting b3
+    (admitted this cycle) as B's usage, the trial also took b2 (a review's mutant: no test told them apart)."""
+    queues = (queue("A", cohort="c", nvidia_h100=Quota(8)), queue("B", cohort="c", nvidia_h100=Quota(8)))
+    four = (WorkerPlacement("h0", tuple((d, 1.0) for d in range(4))),)
+    snap = Snapshot(nodes(count=4, per_group=4), queues,
+                    running=(Running(job("b1", queue="B", devices=4), H100, four, 10.0),
+                             Running(job("b2", queue="B"), H100, _full("h1"), 20.0)),
+                    pending=(job("b3", queue="B", devices=4, arrival=0.0), job("p", queue="A", arrival=1.0)))
+    result = schedule(snap)
+    assert [a.workload_id for a in result.admitted] == ["b3"]
+    assert "b2" not in {v.workload_id for v in result.preempted}
+
+
+def test_a_preemptors_held_admission_does_not_make_its_queue_lose_older_work():
+    """B (nominal 16) runs b_old and v. p1 (B, 2 x 8) preempts v and, borrowing A's idle 16, holds h1 and h2; p2 (A,
+    within A's nominal) then finds no node. B's running work (8) is within its nominal: b_old keeps running. Counting
+    p1's held admission as B's usage, b_old was preempted for p2 (a review's mutant)."""
+    queues = (queue("A", cohort="c", nvidia_h100=Quota(16)), queue("B", cohort="c", nvidia_h100=Quota(16)))
+    snap = Snapshot(nodes(count=3, per_group=4), queues,
+                    running=(Running(job("b_old", queue="B"), H100, _full("h0"), 100.0),
+                             Running(job("v", queue="B"), H100, _full("h1"), 10.0)),
+                    pending=(job("p1", queue="B", workers=2, priority=5, arrival=0.0),
+                             job("p2", queue="A", priority=5, arrival=1.0)))
+    result = schedule(snap)
+    assert [(v.workload_id, v.for_workload) for v in result.preempted] == [("v", "p1")]
+
+
 def test_a_quota_refusal_behind_a_reservation_says_what_the_reservation_holds():
     """The refusal's usage counts the hold: it said "uses 16 of 16 nominal" of a queue whose jobs used 8 (QA)."""
     queues = (queue("a", cohort="", nvidia_h100=Quota(16)), queue("x", cohort="", nvidia_h100=Quota(8)))
@@ -288,7 +333,12 @@ def test_a_quota_refusal_behind_a_reservation_says_what_the_reservation_holds():
                     pending=(job("h", queue="a", arrival=1.0), job("a2", queue="a", devices=4, arrival=2.0)))
     waits = {w.workload_id: w.reason for w in schedule(snap).waiting}
     assert waits["a2"] == ("a would exceed its nvidia-h100 quota: uses 16 of 16 nominal and is in no cohort to borrow "
-                           "from (8 of the 16 are set aside for h, which waits ahead of it)"), waits["a2"]
+                           "from (8 nvidia-h100 of a's quota set aside for h, which waits ahead of it)"), waits["a2"]
+    # a refusal the hold has no part in says nothing of it: 12 more would not fit even without the hold
+    bigger = replace(snap, pending=(snap.pending[0], job("a3", queue="a", devices=12, arrival=2.0)))
+    waits = {w.workload_id: w.reason for w in schedule(bigger).waiting}
+    assert waits["a3"] == "a would exceed its nvidia-h100 quota: uses 16 of 16 nominal and is in no cohort to borrow " \
+                          "from", waits["a3"]
 
 
 def test_an_elastic_job_started_wider_than_its_minimum_records_what_the_extra_workers_borrow():

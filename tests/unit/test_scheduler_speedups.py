@@ -100,7 +100,7 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             check = ref_check(state, wl, t, wl.demand())
             if not check.ok:
                 by_quota = check == state.ledger.check(q, t, wl.demand())  # not a non-preemptible rule's refusal
-                reasons.append(check.reason + (ref_hold_note(state, q, t) if by_quota else ""))
+                reasons.append(check.reason + (ref_hold_note(state, q, t, wl.demand()) if by_quota else ""))
                 continue
             placement = place_gang(state.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
             if placement is None:
@@ -150,17 +150,18 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
     return result
 
 
-def ref_hold_note(state, q, t):
-    """What a quota refusal of queue q owes to the reservation's hold, as the core says it."""
+def ref_hold_note(state, q, t, amount):
+    """Said when a quota refusal of queue q would pass without the reservation's hold."""
     if state.hold is None or state.hold[1] != t:
         return ""
-    held_q, _, amount, holder = state.hold
-    if held_q == q:
-        return (f" ({amount:g} of the {state.ledger.usage[(q, t)]:g} are set aside for {holder}, which waits ahead "
-                "of it)")
-    if held_q in state.ledger.members(q):
-        return f" ({amount:g} {t} of {held_q}'s quota set aside for {holder}, which waits ahead of it)"
-    return ""
+    held_q, _, held, holder = state.hold
+    if held_q != q and held_q not in state.ledger.members(q):
+        return ""
+    without = copy.deepcopy(state.ledger)
+    without.add(held_q, t, -held)
+    if not without.check(q, t, amount).ok:
+        return ""
+    return f" ({held:g} {t} of {held_q}'s quota set aside for {holder}, which waits ahead of it)"
 
 
 def ref_check(state, wl, t, amount, growing=0.0):
@@ -318,8 +319,11 @@ def ref_reserve(state, pending, types):
                         taken = min(share, remaining)
                         n.device_free[i] -= taken
                         remaining -= taken
-        state.ledger.add(wl.cluster_queue, t, wl.demand())
-        state.hold = (wl.cluster_queue, t, wl.demand(), wl.id)
+        q = wl.cluster_queue
+        own = min(wl.demand(), state.ledger.quota(q, t).nominal - state.ledger.usage[(q, t)])
+        if own > 1e-9:  # quota held within its queue's nominal only: lenders keep what they lend
+            state.ledger.add(wl.cluster_queue, t, own)
+            state.hold = (wl.cluster_queue, t, own, wl.id)
         if wl.demand() - max(0.0, remaining) > 1e-9:
             state.reserved[t] = (wl.id, wl.demand() - max(0.0, remaining))
         return True

@@ -1028,7 +1028,7 @@ def _try_admit(state: _State, pending: Workload, types) -> tuple[Admit | None, l
             check = QuotaCheck(False, 0.0, why)
         if not check.ok:
             reasons.append(check.reason if why else check.reason + hold_note(state.ledger, state.hold, queue,
-                                                                             accelerator_type))
+                                                                             accelerator_type, demand))
             continue
         workers = _place_gang(state.pool(accelerator_type), workload.workers_min, workload.devices_per_worker)
         if workers is None:
@@ -1052,21 +1052,24 @@ def _try_admit(state: _State, pending: Workload, types) -> tuple[Admit | None, l
     return None, reasons
 
 
-def hold_note(ledger: QuotaLedger, hold: tuple[str, str, float, str] | None, queue: str,
-              accelerator_type: str) -> str:
-    """What a quota refusal of `queue` owes to the quota a reservation holds (`hold`: (its queue, type, amount, the
-    waiting workload)), or "": the refusal's usage figure counts that hold, which no workload uses yet (before, a job
-    behind a reservation read "uses 16 of 16 nominal" of a queue whose workloads used 8; found by QA)."""
+def hold_note(ledger: _Ledger, hold: tuple[str, str, float, str] | None, queue: str, accelerator_type: str,
+              amount: float) -> str:
+    """Why a quota refusal of `amount` more for `queue` is the reservation's doing, or "": the quota `hold` sets aside
+    ((its queue, type, amount, the waiting workload)) counts in the refusal's usage figure though no workload uses
+    it yet (before, a job behind a reservation read "uses 16 of 16 nominal" of a queue whose workloads used 8; found
+    by QA). Said only when the check would pass without the hold (a review found it added to refusals it had no part
+    in)."""
     if hold is None or hold[1] != accelerator_type:
         return ""
-    held_queue, _, amount, holder = hold
-    if held_queue == queue:
-        return (f" ({amount:g} of the {ledger.usage[(queue, accelerator_type)]:g} are set aside for {holder}, which "
-                "waits ahead of it)")
-    if held_queue in ledger.members(queue):
-        return (f" ({amount:g} {accelerator_type} of {held_queue}'s quota set aside for {holder}, which waits ahead "
-                "of it)")
-    return ""
+    held_queue, _, held, holder = hold
+    if held_queue != queue and held_queue not in ledger.members(queue):
+        return ""
+    key = (held_queue, accelerator_type)
+    after = ledger.what_if
+    after.usage = _UsageAfter(ledger.usage, {key: ledger.usage[key] - held})
+    if not QuotaLedger.check(after, queue, accelerator_type, amount).ok:
+        return ""
+    return f" ({held:g} {accelerator_type} of {held_queue}'s quota set aside for {holder}, which waits ahead of it)"
 
 
 def _held_admission(state: _State, workload: Workload, accelerator_type: str, reason: str) -> Admit:
@@ -1430,8 +1433,15 @@ def _reserve(state: _State, pending: Workload, types) -> bool:
                         touched = True
                 if touched:
                     pool.refresh(node)
-        state.ledger.add_new(workload.cluster_queue, accelerator_type, workload.demand())
-        state.hold = (workload.cluster_queue, accelerator_type, workload.demand(), workload.id)
+        # Its quota is held as far as its queue's nominal quota goes: a part it would borrow is the lenders' idle
+        # quota, which their own work may take back (before, the hold borrowed it and kept a lender's job, within its
+        # nominal and with free devices, waiting for as long as the head waited; found by a review).
+        queue = workload.cluster_queue
+        own = min(workload.demand(), state.ledger.quota(queue, accelerator_type).nominal
+                  - state.ledger.usage[(queue, accelerator_type)])
+        if own > EPS:
+            state.ledger.add_new(queue, accelerator_type, own)
+            state.hold = (queue, accelerator_type, own, workload.id)
         set_aside = workload.demand() - max(0.0, remaining)
         if set_aside > EPS:  # (with nothing free, others were told "0 more set aside for ...")
             state.reserved[accelerator_type] = (workload.id, set_aside)
