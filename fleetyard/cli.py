@@ -42,10 +42,10 @@ class _Cli:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.json = bool(getattr(args, "json", False))
-        self.out = Console(highlight=False, soft_wrap=True)
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.out = Console(highlight=False, soft_wrap=True, emoji=False)
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
         if not self.out.is_terminal:  # piped or captured: wide tables, never cut to 80 columns
-            self.out = Console(highlight=False, soft_wrap=True, width=240)
+            self.out = Console(highlight=False, soft_wrap=True, width=240, emoji=False)
         self._client: Client | None = None
 
     @property

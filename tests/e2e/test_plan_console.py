@@ -87,3 +87,32 @@ def test_an_api_error_about_one_device_row_shows_under_that_row(console):
     assert second_row.evaluate("row => row.nextElementSibling.classList.contains('field-error')")
     assert page.is_hidden("#plan-form .form-errors") or "count" not in page.inner_text("#plan-form .form-errors")
     assert page.is_hidden("#plan-result")
+
+
+def test_the_services_errors_about_a_row_show_under_that_row(console):
+    """"devices[0]: 12 devices is neither whole nodes ..." (the service's words, its index counting the entries sent)
+    showed beside the fieldset; "pools[N]" likewise, N counting checked pools only (found by QA)."""
+    console.login("alpha-member")
+    page = console.open("/plan/")
+    page.select_option("#p-preset", "llama2-7b")
+    page.fill("#p-batch", "64")
+    page.select_option(".plan-devices >> nth=1 >> [data-plan-device-type]", "nvidia-h100")
+    page.fill(".plan-devices >> nth=1 >> [data-plan-device-count]", "12")
+    page.click("#plan-form button[type=submit]")
+    page.wait_for_selector(".plan-devices + .field-error")
+    second_row = page.locator(".plan-devices").nth(1)
+    assert second_row.evaluate("row => row.nextElementSibling.classList.contains('field-error')")
+    text = page.inner_text(".plan-devices + .field-error")
+    assert text.startswith("12 devices is neither whole nodes of 8"), text
+
+    page.select_option(".plan-devices >> nth=1 >> [data-plan-device-type]", "")
+    page.fill(".plan-devices >> nth=1 >> [data-plan-device-count]", "")
+    for box in page.locator("[data-plan-pool]:checked").all():
+        box.uncheck()
+    page.check('[data-plan-pool="h100-pool"]')
+    page.fill('[data-plan-pool-devices="h100-pool"]', "12")
+    page.click("#plan-form button[type=submit]")
+    page.wait_for_selector(".plan-pool .field-error")
+    pool_row = page.locator(".plan-pool", has=page.locator('[data-plan-pool="h100-pool"]'))
+    assert "12 devices" in pool_row.locator(".field-error").inner_text()
+    assert page.locator("fieldset[name=pools] + .field-error").count() == 0

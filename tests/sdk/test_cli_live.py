@@ -254,6 +254,12 @@ def test_plan_usage_mistakes_exit_2_before_anything_is_sent(cli, argv, message):
     assert code == 2 and message in err and "Traceback" not in err + out
 
 
+def test_error_text_is_printed_as_written_not_as_emoji(cli):
+    """Rich read ":x:" in "a100-pool:x: 'x' is not ..." as an emoji code (found by QA)."""
+    code, _, err = cli("plan", "llama2-7b", "--batch", "8", "--pool", "a100-pool:x")
+    assert code == 2 and "a100-pool:x: 'x' is not a positive whole number" in err, err
+
+
 @pytest.mark.parametrize("argv, message", [
     (("plan", "gpt-9", "--batch", "8", "--pool", "h100-pool"), "unknown model preset"),
     (("plan", "llama2-7b", "--batch", "8", "--pool", "no-such-pool"), "no-such-pool"),

@@ -33,23 +33,39 @@
   }
 
   let deviceRows = [];
+  let poolRows = [];
 
-  /* The API's errors about device entries ({"devices": {"0": {"count": [...]}}}, or a list of one object per entry)
-     keyed by the form row each entry came from, so they show under that row, not as "devices.0.count: ..." in the
-     form's top box. */
-  function devicesUnderRows(body) {
-    const devices = body && body.devices;
-    if (!devices || typeof devices !== "object") return body;
-    const { devices: _, ...rest } = body;
-    const left = [];
-    Object.entries(devices).forEach(([key, entry]) => {
-      const i = /^\d+$/.test(key) ? Number(key) : -1;
-      if (i < 0 || !entry || typeof entry !== "object" || Array.isArray(entry)) { left.push(...[].concat(entry)); return; }
-      const text = Object.entries(entry).map(([field, reasons]) => `${field.replace(/_/g, " ")}: ${[].concat(reasons).join(" ")}`).join("; ");
-      if (!text) return;
-      if (deviceRows[i]) rest[deviceRows[i]] = [text]; else left.push(text);
-    });
-    if (left.length) rest.devices = left;
+  /* The API's errors about one device or pool entry keyed by the form row the entry came from, so they show under
+     that row: serializer errors ({"devices": {"0": {"count": [...]}}}) and the service's ("devices[0]: 12 devices
+     is neither whole nodes ...", "pools[1]: ..."), whose index counts the entries sent, not the form's rows (they
+     showed in the form's top box or beside the fieldset, with the API's index; found by QA). */
+  function rowsUnderErrors(body) {
+    if (!body || typeof body !== "object") return body;
+    const rows = { devices: deviceRows, pools: poolRows };
+    const rest = { ...body };
+    for (const key of Object.keys(rows)) {
+      const errors = body[key];
+      if (!errors || typeof errors !== "object") continue;
+      delete rest[key];
+      const left = [];
+      const place = (i, text) => {
+        const name = rows[key][i];
+        if (name) rest[name] = [...(rest[name] || []), text]; else left.push(`${key}[${i}]: ${text}`);
+      };
+      const pattern = new RegExp(`^${key}\\[(\\d+)\\]: ([\\s\\S]*)$`);
+      Object.entries(errors).forEach(([index, entry]) => {
+        if (/^\d+$/.test(index) && entry && typeof entry === "object" && !Array.isArray(entry)) {
+          const text = Object.entries(entry).map(([field, reasons]) => `${field.replace(/_/g, " ")}: ${[].concat(reasons).join(" ")}`).join("; ");
+          if (text) place(Number(index), text);
+          return;
+        }
+        [].concat(entry).forEach((line) => {
+          const match = typeof line === "string" ? line.match(pattern) : null;
+          if (match) place(Number(match[1]), match[2]); else left.push(line);
+        });
+      });
+      if (left.length) rest[key] = left;
+    }
     return rest;
   }
 
@@ -67,8 +83,10 @@
       }
     }
     data.pools = [];
+    poolRows = [];  // the checkbox (its name) of each pool entry sent
     form.querySelectorAll("[data-plan-pool]").forEach((box) => {
       if (!box.checked) return;
+      poolRows.push(box.name);
       const entry = { pool: box.dataset.planPool };
       const input = form.querySelector(`[data-plan-pool-devices="${CSS.escape(box.dataset.planPool)}"]`);
       const count = input ? input.value.trim() : "";
@@ -160,7 +178,7 @@
         const { model, ...rest } = error.body;
         error.body = { ...rest, model_fields: model };
       }
-      error.body = devicesUnderRows(error.body);
+      error.body = rowsUnderErrors(error.body);
       showErrors(form, error);
     } finally {
       button.textContent = label;
