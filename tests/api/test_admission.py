@@ -405,3 +405,29 @@ def test_the_dry_run_plan_counts_a_cpu_worker_of_more_than_a_core_in_whole_cores
     second = submit(client, name="second", accelerator_types=["cpu"], devices_per_worker=0, cpus_per_worker=0.5,
                     workers_min=1, workers_max=1, priority="critical")
     assert status(client, second)["state"] == "QUEUED"  # as planned
+
+
+def test_the_dry_run_plan_says_when_a_job_can_never_run_as_asked(api, cluster, world):
+    """3 x 8 H100 on two 8-device H100 nodes, and shared's H100 ceiling 16: the plan said "nothing fits now (...);
+    it waits in the queue", and the job then waited for good (found by QA). Another type that could run it is still
+    the one it waits for."""
+    client = api("alpha", "member")
+    spec = "name: big\nqueue: default\nworkers: 3\nresources:\n  accelerators: H100:8\nhyperparameters: {steps: 10}\n"
+    plan = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json").json()["plan"]
+    (h100,) = plan["options"]
+    assert h100["never"] and not h100["fits_now"]
+    assert h100["why_not"].startswith("nvidia-h100 nodes can never hold it: its 2 ready nodes (the largest with 8 "
+                                      "devices) would hold at most 2 x 8 even with nothing running, it needs 3"), h100
+    assert plan["chosen"]["reason"].startswith("it can never run as asked (")
+    two = spec.replace("workers: 3", "workers: 2").replace("H100:8", "H100:8\n  any_of: [A100:8]")
+    from controlplane.quotas.services import cluster_queue_update
+
+    cluster_queue_update(actor=world["ops"], queue=world["cluster_queue"], quotas=[
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8},
+        {"accelerator_type": "nvidia-a100", "nominal_quota": 16}, {"accelerator_type": "cpu", "nominal_quota": 8}])
+    plan = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": two}, format="json").json()["plan"]
+    by_type = {o["accelerator_type"]: o for o in plan["options"]}
+    assert by_type["nvidia-h100"]["never"] and "shared can never take 16 nvidia-h100" in \
+        by_type["nvidia-h100"]["why_not"]
+    assert not by_type["nvidia-a100"]["never"]
+    assert plan["chosen"]["accelerator_type"] == "nvidia-a100"

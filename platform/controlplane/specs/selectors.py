@@ -78,12 +78,21 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
             fits_quota = quota_left is None or quota_left + 1e-9 >= need
         free_units = _free_units(slug)
         fits_capacity = placeable >= members
+        never = _never_why(slug, units, members)
+        if not never and kind == JOB and queue_name in ledger.queues:
+            # (a non-preemptible job never borrows; what deployments reserve changes, so it is no "never")
+            if non_preemptible and need > ledger.quota(queue_name, slug).nominal + 1e-9:
+                never = (f"{queue_name} can never take {need:g} {slug} for non-preemptible work: its nominal quota is "
+                         f"{ledger.quota(queue_name, slug).nominal:g}")
+            elif not non_preemptible and need > ledger.ceiling(queue_name, slug) + 1e-9:
+                never = (f"{queue_name} can never take {need:g} {slug}: its nominal quota and the most its cohort "
+                         f"could lend add up to {ledger.ceiling(queue_name, slug):g}")
         options.append({
             "accelerator_type": slug, "unit": "CPU cores" if slug == "cpu" else "devices", "units": need,
             "price_per_unit_hour_usd": None if price is None else float(price), "cost_per_hour_usd": cost,
             "free_units": free_units, "placeable_members": placeable, "quota_left": quota_left,
-            "fits_now": fits_capacity and fits_quota,
-            "why_not": "" if fits_capacity and fits_quota else (
+            "fits_now": fits_capacity and fits_quota and not never, "never": bool(never),
+            "why_not": never if never else "" if fits_capacity and fits_quota else (
                 f"not enough free {slug}: {members} x {units:g} needed, {placeable} fit now" if not fits_capacity
                 # (a rule rather than the amount: before, "quota left 56 < 8 (non-preemptible workloads would ...)")
                 else quota_why if quota_why and quota_left is not None and quota_left + 1e-9 >= need
@@ -157,10 +166,17 @@ def _choose(kind: str, options: list[dict], preference: list) -> dict | None:
         pick = room[0][1]
         reason = (f"{best['accelerator_type']} would be cheapest per unit of work but has no room now "
                   f"({best['why_not']}); {pick['accelerator_type']} is the next accepted type with room")
-    else:
+    elif all(o["never"] for o in options):
         pick = best
+        reason = (f"it can never run as asked ({'; '.join(o['why_not'] for o in options)}): it would wait in the "
+                  "queue for good; ask for fewer workers or devices, or an operator for more quota or nodes")
+    else:
+        possible = [(choice, o) for choice, o in ranked if not o["never"]]
+        pick = possible[0][1]
+        why = why_best if possible[0][1] is best else \
+            (possible[0][0].reason if possible[0][0] is not None else "no throughput or price known")
         reason = (f"nothing fits now ({'; '.join(o['why_not'] for o in options)}); it waits in the queue for "
-                  f"{pick['accelerator_type']} ({why_best})")
+                  f"{pick['accelerator_type']} ({why})")
     return {"accelerator_type": pick["accelerator_type"], "cost_per_hour_usd": pick["cost_per_hour_usd"],
             "fits_now": pick["fits_now"], "reason": reason}
 
@@ -178,6 +194,25 @@ def _placeable_members(slug: str, units: float) -> int:
         free = free_cpus if slug == "cpu" else free_devices
         total += math.floor(free / units + 1e-9)
     return total
+
+
+def _never_why(slug: str, units: float, members: int) -> str:
+    """Why the type's ready nodes could never hold `members` workers (replicas) of `units` even with nothing running,
+    as the cycle says it (before, the plan of such a gang said it "waits in the queue", and the job then waited for
+    good; found by QA), or ""."""
+    capacities = [cpus if slug == "cpu" else devices
+                  for devices, cpus in _ready_nodes(slug).values_list("capacity_devices", "capacity_cpus")]
+    if units <= 0 or not capacities:  # (no ready node now: they may come back)
+        return ""
+    if units >= 1 - 1e-9:
+        most = sum(int(capacity) // math.ceil(units - 1e-9) for capacity in capacities)
+    else:
+        most = sum(int(capacity) * int((1 + 1e-9) // units) for capacity in capacities)
+    if most >= members:
+        return ""
+    return (f"{slug} nodes can never hold it: its {len(capacities)} ready nodes (the largest with "
+            f"{int(max(capacities))} {'CPU cores' if slug == 'cpu' else 'devices'}) would hold at most {most} x "
+            f"{units:g} even with nothing running, it needs {members}")
 
 
 def _free_units(slug: str) -> float:
