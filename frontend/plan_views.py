@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+from controlplane.cluster.link_defaults import resolve_link_bandwidth
 from controlplane.cluster.plans import device_type_for
 from controlplane.cluster.selectors import accelerator_type_list, node_pools_for_planning
 from controlplane.planning.presets import PRESET_NAMES
@@ -26,9 +27,22 @@ def plan_page(request):
     # What a plan can use: the healthy, uncordoned nodes (as POST /api/v1/plans/ counts them).
     pools = [{"name": pool.name, "accelerator_type": pool.accelerator_type.slug, "simulated": pool.simulated,
               "devices": pool.ready_node_count * pool.devices_per_node, "devices_per_node": pool.devices_per_node,
-              "not_plannable": missing[pool.accelerator_type.slug] if pool.accelerator_type.slug in missing
-              else _missing_facts(pool.accelerator_type)}
+              "not_plannable": (missing[pool.accelerator_type.slug] if pool.accelerator_type.slug in missing
+                                else _missing_facts(pool.accelerator_type)) or _missing_link(pool)}
              for pool in node_pools_for_planning().values() if pool.accelerator_type.slug != "cpu"]
+    # The device rows have no bandwidth inputs: a type with no assumed link figures cannot be planned there (every
+    # plan on it was refused; found by QA). The API takes them.
+    one_node = []
+    for accelerator in types:
+        link = resolve_link_bandwidth(accelerator.slug)
+        if missing[accelerator.slug] or link.known:
+            continue
+        if link.intra_node_gbps is None:
+            missing[accelerator.slug] = (f"{accelerator.slug}: no assumed link bandwidth (plan it on a node pool an "
+                                         "operator gave intra_node_gbps and inter_node_gbps, or through the API with "
+                                         "them)")
+        else:  # one node needs no figure between nodes
+            one_node.append(accelerator.slug)
     context.update({
         "presets": PRESET_NAMES,
         "preset": request.GET.get("model") if request.GET.get("model") in PRESET_NAMES else "llama2-7b",
@@ -36,8 +50,16 @@ def plan_page(request):
         "first_ready": next((pool["name"] for pool in pools if pool["devices"] and not pool["not_plannable"]), None),
         "accelerator_types": [t.slug for t in types if not missing[t.slug]],
         "not_plannable": sorted((slug, why) for slug, why in missing.items() if why),
+        "one_node_only": one_node,
     })
     return render(request, "frontend/plan.html", context)
+
+
+def _missing_link(pool) -> str:
+    """Why the pool cannot be planned on for lack of link figures (device_pool_for's reason), or ""."""
+    link = pool.link_bandwidth
+    return "" if link.known else "no link bandwidth to plan with; an operator sets intra_node_gbps and " \
+                                 "inter_node_gbps on the pool"
 
 
 def _missing_facts(accelerator) -> str:

@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
+from controlplane.cluster.link_defaults import resolve_link_bandwidth
 from controlplane.cluster.models import AcceleratorType, NodePool
 from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE, device_type_for, plan_estimate, resolve_model
 from controlplane.common.errors import ValidationFailed
@@ -95,10 +96,15 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             continue
         pool = NodePool.objects.filter(accelerator_type__slug=slug).order_by("name").first()
         per_node = _planned_node_size(count, pool.devices_per_node if pool else 8, devices_per_worker)
-        link = pool.link_bandwidth if pool else None
-        device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node}
-        if link is not None and link.known:
-            device.update(intra_node_gbps=link.intra_node_gbps, inter_node_gbps=link.inter_node_gbps)
+        link = pool.link_bandwidth if pool else resolve_link_bandwidth(slug)
+        if not link.known:  # (before: "devices[0]: ...; give intra_node_gbps and inter_node_gbps", fields a job's
+            # parallelism block does not have; found by QA)
+            cannot[slug] = (f"node pool {pool.name!r} has no link bandwidth to plan with ({link.note}); an operator "
+                            "sets intra_node_gbps and inter_node_gbps on the pool" if pool else
+                            f"no {slug} node pool, and no assumed link bandwidth for {slug} to plan with")
+            continue
+        device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node,
+                  "intra_node_gbps": link.intra_node_gbps, "inter_node_gbps": link.inter_node_gbps}
         cap = tensor_parallel_cap(workers, devices_per_worker, per_node)
         try:
             answer = plan_estimate(model=parallelism["model"], global_batch_size=batch, devices=[device],

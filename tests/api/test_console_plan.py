@@ -87,3 +87,18 @@ def test_the_page_says_so_when_no_type_can_be_planned(world, cluster):
     html = client.get("/plan/").content.decode()
     assert 'id="nothing-plannable"' in html and "data-plan-device-type" not in html
     assert 'data-busy="Planning…" disabled>Plan</button>' in html
+
+
+def test_an_l40s_pool_without_links_says_the_operators_fix_and_rows_say_one_node_at_most(world, cluster, accel):
+    """QA: the page offered nvidia-l40s rows on which every multi-node plan failed (no assumed bandwidth between
+    nodes, and the page has no bandwidth inputs), and an L40S pool with no link figures looked plannable."""
+    from controlplane.cluster.services import node_pool_create
+
+    node_pool_create(actor=world["ops"], name="l40s-pool", accelerator_type=accel["nvidia-l40s"], devices_per_node=8,
+                     simulated=True)
+    client = Client()
+    client.force_login(world["alpha"]["member"])
+    html = client.get("/plan/").content.decode()
+    assert "At most one node (nvidia-l40s): no assumed bandwidth between nodes" in html
+    line = html.split('data-plan-pool="l40s-pool"')[1].split("</label>")[0]
+    assert " disabled" in line and "an operator sets intra_node_gbps and inter_node_gbps on the pool" in line, line

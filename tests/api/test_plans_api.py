@@ -140,6 +140,15 @@ def test_request_bandwidths_replace_the_assumed_defaults(api, world):
     assert "inter_node_gbps set by the request" in pool["link_bandwidth_note"] and pool["link_bandwidth_assumed"]
 
 
+def test_one_node_needs_no_bandwidth_between_nodes(api, world):
+    """One node of 8 L40S (intra_node_gbps assumed, no inter-node default) was refused for lack of inter_node_gbps,
+    though one node has no traffic between nodes (found by QA)."""
+    answer = post(api("alpha", "viewer"), {"model": "llama2-7b", "global_batch_size": 64,
+                                            "devices": [{"accelerator_type": "nvidia-l40s", "count": 8}]})
+    assert answer.status_code == 200, answer.json()
+    assert "one node: no traffic between nodes" in answer.json()["pools"][0]["link_bandwidth_note"]
+
+
 def test_unknown_price_gives_null_costs_never_a_guess(api, world, accel):
     accel["nvidia-a100"].price_per_hour_usd = None
     accel["nvidia-a100"].save()

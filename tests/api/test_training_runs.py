@@ -653,3 +653,19 @@ def test_tensor_parallelism_stays_inside_a_worker_when_workers_are_smaller_than_
     assert plan["by_type"]["nvidia-h100"]["tp"] <= 4, plan["by_type"]["nvidia-h100"]["description"]
     plan, _ = _auto_gang("llama2-70b", 1, 4, 8)
     assert plan["by_type"]["nvidia-h100"]["tp"] == 8, plan["by_type"]["nvidia-h100"]["description"]
+
+
+def test_a_type_whose_pool_has_no_link_figures_says_what_the_operator_sets(demo_cluster, world, accel):
+    """QA: a job accepting L40S was refused with "devices[0]: ...; give intra_node_gbps and inter_node_gbps", fields a
+    job's parallelism block does not have."""
+    from controlplane.cluster.services import node_pool_create
+    from jobs.planning import plan_job_parallelism
+
+    node_pool_create(actor=world["ops"], name="l40s-pool", accelerator_type=accel["nvidia-l40s"], devices_per_node=8,
+                     simulated=True)
+    plan = plan_job_parallelism(parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 64},
+                                accelerator_types=["nvidia-h100", "nvidia-l40s"], workers=2, devices_per_worker=8)
+    why = plan["cannot_run"]["nvidia-l40s"]
+    assert why.startswith("node pool 'l40s-pool' has no link bandwidth to plan with (") and why.endswith(
+        "an operator sets intra_node_gbps and inter_node_gbps on the pool"), why
+    assert "devices[0]" not in why and set(plan["by_type"]) == {"nvidia-h100"}

@@ -195,6 +195,11 @@ def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions
             raise ValidationFailed(f"{where}: {exc}", field="devices") from exc
         link = resolve_link_bandwidth(slug, item.get("intra_node_gbps"), item.get("inter_node_gbps"),
                                       given_by="the request")
+        if nodes == 1 and link.intra_node_gbps is not None and link.inter_node_gbps is None:
+            # one node: no traffic between nodes, so no figure is needed for it (before, one node of 8 L40S with
+            # intra_node_gbps given was refused for lack of inter_node_gbps; found by QA)
+            link = LinkBandwidth(link.intra_node_gbps, link.intra_node_gbps, link.assumed,
+                                 f"{link.note}; one node: no traffic between nodes")
         if not link.known:
             raise ValidationFailed(f"{where}: {link.note}; give intra_node_gbps and inter_node_gbps",
                                    field="devices")
