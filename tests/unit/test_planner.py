@@ -443,3 +443,23 @@ def test_describe_and_as_dict():
     result = plan(PlanRequest(GPT_1_7B, 64, (pool,)))
     data = result.as_dict()
     assert data["feasible"] and data["best"]["layout"]["devices"] <= 8
+
+
+def test_pools_left_out_for_the_precision_are_named_in_the_reason():
+    """QA: an fp8 plan on H100 + A100 said "the pools have 1.4 TB" of a request of 2.7 TB, the A100s left out
+    silently (A100 has no fp8 peak)."""
+    from dataclasses import replace
+
+    from controlplane.planning import DevicePool, PlanRequest, plan
+    from controlplane.planning.model import DeviceType
+    from controlplane.planning.presets import model_spec
+
+    h100 = DeviceType("nvidia-h100", {"bf16": 989.5, "fp8": 1979.0}, 80.0, 3350.0, 0.6)
+    a100 = DeviceType("nvidia-a100", {"bf16": 312.0}, 80.0, 2039.0, 0.65)
+    pools = (DevicePool(h100, 2, 8, 450.0, 50.0, name="h100-pool"),
+             DevicePool(a100, 2, 8, 300.0, 25.0, name="a100-pool"))
+    big = plan(PlanRequest(replace(model_spec("llama2-70b"), precision="fp8"), 64, pools))
+    assert not big.feasible and "the pools that can run fp8 have 1.4 TB" in big.reason, big.reason
+    assert big.reason.endswith("(a100-pool left out: no published fp8 peak for nvidia-a100)"), big.reason
+    small = plan(PlanRequest(replace(model_spec("llama2-7b"), precision="fp8"), 64, pools))
+    assert small.feasible and small.reason.endswith("a100-pool left out: no published fp8 peak for nvidia-a100.")

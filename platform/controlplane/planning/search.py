@@ -578,10 +578,30 @@ def explain(best: Prediction, others: Iterable[Prediction], request: PlanRequest
     parts.append(f"peak memory {best.memory_gb:.1f} GB of {best.memory_limit_gb:.1f} GB usable per device")
     if best.reason:
         parts.append(best.reason)
+    left_out = _left_out(request)
+    if left_out:
+        parts.append(left_out)
     return "; ".join(parts) + "."
 
 
+def _left_out(request: PlanRequest) -> str:
+    """The pools the search left out because their chip has no peak for the model's precision, or "" (before, an
+    infeasible fp8 plan said "the pools have 1.4 TB" of a request of 2.7 TB, silently without the A100s; QA)."""
+    m = request.model
+    left = [p for p in request.pools if p.device.peak(m.precision) is None]
+    if not left:
+        return ""
+    slugs = ", ".join(sorted({p.device.slug for p in left}))
+    return (f"{', '.join(p.name for p in left)} left out: no published {m.precision} peak for {slugs}")
+
+
 def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
+    reason = _infeasible(request, search)
+    left_out = _left_out(request)
+    return f"{reason} ({left_out})" if left_out and not reason.startswith("no pool can run") else reason
+
+
+def _infeasible(request: PlanRequest, search: _Search | None) -> str:
     m = request.model
     capable = [p for p in request.pools if p.device.peak(m.precision) is not None]
     if not capable:
@@ -596,7 +616,8 @@ def infeasible_reason(request: PlanRequest, search: _Search | None) -> str:
         need_text, have_text = _sizes_apart(need, have)
         return (f"needs at least {need_text} of device memory ({BYTES_PER_PARAMETER} bytes per parameter for "
                 f"weights, gradients and Adam state of {params / 1e9:.1f}B parameters, before activations); "
-                f"the pools have {_size(raw)} ({have_text} usable)")
+                f"the {'pools' if len(capable) == len(request.pools) else 'pools that can run ' + m.precision} "
+                f"have {_size(raw)} ({have_text} usable)")
     if search is not None and search.closest_miss is not None:
         share, layout, used, limit = search.closest_miss
         used_text, limit_text = _sizes_apart(used, limit, unit=GB)
