@@ -148,6 +148,8 @@ class _Cli:
         for slug, layout in (plan.get("parallel_plan") or {}).items():
             self.out.print(f"Parallel plan on {escape(slug)}: {escape(layout['description'])}, "
                            f"{layout['tokens_per_s']:,.0f} tokens/s, {layout['memory_gb']:g} GB per device")
+        for slug, why in (plan.get("parallel_plan_cannot_run") or {}).items():  # (left unsaid before; QA)
+            self.out.print(f"[yellow]Cannot run the model on {escape(slug)}:[/] {escape(why)}")
         if plan.get("chosen"):
             self.out.print(f"Chosen: [bold]{escape(chosen)}[/] - {escape(plan['chosen']['reason'])}")
             self.out.print(f"Cost: {_money(plan['chosen']['cost_per_hour_usd'])} per hour")

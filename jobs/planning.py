@@ -96,6 +96,13 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             continue
         pool = NodePool.objects.filter(accelerator_type__slug=slug).order_by("name").first()
         per_node = _planned_node_size(count, pool.devices_per_node if pool else 8, devices_per_worker)
+        accelerator = AcceleratorType.objects.filter(slug=slug).first()
+        try:  # the chip's facts first: without them the links do not matter
+            if accelerator is not None:
+                device_type_for(accelerator, fractions)
+        except ValueError as exc:
+            cannot[slug] = str(exc)
+            continue
         link = pool.link_bandwidth if pool else resolve_link_bandwidth(slug)
         if not link.known:  # (before: "devices[0]: ...; give intra_node_gbps and inter_node_gbps", fields a job's
             # parallelism block does not have; found by QA)
@@ -113,7 +120,8 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
         except ValidationFailed as exc:
             if exc.field in ("model", "options", "global_batch_size"):
                 raise ValidationFailed(f"{exc.field}: {exc}", field="parallelism") from exc
-            cannot[slug] = str(exc)
+            # its words without the request's index: the job sent no list (before, "devices[0]: kunlun-p800: ..."; QA)
+            cannot[slug] = str(exc).removeprefix("devices[0]: ")
             continue
         model_facts = answer["model"]
         if answer["feasible"]:

@@ -299,3 +299,13 @@ def test_a_plan_may_recompute_only_the_layer_norms(api, world):
     answer = fused.json()
     assert all(plan["layout"]["recompute"] != "norms" for plan in [answer["best"], *answer["alternatives"]])
     assert answer["best"]["step_time_s"] > best["step_time_s"]
+
+
+def test_a_jobs_model_that_is_neither_a_name_nor_fields_says_both_are_taken(api, world):
+    """parallelism.model: 5 said "model must be an object, got int", though a preset name is taken too (QA)."""
+    client = api("alpha", "member")
+    body = {"name": "m", "queue": "default", "accelerator_types": ["nvidia-h100"], "devices_per_worker": 8,
+            "parallelism": {"mode": "auto", "model": 5, "global_batch_size": 64}}
+    answer = client.post("/api/v1/training-jobs/", body, format="json")
+    assert answer.status_code == 400
+    assert "model: give a preset name or an object of model fields, got int" in str(answer.json()["parallelism"])

@@ -669,3 +669,24 @@ def test_a_type_whose_pool_has_no_link_figures_says_what_the_operator_sets(demo_
     assert why.startswith("node pool 'l40s-pool' has no link bandwidth to plan with (") and why.endswith(
         "an operator sets intra_node_gbps and inter_node_gbps on the pool"), why
     assert "devices[0]" not in why and set(plan["by_type"]) == {"nvidia-h100"}
+
+
+def test_a_type_the_planner_cannot_model_is_dropped_in_its_own_words(demo_cluster):
+    """cannot_run read "devices[0]: kunlun-p800: ...", the index of a list the job never sent (QA); the CLI's plan
+    now prints why a type was dropped."""
+    import io
+
+    from rich.console import Console
+
+    from fleetyard.cli import _Cli
+    from jobs.planning import plan_job_parallelism
+
+    plan = plan_job_parallelism(parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 64},
+                                accelerator_types=["nvidia-h100", "kunlun-p800"], workers=1, devices_per_worker=8)
+    why = plan["cannot_run"]["kunlun-p800"]
+    assert why.startswith("kunlun-p800: no published bf16_dense_tflops"), why
+    cli = _Cli.__new__(_Cli)
+    cli.out = Console(file=io.StringIO(), width=200, emoji=False)
+    cli._print_plan({"plan": {"name": "j", "kind": "training_job", "options": [], "notes": [],
+                              "parallel_plan_cannot_run": plan["cannot_run"]}})
+    assert "Cannot run the model on kunlun-p800: kunlun-p800: no published" in cli.out.file.getvalue()

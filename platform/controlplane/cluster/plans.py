@@ -137,7 +137,9 @@ def resolve_model(model) -> tuple[ModelSpec, str | None]:
     try:
         if isinstance(model, str):
             return model_spec(model), model
-        if isinstance(model, Mapping) and "preset" in model:
+        if not isinstance(model, Mapping):  # (it said "model must be an object", though a name is one; QA)
+            raise ValueError(f"give a preset name or an object of model fields, got {type(model).__name__}")
+        if "preset" in model:
             preset = model["preset"]
             if not isinstance(preset, str):
                 raise ValueError(f"preset must be a string, got {preset!r}")
