@@ -119,11 +119,12 @@ def measured_fractions() -> dict[str, MeasuredFraction]:
         if ran_on_simulated(job, slug, simulated_nodes, simulated_types):
             entry.skipped.append({"job": job.pk, "why": "ran on simulated chips (host CPU step times)"})
             continue
-        planned = plan.get("layout_devices") or plan["devices"]
-        other = sorted(w * job.devices_per_worker for w in widths_ran(job) if w * job.devices_per_worker != planned)
+        # the gang the plan sized: its layout's devices in whole workers (a layout need not fill the last one)
+        planned = -(-(plan.get("layout_devices") or plan["devices"]) // max(1, job.devices_per_worker))
+        other = sorted(w for w in widths_ran(job) if w != planned)
         if other:  # (before, an elastic job at its minimum was fitted against its wider layout; found by QA)
-            entry.skipped.append({"job": job.pk, "why": f"ran on {', '.join(map(str, other))} devices at times, not "
-                                                        f"the {planned} its plan's layout is for"})
+            entry.skipped.append({"job": job.pk, "why": f"ran on {', '.join(map(str, other))} worker(s) at times, "
+                                                        f"not the {planned} its plan's layout is sized for"})
             continue
         median, rows = median_step_time(job)
         if median is None or rows < MIN_STEPS:

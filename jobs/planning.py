@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from controlplane.cluster.link_defaults import resolve_link_bandwidth
+from controlplane.cluster.link_defaults import LinkBandwidth, resolve_link_bandwidth
 from controlplane.cluster.models import AcceleratorType, NodePool
 from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE, device_type_for, plan_estimate, resolve_model
 from controlplane.common.errors import ValidationFailed
@@ -104,6 +104,10 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             cannot[slug] = str(exc)
             continue
         link = pool.link_bandwidth if pool else resolve_link_bandwidth(slug)
+        if not link.known and workers == 1 and link.intra_node_gbps is not None:
+            # one worker is one node: no traffic between nodes (as POST /api/v1/plans/ plans one node alone; a review)
+            link = LinkBandwidth(link.intra_node_gbps, link.intra_node_gbps, link.assumed,
+                                 f"{link.note}; one node: no traffic between nodes")
         if not link.known:  # (before: "devices[0]: ...; give intra_node_gbps and inter_node_gbps", fields a job's
             # parallelism block does not have; found by QA)
             cannot[slug] = (f"node pool {pool.name!r} has no link bandwidth to plan with ({link.note}); an operator "
@@ -112,10 +116,10 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             continue
         device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node,
                   "intra_node_gbps": link.intra_node_gbps, "inter_node_gbps": link.inter_node_gbps}
-        cap = tensor_parallel_cap(workers, devices_per_worker, per_node)
+        within = tensor_parallel_within(workers, devices_per_worker, per_node)
         try:
             answer = plan_estimate(model=parallelism["model"], global_batch_size=batch, devices=[device],
-                                   options={**options, "max_tensor_parallel": cap} if cap else options,
+                                   options={**options, "tensor_parallel_within": within} if within else options,
                                    fractions=fractions)
         except ValidationFailed as exc:
             if exc.field in ("model", "options", "global_batch_size"):
@@ -153,12 +157,14 @@ def _planned_node_size(count: int, per_node: int, devices_per_worker: int) -> in
     return per_node
 
 
-def tensor_parallel_cap(workers: int, devices_per_worker: int, per_node: int) -> int:
-    """The widest TP group the plan may use (PlanOptions.max_tensor_parallel; 0: a node's): a worker's devices when
-    several workers smaller than a node may land on different nodes (before, 2 x 4 devices were planned as TP8 on one
-    node of 8, and the scheduler put the workers on two nodes; found by QA). Their data- and pipeline-parallel links
-    are still planned at the node's bandwidth: workers usually share nodes (best fit), and a slower link there only
-    makes the step slower than planned, where TP across nodes is not what the plan describes at all."""
+def tensor_parallel_within(workers: int, devices_per_worker: int, per_node: int) -> int:
+    """The devices a TP group must stay inside (PlanOptions.tensor_parallel_within; 0: a node's): a worker's when
+    several workers smaller than a node may land on different nodes, so a TP degree divides a worker's devices
+    (before, 2 x 4 devices were planned as TP8 on one node of 8 and the scheduler put the workers on two nodes, found
+    by QA; and a cap of 6 devices let TP4 span two 6-device workers, found by a review). Their data- and
+    pipeline-parallel links are still planned at the node's bandwidth: workers usually share nodes (best fit), and a
+    slower link there only makes the step slower than planned, where TP across nodes is not what the plan describes
+    at all."""
     if workers > 1 and 0 < devices_per_worker < per_node:
         return devices_per_worker
     return 0

@@ -416,8 +416,9 @@ def test_the_dry_run_plan_says_when_a_job_can_never_run_as_asked(api, cluster, w
     plan = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json").json()["plan"]
     (h100,) = plan["options"]
     assert h100["never"] and not h100["fits_now"]
-    assert h100["why_not"].startswith("nvidia-h100 nodes can never hold it: its 2 ready nodes (the largest with 8 "
-                                      "devices) would hold at most 2 x 8 even with nothing running, it needs 3"), h100
+    assert h100["why_not"].startswith("nvidia-h100 nodes can never hold it: its 2 nodes (the largest with 8 "
+                                      "devices) would hold at most 2 x 8 even all in service with nothing running, it "
+                                      "needs 3"), h100
     assert plan["chosen"]["reason"].startswith("it can never run as asked (")
     two = spec.replace("workers: 3", "workers: 2").replace("H100:8", "H100:8\n  any_of: [A100:8]")
     from controlplane.quotas.services import cluster_queue_update
@@ -431,3 +432,41 @@ def test_the_dry_run_plan_says_when_a_job_can_never_run_as_asked(api, cluster, w
         by_type["nvidia-h100"]["why_not"]
     assert not by_type["nvidia-a100"]["never"]
     assert plan["chosen"]["accelerator_type"] == "nvidia-a100"
+
+
+def test_never_in_the_dry_run_is_never_a_cordon_a_cpu_replica_or_a_rule_that_may_change(api, cluster, world):
+    """From a review: a cordoned node may come back (2 x 8 H100 with one of two nodes cordoned was told "never"); a
+    CPU deployment's replicas are cores counted elsewhere (4 replicas on a 2-core node were told "never", while they
+    fit at 0.25 core each); a CPU worker of 2.5 cores counts 3 against quota, as the cycle counts it; a
+    non-preemptible job past its queue's nominal quota is a never."""
+    from controlplane.cluster.models import Node
+    from controlplane.quotas.services import cluster_queue_create, cluster_queue_update, priority_class_create
+
+    client = api("alpha", "member")
+    dry = lambda text: client.post("/api/v1/specs/apply/?dry_run=1", {"spec": text}, format="json").json()["plan"]  # noqa: E731
+    Node.objects.filter(name="h100-pool-0").update(cordoned=True)
+    two = "name: two\nqueue: default\nworkers: 2\nresources:\n  accelerators: H100:8\nhyperparameters: {steps: 1}\n"
+    (h100,) = dry(two)["options"]
+    assert not h100["never"] and "not enough free" in h100["why_not"], h100
+    deploy = dry("name: d\nqueue: default\nresources:\n  accelerators: cpu\nservice:\n"
+                 "  model: file:///checkpoints/lm/step-100\n  replicas: {min: 4, max: 4}\n"
+                 "  sla: {ttft_p95: 500ms, tpot_p95: 50ms}\n")
+    assert not any(o["never"] for o in deploy["options"]), deploy["options"]
+    Node.objects.filter(pool__accelerator_type__slug="cpu").update(capacity_cpus=16, free_cpus=16)
+    cpu = dry("name: cpu\nqueue: default\nworkers: 3\nresources:\n  cpus: 2.5\n  accelerators: cpu\n"
+              "hyperparameters: {steps: 1}\n")
+    (option,) = cpu["options"]
+    assert option["never"] and "shared can never take 9 cpu" in option["why_not"], option
+    priority_class_create(actor=world["ops"], name="fixed", value=900, preemptible=False)
+    cluster_queue_update(actor=world["ops"], queue=world["cluster_queue"], quotas=[
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 16},
+        {"accelerator_type": "nvidia-a100", "nominal_quota": 8}, {"accelerator_type": "cpu", "nominal_quota": 8}])
+    cluster_queue_create(actor=world["ops"], name="lender", cohort="all",
+                         quotas=[{"accelerator_type": "nvidia-a100", "nominal_quota": 8}])
+    text = "name: f\nqueue: default\npriority: {}\nworkers: 3\nresources:\n  accelerators: A100:4\n" \
+           "hyperparameters: {{steps: 1}}\n"
+    (a100,) = dry(text.format("fixed"))["options"]
+    assert a100["never"] and "shared can never take 12 nvidia-a100 for non-preemptible work: its nominal quota is 8" \
+        in a100["why_not"], a100
+    (a100,) = dry(text.format("standard"))["options"]
+    assert not a100["never"], a100  # preemptible: it may borrow the lender's 8

@@ -151,7 +151,25 @@ def test_a_run_at_another_width_than_its_layout_is_skipped_not_fitted(api, accel
     assert [run["job"] for run in found.runs] == [wide.pk]
     assert found.runs[0]["fitted"] == pytest.approx(0.6, abs=2e-3)
     why = {entry["job"]: entry["why"] for entry in found.skipped}
-    assert why[narrow.pk] == "ran on 2 devices at times, not the 8 its plan's layout is for"
+    assert why[narrow.pk] == "ran on 2 worker(s) at times, not the 8 its plan's layout is sized for"
+
+
+def test_a_layout_that_does_not_fill_its_last_worker_still_counts(api, accel, real_h100):
+    """DP3 x TP2 (6 devices) of a 1 x 8 H100 job runs on its one worker: counted (a review found the first width
+    check comparing devices, 8 against 6, and skipping every such run); a resize to another width is not."""
+    from jobs.models import TrainingJobEvent
+
+    client = api("alpha", "member")
+    job = submit(client, name="six", parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 3})
+    plan = job.parallel_plan["by_type"]["nvidia-h100"]
+    assert plan["layout_devices"] < 8, plan["description"]
+    TrainingJobEvent.objects.create(subject=job, from_state="QUEUED", to_state="ADMITTED", reason="admitted",
+                                    actor_label="scheduler", data={"workers": 1})
+    ran(job, nodes=["h100-pool-0"], step_s=step_time_at(job, accel["nvidia-h100"], 0.6))
+    assert [run["job"] for run in measured_fractions()["nvidia-h100"].runs] == [job.pk]
+    TrainingJobEvent.objects.create(subject=job, from_state="RUNNING", to_state="RUNNING", reason="grown to 2 workers",
+                                    actor_label="scheduler", data={"workers": 2})
+    assert measured_fractions()["nvidia-h100"].runs == []
 
 
 def test_a_run_the_model_cannot_explain_is_reported_not_fitted(api, accel, real_h100):

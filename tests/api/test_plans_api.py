@@ -147,6 +147,12 @@ def test_one_node_needs_no_bandwidth_between_nodes(api, world):
                                             "devices": [{"accelerator_type": "nvidia-l40s", "count": 8}]})
     assert answer.status_code == 200, answer.json()
     assert "one node: no traffic between nodes" in answer.json()["pools"][0]["link_bandwidth_note"]
+    # beside another entry its node talks to the other's (a review found two entries of 8 planned as a pipeline over
+    # an invented inter-node figure)
+    two = post(api("alpha", "viewer"), {"model": "llama2-7b", "global_batch_size": 64,
+                                         "devices": [{"accelerator_type": "nvidia-l40s", "count": 8},
+                                                     {"accelerator_type": "nvidia-l40s", "count": 8}]})
+    assert two.status_code == 400 and "give intra_node_gbps and inter_node_gbps" in str(two.json()["devices"])
 
 
 def test_unknown_price_gives_null_costs_never_a_guess(api, world, accel):

@@ -651,6 +651,11 @@ def test_tensor_parallelism_stays_inside_a_worker_when_workers_are_smaller_than_
     two workers on two nodes. TP now stays inside a worker's 4 devices; whole-node workers may still use TP8."""
     plan, _ = _auto_gang("llama2-7b", 1, 2, 4)
     assert plan["by_type"]["nvidia-h100"]["tp"] <= 4, plan["by_type"]["nvidia-h100"]["description"]
+    # a TP degree divides a worker's devices: TP4 across two 6-device workers (a review), TP2 across 3-device ones
+    for model, batch, workers, per_worker in (("llama2-70b", 64, 4, 6), ("llama2-13b", 8, 2, 3)):
+        plan, _ = _auto_gang(model, batch, workers, per_worker)
+        summary = plan["by_type"]["nvidia-h100"]
+        assert per_worker % summary["tp"] == 0, (per_worker, summary["description"])
     plan, _ = _auto_gang("llama2-70b", 1, 4, 8)
     assert plan["by_type"]["nvidia-h100"]["tp"] == 8, plan["by_type"]["nvidia-h100"]["description"]
 
@@ -669,6 +674,10 @@ def test_a_type_whose_pool_has_no_link_figures_says_what_the_operator_sets(demo_
     assert why.startswith("node pool 'l40s-pool' has no link bandwidth to plan with (") and why.endswith(
         "an operator sets intra_node_gbps and inter_node_gbps on the pool"), why
     assert "devices[0]" not in why and set(plan["by_type"]) == {"nvidia-h100"}
+    # one worker is one node: no bandwidth between nodes needed (L40S has an assumed one inside a node; a review)
+    one = plan_job_parallelism(parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 64},
+                               accelerator_types=["nvidia-l40s"], workers=1, devices_per_worker=8)
+    assert set(one["by_type"]) == {"nvidia-l40s"}, one["cannot_run"]
 
 
 def test_a_type_the_planner_cannot_model_is_dropped_in_its_own_words(demo_cluster):

@@ -130,14 +130,15 @@ def test_same_request_same_plan(request):
 
 
 @SETTINGS
-@given(requests(heterogeneous=True), st.sampled_from([1, 2, 4]))
-def test_a_tensor_parallel_cap_is_kept_and_the_cost_model_refuses_wider(request, cap):
-    """PlanOptions.max_tensor_parallel (a training job's workers smaller than a node: TP stays inside a worker)."""
-    capped = replace(request, options=replace(request.options, max_tensor_parallel=cap))
-    result = plan(capped)
+@given(requests(heterogeneous=True), st.sampled_from([1, 2, 3, 4, 6]))
+def test_tensor_parallel_groups_stay_inside_a_worker_and_the_cost_model_refuses_others(request, within):
+    """PlanOptions.tensor_parallel_within (a training job's workers smaller than a node): every TP degree divides a
+    worker's devices, so no group spans two workers (a cap of 6 let TP4 span two 6-device workers; a review)."""
+    inside = replace(request, options=replace(request.options, tensor_parallel_within=within))
+    result = plan(inside)
     if result.feasible:
         for prediction in (result.best, *result.alternatives):
-            assert all(stage.tp <= cap for stage in prediction.layout.stages)
-    uncapped = plan(request)
-    if uncapped.feasible and any(stage.tp > cap for stage in uncapped.best.layout.stages):
-        assert "widest tensor-parallel group" in CostModel(capped).problem(uncapped.best.layout)
+            assert all(within % stage.tp == 0 for stage in prediction.layout.stages)
+    free = plan(request)
+    if free.feasible and any(within % stage.tp for stage in free.best.layout.stages):
+        assert "does not stay inside a worker's" in CostModel(inside).problem(free.best.layout)

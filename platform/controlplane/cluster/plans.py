@@ -179,7 +179,9 @@ def _fraction_note(slug: str, fractions: Fractions) -> str:
     return fractions[slug][1] if slug in fractions else ""
 
 
-def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions: Fractions) -> list[_Entry]:
+def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions: Fractions,
+                          alone: bool = False) -> list[_Entry]:
+    """`alone`: the request's only pool or device entry (then one node of it talks to no other node)."""
     types = {a.slug: a for a in selectors.accelerator_type_list().filter(
         slug__in=[item["accelerator_type"] for item in devices])}
     entries = []
@@ -197,9 +199,10 @@ def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions
             raise ValidationFailed(f"{where}: {exc}", field="devices") from exc
         link = resolve_link_bandwidth(slug, item.get("intra_node_gbps"), item.get("inter_node_gbps"),
                                       given_by="the request")
-        if nodes == 1 and link.intra_node_gbps is not None and link.inter_node_gbps is None:
-            # one node: no traffic between nodes, so no figure is needed for it (before, one node of 8 L40S with
-            # intra_node_gbps given was refused for lack of inter_node_gbps; found by QA)
+        if alone and nodes == 1 and link.intra_node_gbps is not None and link.inter_node_gbps is None:
+            # one node alone: no traffic between nodes, so no figure is needed for it (before, one node of 8 L40S
+            # with intra_node_gbps given was refused for lack of inter_node_gbps; found by QA). Beside another entry
+            # a pipeline may cross to the other's node (a review found the shortcut taken there too).
             link = LinkBandwidth(link.intra_node_gbps, link.intra_node_gbps, link.assumed,
                                  f"{link.note}; one node: no traffic between nodes")
         if not link.known:
@@ -336,7 +339,8 @@ def plan_estimate(*, model: str | Mapping, global_batch_size: int, pools: Sequen
                                   if plan_options.allow_heterogeneous else ""), field="pools" if pools else "devices")
     taken: set[str] = set()
     fractions = fractions or {}
-    entries = _node_pool_entries(pools, taken, fractions) + _hypothetical_entries(devices, taken, fractions)
+    entries = _node_pool_entries(pools, taken, fractions) + _hypothetical_entries(
+        devices, taken, fractions, alone=len(devices) == 1 and not pools)
     total = sum(entry.pool.devices for entry in entries)
     if total > MAX_DEVICES:
         raise ValidationFailed(f"{total} devices in all; the planner answers for at most {MAX_DEVICES}",

@@ -232,9 +232,9 @@ class CostModel:
             pool = self.pools[stage.pool]
             if stage.tp > pool.devices_per_node or pool.devices_per_node % stage.tp:
                 return f"TP{stage.tp} does not fit inside one {pool.devices_per_node}-device node of {pool.name}"
-            cap = self.request.options.max_tensor_parallel
-            if cap and stage.tp > cap:
-                return f"TP{stage.tp} is wider than {cap} devices, the widest tensor-parallel group allowed"
+            within = self.request.options.tensor_parallel_within
+            if within and within % stage.tp:
+                return f"TP{stage.tp} does not stay inside a worker's {within} devices"
             if m.heads % stage.tp or (m.kv % stage.tp and stage.tp % m.kv):
                 return f"TP{stage.tp} does not divide {m.heads} attention heads ({m.kv} KV heads)"
             if m.ffn % stage.tp:

@@ -438,15 +438,16 @@ class PlanOptions:
     flash_attention: bool = True
     max_micro_batch: int = 16
     max_alternatives: int = 5
-    # The widest tensor-parallel group (0: a node's devices). A training job whose workers are smaller than a node
-    # sets it to a worker's devices: its workers may land on different nodes, and TP must not span them.
-    max_tensor_parallel: int = 0
+    # The devices a tensor-parallel group must stay inside (0: a node's): a TP degree divides it. A training job whose
+    # workers are smaller than a node sets it to a worker's devices: its workers may land on different nodes, and a
+    # TP group must not span two of them.
+    tensor_parallel_within: int = 0
 
     def __post_init__(self):
         _positive_int("max_micro_batch", self.max_micro_batch)
-        if isinstance(self.max_tensor_parallel, bool) or not isinstance(self.max_tensor_parallel, int) \
-                or self.max_tensor_parallel < 0:
-            raise ValueError(f"max_tensor_parallel must be an integer >= 0, got {self.max_tensor_parallel!r}")
+        if isinstance(self.tensor_parallel_within, bool) or not isinstance(self.tensor_parallel_within, int) \
+                or self.tensor_parallel_within < 0:
+            raise ValueError(f"tensor_parallel_within must be an integer >= 0, got {self.tensor_parallel_within!r}")
         if isinstance(self.max_alternatives, bool) or not isinstance(self.max_alternatives, int) \
                 or self.max_alternatives < 0:
             raise ValueError(f"max_alternatives must be an integer >= 0, got {self.max_alternatives!r}")

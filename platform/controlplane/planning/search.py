@@ -68,10 +68,10 @@ def divisors(n: int) -> list[int]:
 
 def _tensor_degrees(request: PlanRequest, pool: DevicePool) -> list[int]:
     m = request.model
-    cap = request.options.max_tensor_parallel or pool.devices_per_node
+    within = request.options.tensor_parallel_within or pool.devices_per_node
     return [t for t in divisors(pool.devices_per_node)
             if m.heads % t == 0 and (m.kv % t == 0 or t % m.kv == 0) and m.ffn % t == 0 and t <= pool.devices
-            and t <= cap]
+            and within % t == 0]
 
 
 def stage_splits(layers: int, pp: int) -> list[tuple[int, ...]]:

@@ -78,7 +78,10 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
             fits_quota = quota_left is None or quota_left + 1e-9 >= need
         free_units = _free_units(slug)
         fits_capacity = placeable >= members
-        never = _never_why(slug, units, members)
+        # (a deployment's CPU replica is sized in cores elsewhere: units here are not them; a review)
+        never = "" if kind != JOB and slug == "cpu" else _never_why(slug, units, members)
+        if kind == JOB and slug == "cpu" and units > 1 and not float(units).is_integer():
+            need = math.ceil(units) * members  # as the cycle counts it (TrainingJob.placed_units_per_worker; a review)
         if not never and kind == JOB and queue_name in ledger.queues:
             # (a non-preemptible job never borrows; what deployments reserve changes, so it is no "never")
             if non_preemptible and need > ledger.quota(queue_name, slug).nominal + 1e-9:
@@ -197,12 +200,13 @@ def _placeable_members(slug: str, units: float) -> int:
 
 
 def _never_why(slug: str, units: float, members: int) -> str:
-    """Why the type's ready nodes could never hold `members` workers (replicas) of `units` even with nothing running,
-    as the cycle says it (before, the plan of such a gang said it "waits in the queue", and the job then waited for
-    good; found by QA), or ""."""
-    capacities = [cpus if slug == "cpu" else devices
-                  for devices, cpus in _ready_nodes(slug).values_list("capacity_devices", "capacity_cpus")]
-    if units <= 0 or not capacities:  # (no ready node now: they may come back)
+    """Why the type's nodes, every one of them back in service (cordoned or unhealthy ones too: they may come back; a
+    review), could never hold `members` workers (replicas) of `units` even with nothing running (before, the plan of
+    such a gang said it "waits in the queue", and the job then waited for good; found by QA), or ""."""
+    capacities = [cpus if slug == "cpu" else devices for devices, cpus in
+                  Node.objects.filter(pool__accelerator_type__slug=slug).values_list("capacity_devices",
+                                                                                    "capacity_cpus")]
+    if units <= 0 or not capacities:
         return ""
     if units >= 1 - 1e-9:
         most = sum(int(capacity) // math.ceil(units - 1e-9) for capacity in capacities)
@@ -210,9 +214,9 @@ def _never_why(slug: str, units: float, members: int) -> str:
         most = sum(int(capacity) * int((1 + 1e-9) // units) for capacity in capacities)
     if most >= members:
         return ""
-    return (f"{slug} nodes can never hold it: its {len(capacities)} ready nodes (the largest with "
+    return (f"{slug} nodes can never hold it: its {len(capacities)} nodes (the largest with "
             f"{int(max(capacities))} {'CPU cores' if slug == 'cpu' else 'devices'}) would hold at most {most} x "
-            f"{units:g} even with nothing running, it needs {members}")
+            f"{units:g} even all in service with nothing running, it needs {members}")
 
 
 def _free_units(slug: str) -> float:
