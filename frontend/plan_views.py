@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from controlplane.cluster.link_defaults import resolve_link_bandwidth
-from controlplane.cluster.plans import device_type_for
+from controlplane.cluster.plans import device_type_for, pool_link_refusal
 from controlplane.cluster.selectors import accelerator_type_list, node_pools_for_planning
 from controlplane.planning.presets import PRESET_NAMES
 from frontend.views import _base_context
@@ -28,7 +28,7 @@ def plan_page(request):
     pools = [{"name": pool.name, "accelerator_type": pool.accelerator_type.slug, "simulated": pool.simulated,
               "devices": pool.ready_node_count * pool.devices_per_node, "devices_per_node": pool.devices_per_node,
               "not_plannable": (missing[pool.accelerator_type.slug] if pool.accelerator_type.slug in missing
-                                else _missing_facts(pool.accelerator_type)) or _missing_link(pool)}
+                                else _missing_facts(pool.accelerator_type)) or pool_link_refusal(pool)}
              for pool in node_pools_for_planning().values() if pool.accelerator_type.slug != "cpu"]
     # The device rows have no bandwidth inputs: a type with no assumed link figures cannot be planned there (every
     # plan on it was refused; found by QA). The API takes them.
@@ -53,13 +53,6 @@ def plan_page(request):
         "one_node_only": one_node,
     })
     return render(request, "frontend/plan.html", context)
-
-
-def _missing_link(pool) -> str:
-    """Why the pool cannot be planned on for lack of link figures (device_pool_for's reason), or ""."""
-    link = pool.link_bandwidth
-    return "" if link.known else "no link bandwidth to plan with; an operator sets intra_node_gbps and " \
-                                 "inter_node_gbps on the pool"
 
 
 def _missing_facts(accelerator) -> str:

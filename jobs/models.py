@@ -113,10 +113,14 @@ class TrainingJob(models.Model):
         """What one worker takes and counts against quota as the scheduling core places it: on the CPU pool, more
         than one core is whole cores, rounded up (the core places sizes from 1 up as whole units; Ray reserves the
         exact cores: 4 x 2.5 cores were placed on 8 cores and reserved 10, a review found)."""
-        units = self.units_per_worker(accelerator_type)
-        if accelerator_type == "cpu" and units > 1 and not float(units).is_integer():
-            return float(math.ceil(units))
-        return units
+        return placed_units(accelerator_type, self.units_per_worker(accelerator_type))
+
+
+def placed_units(accelerator_type: str, units: float) -> float:
+    """`units` of one worker as the scheduling core places and counts them (TrainingJob.placed_units_per_worker)."""
+    if accelerator_type == "cpu" and units > 1 and not float(units).is_integer():
+        return float(math.ceil(units))
+    return units
 
 
 class TrainingJobEvent(LifecycleEvent):

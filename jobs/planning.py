@@ -18,9 +18,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from controlplane.cluster.link_defaults import LinkBandwidth, resolve_link_bandwidth
+from controlplane.cluster.link_defaults import one_node_link, resolve_link_bandwidth
 from controlplane.cluster.models import AcceleratorType, NodePool
-from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE, device_type_for, plan_estimate, resolve_model
+from controlplane.cluster.plans import (
+    MAX_GLOBAL_BATCH_SIZE,
+    device_type_for,
+    plan_estimate,
+    pool_link_refusal,
+    resolve_model,
+)
 from controlplane.common.errors import ValidationFailed
 from controlplane.planning import DevicePool, Layout, PlanOptions, PlanRequest, predict
 
@@ -87,6 +93,7 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
 
     fractions = planner_fractions()
     count = workers * devices_per_worker
+    accelerators = {a.slug: a for a in AcceleratorType.objects.filter(slug__in=list(accelerator_types))}
     by_type: dict[str, dict] = {}
     cannot: dict[str, str] = {}
     model_facts = None
@@ -96,22 +103,18 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
             continue
         pool = NodePool.objects.filter(accelerator_type__slug=slug).order_by("name").first()
         per_node = _planned_node_size(count, pool.devices_per_node if pool else 8, devices_per_worker)
-        accelerator = AcceleratorType.objects.filter(slug=slug).first()
         try:  # the chip's facts first: without them the links do not matter
-            if accelerator is not None:
-                device_type_for(accelerator, fractions)
+            if slug in accelerators:
+                device_type_for(accelerators[slug], fractions)
         except ValueError as exc:
             cannot[slug] = str(exc)
             continue
         link = pool.link_bandwidth if pool else resolve_link_bandwidth(slug)
-        if not link.known and workers == 1 and link.intra_node_gbps is not None:
-            # one worker is one node: no traffic between nodes (as POST /api/v1/plans/ plans one node alone; a review)
-            link = LinkBandwidth(link.intra_node_gbps, link.intra_node_gbps, link.assumed,
-                                 f"{link.note}; one node: no traffic between nodes")
+        if workers == 1:  # one worker is one node: no traffic between nodes (as the plan endpoint; a review)
+            link = one_node_link(link)
         if not link.known:  # (before: "devices[0]: ...; give intra_node_gbps and inter_node_gbps", fields a job's
             # parallelism block does not have; found by QA)
-            cannot[slug] = (f"node pool {pool.name!r} has no link bandwidth to plan with ({link.note}); an operator "
-                            "sets intra_node_gbps and inter_node_gbps on the pool" if pool else
+            cannot[slug] = (pool_link_refusal(pool, link) if pool else
                             f"no {slug} node pool, and no assumed link bandwidth for {slug} to plan with")
             continue
         device = {"accelerator_type": slug, "count": count, "devices_per_node": per_node,
@@ -139,7 +142,6 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
     model_parallel = any(plan["tp"] * plan["pp"] > 1 for plan in by_type.values())
     if not model_parallel:
         spec, _preset = resolve_model(parallelism["model"])
-        accelerators = {a.slug: a for a in AcceleratorType.objects.filter(slug__in=list(by_type))}
         for slug, summary in by_type.items():
             summary["fewest_devices"] = fewest_data_parallel_devices(
                 summary, spec=spec, global_batch_size=batch, accelerator=accelerators[slug],

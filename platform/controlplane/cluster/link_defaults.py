@@ -92,3 +92,13 @@ def resolve_link_bandwidth(accelerator_type: str, intra_node_gbps: float | None 
     if unknown_names:
         notes.append(f"{' and '.join(unknown_names)} unknown: no assumed default for {accelerator_type}")
     return LinkBandwidth(values["intra_node_gbps"], values["inter_node_gbps"], bool(assumed_names), "; ".join(notes))
+
+
+def one_node_link(link: LinkBandwidth) -> LinkBandwidth:
+    """`link` for devices on one node that talks to no other: a missing inter-node figure is not needed there, so
+    the intra-node one stands in for it (no traffic between nodes uses it). `link` itself when it is known already
+    or has no intra-node figure either."""
+    if link.known or link.intra_node_gbps is None:
+        return link
+    return LinkBandwidth(link.intra_node_gbps, link.intra_node_gbps, link.assumed,
+                         f"{link.note}; one node: no traffic between nodes")

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
 
 from controlplane.cluster import selectors
-from controlplane.cluster.link_defaults import LinkBandwidth, resolve_link_bandwidth
+from controlplane.cluster.link_defaults import LinkBandwidth, one_node_link, resolve_link_bandwidth
 from controlplane.cluster.models import AcceleratorType, NodePool
 from controlplane.common.errors import ValidationFailed
 from controlplane.planning import (
@@ -108,6 +108,16 @@ def _shape(devices: int, per_node: int) -> tuple[int, int]:
     return devices // per_node, per_node
 
 
+def pool_link_refusal(pool: NodePool, link: LinkBandwidth | None = None) -> str:
+    """Why `pool` cannot be planned on for want of link figures (its `link_bandwidth`, or `link`), or "": the one
+    wording of the plan endpoint, a job's plan and the Planner page."""
+    link = link or pool.link_bandwidth
+    if link.known:
+        return ""
+    return (f"node pool {pool.name!r} has no link bandwidth to plan with ({link.note}); an operator sets "
+            "intra_node_gbps and inter_node_gbps on the pool")
+
+
 def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None,
                     fractions: Fractions | None = None) -> DevicePool:
     """``pool`` as a planner pool of ``nodes`` nodes, or of its first ``devices`` devices. ValueError when
@@ -115,8 +125,7 @@ def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None,
     device = device_type_for(pool.accelerator_type, fractions)
     link = pool.link_bandwidth
     if not link.known:
-        raise ValueError(f"node pool {pool.name!r} has no link bandwidth to plan with ({link.note}); an "
-                         f"operator sets intra_node_gbps and inter_node_gbps on the pool")
+        raise ValueError(pool_link_refusal(pool, link))
     per_node = pool.devices_per_node
     if not per_node:
         raise ValueError(f"node pool {pool.name!r} has no accelerator devices per node")
@@ -199,12 +208,11 @@ def _hypothetical_entries(devices: Sequence[Mapping], taken: set[str], fractions
             raise ValidationFailed(f"{where}: {exc}", field="devices") from exc
         link = resolve_link_bandwidth(slug, item.get("intra_node_gbps"), item.get("inter_node_gbps"),
                                       given_by="the request")
-        if alone and nodes == 1 and link.intra_node_gbps is not None and link.inter_node_gbps is None:
+        if alone and nodes == 1:
             # one node alone: no traffic between nodes, so no figure is needed for it (before, one node of 8 L40S
             # with intra_node_gbps given was refused for lack of inter_node_gbps; found by QA). Beside another entry
             # a pipeline may cross to the other's node (a review found the shortcut taken there too).
-            link = LinkBandwidth(link.intra_node_gbps, link.intra_node_gbps, link.assumed,
-                                 f"{link.note}; one node: no traffic between nodes")
+            link = one_node_link(link)
         if not link.known:
             raise ValidationFailed(f"{where}: {link.note}; give intra_node_gbps and inter_node_gbps",
                                    field="devices")

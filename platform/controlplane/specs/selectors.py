@@ -13,7 +13,7 @@ from controlplane.quotas.models import LocalQueue, PriorityClass, ResourceQuota
 from controlplane.quotas.selectors import check_workload_request
 from controlplane.scheduling.mixed_load import serving_quota_refusal
 from controlplane.scheduling.quota import non_preemptible_refusal, reserved_capacity_refusal
-from jobs.models import TrainingJob
+from jobs.models import TrainingJob, placed_units
 from jobs.selectors import quota_usage
 
 JOB = "training_job"
@@ -80,16 +80,17 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
         fits_capacity = placeable >= members
         # (a deployment's CPU replica is sized in cores elsewhere: units here are not them; a review)
         never = "" if kind != JOB and slug == "cpu" else _never_why(slug, units, members)
-        if kind == JOB and slug == "cpu" and units > 1 and not float(units).is_integer():
-            need = math.ceil(units) * members  # as the cycle counts it (TrainingJob.placed_units_per_worker; a review)
+        if kind == JOB:
+            need = placed_units(slug, units) * members  # as the cycle counts it (a review)
         if not never and kind == JOB and queue_name in ledger.queues:
             # (a non-preemptible job never borrows; what deployments reserve changes, so it is no "never")
-            if non_preemptible and need > ledger.quota(queue_name, slug).nominal + 1e-9:
+            nominal = ledger.quota(queue_name, slug).nominal
+            ceiling = nominal if non_preemptible else ledger.ceiling(queue_name, slug)
+            if need > ceiling + 1e-9:
                 never = (f"{queue_name} can never take {need:g} {slug} for non-preemptible work: its nominal quota is "
-                         f"{ledger.quota(queue_name, slug).nominal:g}")
-            elif not non_preemptible and need > ledger.ceiling(queue_name, slug) + 1e-9:
-                never = (f"{queue_name} can never take {need:g} {slug}: its nominal quota and the most its cohort "
-                         f"could lend add up to {ledger.ceiling(queue_name, slug):g}")
+                         f"{nominal:g}" if non_preemptible else
+                         f"{queue_name} can never take {need:g} {slug}: its nominal quota and the most its cohort "
+                         f"could lend add up to {ceiling:g}")
         options.append({
             "accelerator_type": slug, "unit": "CPU cores" if slug == "cpu" else "devices", "units": need,
             "price_per_unit_hour_usd": None if price is None else float(price), "cost_per_hour_usd": cost,
