@@ -699,3 +699,41 @@ def test_a_type_the_planner_cannot_model_is_dropped_in_its_own_words(demo_cluste
     cli._print_plan({"plan": {"name": "j", "kind": "training_job", "options": [], "notes": [],
                               "parallel_plan_cannot_run": plan["cannot_run"]}})
     assert "Cannot run the model on kunlun-p800: kunlun-p800: no published" in cli.out.file.getvalue()
+
+
+def test_an_elastic_run_gives_back_the_worker_on_the_node_a_preemptor_needs(api, backend, world):
+    """Its first worker sat on the only node that could be freed for a whole-node preemptor: the run was stopped and
+    requeued (a shrink gave back its last workers, on the other node). Now it gives back that worker and runs on."""
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    first = sync(submit(client, name="first", priority="urgent", devices_per_worker=4, workers_min=1, workers_max=1,
+                        hyperparameters={"steps": 1000}), backend)
+    elastic = sync(submit(client, name="elastic", devices_per_worker=4, workers_min=1, workers_max=2,
+                          hyperparameters={"steps": 1000}), backend)
+    second = sync(submit(client, name="second", priority="urgent", devices_per_worker=4, workers_min=1,
+                         workers_max=1, hyperparameters={"steps": 1000}), backend)
+    assert [w["node"] for w in elastic.placement] == ["h100-pool-0", "h100-pool-1"]  # beside first, then second
+    assert [w["node"] for w in first.placement + second.placement] == ["h100-pool-0", "h100-pool-1"]
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert client.post(f"/api/v1/training-jobs/{first.pk}/cancel/").status_code == 200
+    first = sync(first, backend)
+    assert first.state == "CANCELLED"
+    # a whole h100 node: only h100-pool-0 can be freed (second, as urgent, keeps its half of h100-pool-1)
+    urgent = submit(client, name="urgent", priority="urgent", devices_per_worker=8, workers_min=1, workers_max=1)
+    elastic = TrainingJob.objects.get(pk=elastic.pk)
+    assert elastic.state == "RUNNING", elastic.state_reason
+    assert elastic.placement == [{"node": "h100-pool-1", "taken": [[i, 1.0] for i in range(4)]}]
+    assert elastic.events.filter(reason__startswith="shrunk to 1 workers for").exists()
+    assert urgent.state == "ADMITTED" and urgent.waits_for == [elastic.pk], urgent.state_reason
+    assert [w["node"] for w in urgent.placement] == ["h100-pool-0"]
+    elastic = sync(elastic, backend)  # the run is told to checkpoint and shrink onto the worker it keeps
+    assert backend.runs[elastic.compute_handle].nodes == ["h100-pool-1"]
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    elastic = sync(elastic, backend)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    urgent = TrainingJob.objects.get(pk=urgent.pk)
+    assert urgent.state == "STARTING" and backend.runs[urgent.compute_handle].nodes == ["h100-pool-0"]

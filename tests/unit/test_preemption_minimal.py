@@ -13,7 +13,7 @@ import random
 import pytest
 
 from controlplane.scheduling.model import ClusterQueueSpec, NodeSpec, Quota, Running, Snapshot, Workload
-from controlplane.scheduling.placement import WorkerPlacement
+from controlplane.scheduling.placement import WorkerPlacement, without_workers
 from controlplane.scheduling.scheduler import schedule
 from tests.unit.test_scheduler_speedups import random_snapshot, reference_schedule
 
@@ -61,15 +61,15 @@ def test_the_victim_that_made_room_stays_a_victim_and_earlier_ones_needed_for_qu
     assert result == reference_schedule(snap)
 
 
-def _without(running, gone: set[str], shrunk: dict[str, int]) -> tuple[Running, ...]:
-    """`running` without the workloads `gone`, and those in `shrunk` without their last that many workers (a shrink
-    releases the workers beyond the minimum; by position, as two fractional workers may have equal placements)."""
+def _without(running, gone: set[str], shrunk: dict[str, tuple]) -> tuple[Running, ...]:
+    """`running` without the workloads `gone`, and those in `shrunk` without the workers given (any of them, one for
+    one: two fractional workers may have equal placements)."""
     kept = []
     for r in running:
         if r.workload.id in gone:
             continue
         if r.workload.id in shrunk:
-            r = Running(r.workload, r.accelerator_type, r.workers[:len(r.workers) - shrunk[r.workload.id]],
+            r = Running(r.workload, r.accelerator_type, without_workers(r.workers, shrunk[r.workload.id]),
                         r.work_since_checkpoint_s)
         kept.append(r)
     return tuple(kept)
@@ -88,37 +88,42 @@ def _each_alone(seed: int):
 @pytest.mark.parametrize("seed", range(150))
 def test_every_victim_is_needed(seed):
     """For each pending workload alone on a random snapshot: if it preempts, then with any one of its victims left
-    running (the others stopped, shrinks applied), or only shrunk to its minimum when elastic, it would not start
-    without preempting."""
+    running (the others stopped, shrinks applied), or, when elastic with a minimum of one, left running any one of its
+    workers, it would not start without preempting."""
     for snap, workload, alone, result in _each_alone(seed):
         victims = {p.workload_id for p in result.preempted}
         if not victims:
             continue
-        shrunk = {s.workload_id: len(s.released) for s in result.shrunk}
+        shrunk = {s.workload_id: s.released for s in result.shrunk}
         for victim in victims:
             running = _without(snap.running, victims - {victim}, shrunk)
             again = schedule(Snapshot(snap.nodes, snap.cluster_queues, running, (workload,), alone.type_preference))
             assert not again.admitted, (workload.id, victim, sorted(victims))
             stopped = next(r for r in snap.running if r.workload.id == victim)
-            if len(stopped.workers) > stopped.workload.workers_min:  # nor with it only shrunk to its minimum
-                at_min = {**shrunk, victim: len(stopped.workers) - stopped.workload.workers_min}
-                running = _without(snap.running, victims - {victim}, at_min)
-                again = schedule(Snapshot(snap.nodes, snap.cluster_queues, running, (workload,),
-                                          alone.type_preference))
-                assert not again.admitted, (workload.id, victim, "at its minimum", sorted(victims))
+            if stopped.workload.workers_min == 1 < len(stopped.workers):  # nor keeping any one of its workers
+                for position in range(len(stopped.workers)):
+                    one = {**shrunk, victim: stopped.workers[:position] + stopped.workers[position + 1:]}
+                    running = _without(snap.running, victims - {victim}, one)
+                    again = schedule(Snapshot(snap.nodes, snap.cluster_queues, running, (workload,),
+                                              alone.type_preference))
+                    assert not again.admitted, (workload.id, victim, "keeping worker", position, sorted(victims))
 
 
 @pytest.mark.parametrize("seed", range(400))
 def test_every_shrink_gives_back_no_more_workers_than_needed(seed):
     """For each pending workload alone on a random snapshot: an elastic victim it shrinks would leave it no room had
-    it given back one worker fewer (before, a shrink always went to the minimum; found by QA)."""
+    it kept any one of the workers it gives back (before, a shrink always went to the minimum, found by QA; then it
+    gave back its last workers, whichever the preemptor needed)."""
     for snap, workload, alone, result in _each_alone(seed):
         victims = {p.workload_id for p in result.preempted}
-        shrunk = {s.workload_id: len(s.released) for s in result.shrunk}
+        shrunk = {s.workload_id: s.released for s in result.shrunk}
         for victim, released in shrunk.items():
-            running = _without(snap.running, victims, {**shrunk, victim: released - 1})
-            again = schedule(Snapshot(snap.nodes, snap.cluster_queues, running, (workload,), alone.type_preference))
-            assert not again.admitted, (workload.id, victim, "one worker fewer given back", released)
+            for position in range(len(released)):
+                fewer = released[:position] + released[position + 1:]
+                running = _without(snap.running, victims, {**shrunk, victim: fewer})
+                again = schedule(Snapshot(snap.nodes, snap.cluster_queues, running, (workload,),
+                                          alone.type_preference))
+                assert not again.admitted, (workload.id, victim, "keeping released worker", position, released)
 
 
 def test_the_random_snapshots_do_exercise_partial_shrinks():

@@ -265,28 +265,57 @@ def ref_preemption(state, pending, types, already):
                 trial.release(workers)
                 trial.ledger.add(v.cluster_queue, t, -trial.running.pop(v.id).usage)
         shrinks = converted + shrinks
-        # Each shrunk victim keeps, of the workers it would give back, as many as the preemptor still fits beside.
-        for k in range(len(shrinks) - 1, -1, -1):
-            r = originals[shrinks[k].workload_id]
-            v, kept = r.workload, shrinks[k].to_workers
-            while kept < len(r.workers) - 1:
-                w = r.workers[kept]
+        # Each elastic victim shrunk or stopped keeps every worker (any of them, in its order) the preemptor still
+        # fits beside, victims ranked last first; a stopped one keeping at least its minimum is shrunk instead.
+        order = [r for r in candidates if r.workload.id in walked]
+        stopped_ids = {p.workload_id for p in victims}
+        by_id = {s.workload_id: s for s in shrinks}
+        for r in reversed(order):
+            v = r.workload
+            if v.id in by_id:
+                keep = [i < by_id[v.id].to_workers for i in range(len(r.workers))]
+            elif v.id in stopped_ids and len(r.workers) > v.workers_min:
+                keep = [False] * len(r.workers)
+            else:
+                continue
+            for i, w in enumerate(r.workers):
+                if keep[i]:
+                    continue
                 if w.node in trial.nodes:
                     free = trial.nodes[w.node].device_free
-                    for i, share in w.taken:
-                        free[i] = max(0.0, free[i] - share)
+                    for d, share in w.taken:
+                        if d < len(free):
+                            free[d] = max(0.0, free[d] - share)
                 trial.ledger.add(v.cluster_queue, t, v.devices_per_worker)
-                trial.running[v.id] = Running(v, t, r.workers[:kept + 1], r.work_since_checkpoint_s)
-                if not ref_fits(trial, wl, t):
-                    trial.release((w,))
-                    trial.ledger.add(v.cluster_queue, t, -v.devices_per_worker)
-                    trial.running[v.id] = Running(v, t, r.workers[:kept], r.work_since_checkpoint_s)
-                    break
-                kept += 1
-            if kept > shrinks[k].to_workers:
-                kind = "lower priority" if v.priority < wl.priority else "borrowed quota reclaimed"
-                shrinks[k] = Shrink(v.id, kept, r.workers[kept:], wl.id,
-                                    f"shrunk to {kept} workers for {wl.id} ({kind})")
+                trial.running[v.id] = Running(v, t, tuple(x for j, x in enumerate(r.workers) if keep[j] or j == i),
+                                              r.work_since_checkpoint_s)
+                if ref_fits(trial, wl, t):
+                    keep[i] = True
+                    continue
+                trial.release((w,))
+                trial.ledger.add(v.cluster_queue, t, -v.devices_per_worker)
+                kept = tuple(x for j, x in enumerate(r.workers) if keep[j])
+                if kept:
+                    trial.running[v.id] = Running(v, t, kept, r.work_since_checkpoint_s)
+                else:
+                    trial.running.pop(v.id)
+            n = sum(keep)
+            kind = "lower priority" if v.priority < wl.priority else "borrowed quota reclaimed"
+            if v.id in stopped_ids:
+                if n < max(1, v.workers_min):
+                    kept = tuple(x for j, x in enumerate(r.workers) if keep[j])
+                    if kept:
+                        trial.release(kept)
+                        trial.ledger.add(v.cluster_queue, t, -len(kept) * v.devices_per_worker)
+                        trial.running.pop(v.id)
+                    continue
+                victims = [x for x in victims if x.workload_id != v.id]
+            if n == len(r.workers):
+                by_id.pop(v.id, None)
+            else:
+                by_id[v.id] = Shrink(v.id, n, tuple(x for j, x in enumerate(r.workers) if not keep[j]), wl.id,
+                                     f"shrunk to {n} workers for {wl.id} ({kind})")
+        shrinks = [by_id[r.workload.id] for r in order if r.workload.id in by_id]
         trial.spared = state.spared | (walked - {p.workload_id for p in victims} - {s.workload_id for s in shrinks})
         placement = place_gang(trial.nodes_of(t), workers=wl.workers_min, devices=wl.devices_per_worker)
         trial.ledger.add(wl.cluster_queue, t, wl.demand())

@@ -20,7 +20,8 @@ Rules (issue 3), in the order applied:
    their last checkpoint; an elastic victim is shrunk before it is stopped; each victim at most once;
    nothing happens unless the preemptor then fits. The trial stops candidates in that order until the
    preemptor fits, then puts back, from the last to the first, every one it still fits without (Kueue's
-   minimal preemption; an elastic one that need not stop is only shrunk): the walk stops victims
+   minimal preemption; an elastic one that need not stop is only shrunk, and gives back only the workers, any of
+   them, the preemptor needs): the walk stops victims
    wherever they run, and before, one 8-device worker could stop dozens of small jobs on other nodes.
    Those put back whole are spared for the rest of the cycle: a later trial on their accelerator type
    that reaches one stops there and preempts nothing on that type (its preemptor may still preempt on
@@ -1175,8 +1176,9 @@ def _plan_preemption(state: _State, pending: Workload, types, already: set[str])
             continue
         victims, kept_shrunk, put_back = _add_back(state, workload, accelerator_type, undo, victims, gone,
                                                    last_shrunk=bool(shrinks))
-        shrinks = _shrink_less(state, workload, accelerator_type, undo, kept_shrunk + shrinks,
-                               {running.workload.id: running for running in gone})
+        victims, shrinks, kept_whole = _keep_workers(state, workload, accelerator_type, undo, victims,
+                                                     kept_shrunk + shrinks, gone)
+        put_back |= kept_whole
         # The ones put back whole stay candidates, spared: a later trial on this type that reaches one stops there
         # and preempts nothing on it, so it neither walks them all again nor takes a victim ranked after one of them.
         pool_victims.spared.update(put_back)
@@ -1235,36 +1237,54 @@ def _add_back(state: _State, workload: Workload, accelerator_type: str, undo: _U
     return ([p for p in victims if p.workload_id not in kept] if kept else victims), shrunk, whole
 
 
-def _shrink_less(state: _State, workload: Workload, accelerator_type: str, undo: _Undo, shrinks: list[Shrink],
-                 originals: dict[str, Running]) -> list[Shrink]:
-    """Each elastic victim shrunk to its minimum keeps, of the workers it would give back, as many as the preemptor
-    still fits beside, in order (the victims ranked last first, as _add_back): a victim of 4 workers that one worker's
-    devices make room for gives back one, not all but its minimum (before, it was shrunk to 1 of 4 for one 4-device
-    worker and grown back to 3 in the next cycle: two restarts; found by QA). Never all of them: a victim the
-    preemptor fits beside whole was put back by _add_back."""
-    shrinks = list(shrinks)
-    for position in range(len(shrinks) - 1, -1, -1):
-        shrink = shrinks[position]
-        running = originals[shrink.workload_id]
+def _keep_workers(state: _State, workload: Workload, accelerator_type: str, undo: _Undo, victims: list[Preempt],
+                  shrinks: list[Shrink], gone: list[Running]) -> tuple[list[Preempt], list[Shrink], set[str]]:
+    """Each elastic victim the trial shrank or stopped keeps every one of its workers the preemptor still fits beside,
+    any of them, tried in the order it lists them (the victims ranked last first, as _add_back); one stopped that keeps
+    at least its minimum is shrunk instead (issue 3: shrunk instead of preempted when shrinking suffices). Before, a
+    shrink gave back its last workers: a victim whose first worker sat where the preemptor needed room was stopped
+    whole, and a shrunk one gave back all its later workers once the first of them was in the way. A victim the
+    preemptor fits beside whole was put back by _add_back.
+    Returns the victims still stopped, the shrinks (in walk order) and the ids of any victim that keeps every worker."""
+    stopped = {p.workload_id for p in victims}
+    shrunk_to = {s.workload_id: s.to_workers for s in shrinks}
+    decided: dict[str, Shrink | None] = {}  # id -> its shrink, or None: it keeps every worker
+    for running in reversed(gone):
         victim, workers = running.workload, running.workers
-        kept = shrink.to_workers
-        while kept < len(workers) - 1:
-            undo.take(workers[kept:kept + 1])
+        if victim.id in shrunk_to:
+            keep = [i < shrunk_to[victim.id] for i in range(len(workers))]  # the trial shrank it to a prefix
+        elif victim.id in stopped and len(workers) > victim.workers_min:
+            keep = [False] * len(workers)
+        else:
+            continue
+        for position, worker in enumerate(workers):
+            if keep[position]:
+                continue
+            before = state.running.get(victim.id)
+            undo.take((worker,))
             undo.add(victim.cluster_queue, accelerator_type, victim.devices_per_worker)
-            undo.set_running(victim.id, Running(victim, accelerator_type, workers[:kept + 1],
-                                                running.work_since_checkpoint_s))
-            if not _fits(state, workload, accelerator_type):
-                undo.release(workers[kept:kept + 1])
-                undo.add(victim.cluster_queue, accelerator_type, -victim.devices_per_worker)
-                undo.set_running(victim.id, Running(victim, accelerator_type, workers[:kept],
-                                                    running.work_since_checkpoint_s))
-                break
-            kept += 1
-        if kept > shrink.to_workers:
-            shrinks[position] = Shrink(victim.id, kept, workers[kept:], workload.id,
-                                       f"shrunk to {kept} workers for {workload.id} "
-                                       f"({_preemption_kind(victim, workload)})")
-    return shrinks
+            undo.set_running(victim.id, Running(victim, accelerator_type, tuple(
+                w for i, w in enumerate(workers) if keep[i] or i == position), running.work_since_checkpoint_s))
+            if _fits(state, workload, accelerator_type):
+                keep[position] = True
+                continue
+            undo.release((worker,))
+            undo.add(victim.cluster_queue, accelerator_type, -victim.devices_per_worker)
+            undo.set_running(victim.id, before)
+        count = sum(keep)
+        if victim.id in stopped and count < max(1, victim.workers_min):
+            kept = tuple(w for i, w in enumerate(workers) if keep[i])
+            if kept:  # too few to run: it is stopped after all
+                undo.release(kept)
+                undo.add(victim.cluster_queue, accelerator_type, -len(kept) * victim.devices_per_worker)
+                undo.set_running(victim.id, None)
+            continue
+        decided[victim.id] = None if count == len(workers) else Shrink(
+            victim.id, count, tuple(w for i, w in enumerate(workers) if not keep[i]), workload.id,
+            f"shrunk to {count} workers for {workload.id} ({_preemption_kind(victim, workload)})")
+    victims = [p for p in victims if p.workload_id not in decided]
+    shrinks = [decided[r.workload.id] for r in gone if decided.get(r.workload.id) is not None]
+    return victims, shrinks, {key for key, shrink in decided.items() if shrink is None}
 
 
 def _preemption_kind(victim: Workload, preemptor: Workload) -> str:
