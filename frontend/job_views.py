@@ -131,7 +131,7 @@ def job_new(request):
                   "queues": " ".join(f"{q['team']}/{q['name']}" for q in queues if slug in q["types"])}
                  for slug in offered]
     initial = {"checkpoint_interval_steps": 100, "checkpoint_keep_last": 3, "max_restarts": 3, "workers_min": 1,
-               "devices_per_worker": 1, "cpus_per_worker": 1.0, "trainer": Trainer.BUILTIN_LM,
+               "devices_per_worker": 1, "cpus_per_worker": None, "trainer": Trainer.BUILTIN_LM,
                "hyperparameters": json.dumps({"steps": TrainHyperparameters.steps}, indent=2),
                "accelerator_types": []}
     clone = None

@@ -260,3 +260,30 @@ def test_another_teams_job_page_is_a_404(world):
 def test_anonymous_users_are_sent_to_login(client, db, url):
     response = client.get(url)
     assert response.status_code == 302 and response["Location"].startswith("/login/?next=")
+
+
+def test_the_forms_defaults_are_accepted_on_every_offered_type(world, demo_cluster):
+    """The form prefilled 1 CPU per worker, and on the demo cluster every accelerator node has 0.125 core per device,
+    so submitting it as given was refused ("may reserve at most 0.125"). Unset, a worker gets its node's share."""
+    import re
+
+    from rest_framework.test import APIClient
+
+    html = session(world["alpha"]["member"]).get("/jobs/new/").content.decode()
+    body = {"name": "formjob", "queue": "default", "trainer": "builtin-transformer-lm", "hyperparameters": {"steps": 10}}
+    for field, kind, value in re.findall(r'<input id="f-[^"]*" name="([a-z_.]+)" type="number"[^>]*data-type="(\w+)" '
+                                         r'value="([^"]*)"', html):
+        if value != "":  # console.js leaves empty optional fields out
+            target, _, key = field.partition(".")
+            number = int(value) if kind == "int" else float(value)
+            if key:
+                body.setdefault(target, {})[key] = number
+            else:
+                body[field] = number
+    assert body["workers_min"] == 1 and body["checkpoint"]["interval_steps"] == 100  # the form was read
+    client = APIClient()
+    client.force_login(world["alpha"]["member"])
+    for slug in ("nvidia-h100", "nvidia-a100"):
+        response = client.post("/api/v1/training-jobs/", {**body, "name": f"formjob-{slug}",
+                                                          "accelerator_types": [slug]}, format="json")
+        assert response.status_code == 201, response.json()
