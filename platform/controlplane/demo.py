@@ -15,7 +15,7 @@ from django.db import transaction
 
 from controlplane.cluster.models import AcceleratorType, NodePool
 from controlplane.cluster.services import accelerator_types_seed, node_pool_create
-from controlplane.common.secret_file import read_or_create_secret
+from controlplane.common.secret_file import read_or_create_secret, write_secret
 from controlplane.compute.topology import Topology, load_topology
 from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass
 from controlplane.quotas.services import cluster_queue_create, local_queue_create, priority_class_create
@@ -38,11 +38,21 @@ def demo_password_file() -> Path:
     return Path(settings.DATA_DIR) / "demo_password"
 
 
+def _demo_password() -> str:
+    """The demo user's password: the first 20 characters of a secret made once, and the file then holds exactly
+    those (it held the whole 67-character secret, which did not log in, while the README points users to it)."""
+    path = demo_password_file()
+    password = read_or_create_secret(path)[:20]
+    if path.read_text() != password:
+        write_secret(path, password)
+    return password
+
+
 @transaction.atomic
 def load_demo(*, topology: Topology | None = None) -> DemoLogin:
     topology = topology or load_topology()
     accelerator_types_seed()
-    password = read_or_create_secret(demo_password_file())[:20]
+    password = _demo_password()
     user_model = get_user_model()
     demo = user_model.objects.filter(username=DEMO_USERNAME).first()
     if demo is None:

@@ -270,7 +270,8 @@ def test_the_forms_defaults_are_accepted_on_every_offered_type(world, demo_clust
     from rest_framework.test import APIClient
 
     html = session(world["alpha"]["member"]).get("/jobs/new/").content.decode()
-    body = {"name": "formjob", "queue": "default", "trainer": "builtin-transformer-lm", "hyperparameters": {"steps": 10}}
+    body = {"name": "formjob", "queue": "default", "trainer": "builtin-transformer-lm",
+            "hyperparameters": {"steps": 10}}
     for field, kind, value in re.findall(r'<input id="f-[^"]*" name="([a-z_.]+)" type="number"[^>]*data-type="(\w+)" '
                                          r'value="([^"]*)"', html):
         if value != "":  # console.js leaves empty optional fields out

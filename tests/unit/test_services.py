@@ -100,3 +100,21 @@ def test_demo_loader_is_idempotent(db, settings, tmp_path):
     assert corpora.count() == 2  # one per demo team, uploaded once
     corpus = corpora.first()
     assert corpus.uploaded and corpus.format == "text" and corpus.size_bytes > 500_000
+
+
+def test_the_demo_password_file_holds_the_password_that_logs_in(db, settings, tmp_path):
+    """It held a 67-character secret of which the first 20 characters were the password; the README points users to
+    the file. An install made before keeps its password, and its file is rewritten to hold just that."""
+    import os
+
+    from django.contrib.auth import authenticate
+
+    settings.DATA_DIR = tmp_path
+    (tmp_path / "demo_password").write_text("x" * 20 + "y" * 47)  # as earlier versions made it
+    login = load_demo()
+    assert login.password == "x" * 20 == (tmp_path / "demo_password").read_text()
+    assert os.stat(tmp_path / "demo_password").st_mode & 0o077 == 0
+    assert authenticate(username=login.username, password=(tmp_path / "demo_password").read_text()) is not None
+    (tmp_path / "demo_password").unlink()
+    fresh = load_demo()  # a new install
+    assert fresh.password == (tmp_path / "demo_password").read_text() and len(fresh.password) == 20
