@@ -45,3 +45,19 @@ def spec_apply(*, actor, team: Team, kind: str, values: dict, spec_yaml: str) ->
         checkpoint_keep_last=checkpoint.get("keep_last", 3), **values)
     TrainingJob.objects.filter(pk=job.pk).update(spec_yaml=spec_yaml)
     return job
+
+
+class _Rehearsed(Exception):
+    """Ends a rehearsal: the transaction it ran in rolls back."""
+
+
+def spec_apply_rehearse(*, actor, team: Team, kind: str, values: dict, spec_yaml: str) -> None:
+    """Run spec_apply and roll it back: raises what the apply would (DomainError), writes and sends nothing (tasks are
+    sent on commit). A dry run checked only the spec's fields and the plan, so it answered "fits now" for specs the
+    apply then refused: an unknown dataset, bad hyperparameters, a checkpoint of a job that does not exist (QA)."""
+    try:
+        with transaction.atomic():
+            spec_apply(actor=actor, team=team, kind=kind, values=values, spec_yaml=spec_yaml)
+            raise _Rehearsed
+    except _Rehearsed:
+        pass

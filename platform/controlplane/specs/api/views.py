@@ -102,7 +102,10 @@ class SpecApplyView(TeamScopedMixin, APIView):
                 raise DomainError("a deployment takes no secrets", field="secrets")
             plan = self._plan(spec, team, values)
             created = None
-            if not dry_run:
+            if dry_run:
+                services.spec_apply_rehearse(actor=request.user, team=team, kind=spec.kind, values=values,
+                                             spec_yaml=text)
+            else:
                 obj = services.spec_apply(actor=request.user, team=team, kind=spec.kind, values=values,
                                           spec_yaml=text)
                 serializer = TrainingJobSerializer if spec.kind == JOB else DeploymentSerializer

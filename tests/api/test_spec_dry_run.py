@@ -1,0 +1,68 @@
+"""A dry run (`specs/apply?dry_run=1`) refuses what the apply would refuse, and writes and sends nothing. It checked
+only the spec's fields and the plan, so it answered "fits now: yes" for specs the apply then refused (QA)."""
+from __future__ import annotations
+
+import pytest
+from django.test import TestCase
+
+from controlplane.common.models import TaskOutbox
+from controlplane.tenancy.models import AuditEvent
+from inference.models import Deployment
+from jobs.models import TrainingJob
+
+JOB = """\
+name: dry
+queue: default
+resources:
+  accelerators: H100:8
+hyperparameters: {steps: 100}
+"""
+SERVICE = """\
+kind: service
+name: dry-svc
+queue: default
+service:
+  checkpoint: job:99999
+  sla: {ttft_p95: 500ms, tpot_p95: 50ms}
+resources:
+  accelerators: A100:1
+"""
+
+
+def apply(client, spec: str, dry_run: bool = True):
+    with TestCase.captureOnCommitCallbacks(execute=True) as sent:
+        response = client.post(f"/api/v1/specs/apply/?dry_run={int(dry_run)}", {"spec": spec}, format="json")
+    assert not dry_run or not sent, sent
+    return response
+
+
+@pytest.mark.parametrize(("spec", "field", "says"), [
+    (JOB + "dataset: dataset://nope@1\n", "dataset", "not found"),
+    (JOB.replace("{steps: 100}", "{stepz: 100}"), "hyperparameters", "stepz"),
+    (JOB.replace("{steps: 100}", "{steps: -5}"), "hyperparameters", "steps"),
+    (SERVICE, "service.checkpoint", "99999"),
+])
+def test_a_dry_run_refuses_what_the_apply_refuses_and_writes_nothing(api, demo_cluster, spec, field, says):
+    client = api("alpha", "member")
+    audit = AuditEvent.objects.count()
+    applied = apply(client, spec, dry_run=False)
+    assert applied.status_code == 400, applied.json()
+    dry = apply(client, spec)
+    assert dry.status_code == 400, dry.json()
+    assert dry.json()["spec"] == applied.json()["spec"]
+    assert any(says in line for line in dry.json()["spec"]), dry.json()
+    assert any(issue["field"].startswith(field.split(".")[0]) for issue in dry.json()["errors"]), dry.json()
+    assert not TrainingJob.objects.exists() and not Deployment.objects.exists()
+    assert AuditEvent.objects.count() == audit and not TaskOutbox.objects.exists()
+
+
+def test_a_dry_run_of_a_good_spec_plans_and_writes_nothing(api, demo_cluster):
+    client = api("alpha", "member")
+    audit = AuditEvent.objects.count()
+    dry = apply(client, JOB)
+    assert dry.status_code == 200 and dry.json()["dry_run"] is True and dry.json()["object"] is None
+    assert dry.json()["plan"]["chosen"]["accelerator_type"] == "nvidia-h100"
+    assert not TrainingJob.objects.exists() and AuditEvent.objects.count() == audit
+    assert not TaskOutbox.objects.exists()
+    assert apply(client, JOB, dry_run=False).status_code == 201  # and the apply takes it
+    assert TrainingJob.objects.count() == 1
