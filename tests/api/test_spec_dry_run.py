@@ -66,3 +66,24 @@ def test_a_dry_run_of_a_good_spec_plans_and_writes_nothing(api, demo_cluster):
     assert not TaskOutbox.objects.exists()
     assert apply(client, JOB, dry_run=False).status_code == 201  # and the apply takes it
     assert TrainingJob.objects.count() == 1
+
+
+def test_devices_of_a_gang_admitted_since_the_last_node_report_are_not_free(api, demo_cluster):
+    """The nodes' free figures come from the cluster's last report (every 10 s); a gang admitted since has reserved
+    nothing there yet. The plan counted its devices free and said "fits now" for a job the cycle then queued behind
+    it."""
+    from controlplane.cluster.models import Node
+    from controlplane.quotas.models import ResourceQuota
+
+    ResourceQuota.objects.filter(accelerator_type__slug="nvidia-h100").update(nominal_quota=32)  # quota is no limit
+    client = api("alpha", "member")
+    first = apply(client, JOB.replace("name: dry", "name: first").replace("resources:", "workers: 2\nresources:"),
+                  dry_run=False)
+    assert first.status_code == 201
+    assert TrainingJob.objects.get(name="first").state in ("ADMITTED", "STARTING")  # its cycle ran on commit
+    assert set(Node.objects.filter(pool__accelerator_type__slug="nvidia-h100").values_list("free_devices", flat=True)) \
+        == {8.0}  # as last reported: before the gang's run reserved them
+    plan = apply(client, JOB).json()["plan"]
+    h100 = plan["options"][0]
+    assert (h100["free_units"], h100["placeable_members"], h100["fits_now"]) == (0.0, 0, False), h100
+    assert h100["why_not"] == "not enough free nvidia-h100: 1 x 8 needed, 0 fit now"

@@ -48,7 +48,8 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
         price = types[slug].price_per_hour_usd if slug in types else None
         need = units * members
         cost = None if price is None else round(float(price) * need, 4)
-        placeable = _placeable_members(slug, units)
+        free_by_node = _free_by_node(slug)
+        placeable = _placeable_members(free_by_node, units)
         quota = quotas.get(slug)
         quota_left = None if quota is None else quota.nominal_quota - used.get((cluster_queue.name, slug), 0.0)
         quota_why = ""
@@ -76,7 +77,7 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
                 fits_quota = not quota_why
         else:
             fits_quota = quota_left is None or quota_left + 1e-9 >= need
-        free_units = _free_units(slug)
+        free_units = float(sum(free_by_node))
         fits_capacity = placeable >= members
         # (a deployment's CPU replica is sized in cores elsewhere: units here are not them; a review)
         never = "" if kind != JOB and slug == "cpu" else _never_why(slug, units, members)
@@ -96,11 +97,8 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
             "price_per_unit_hour_usd": None if price is None else float(price), "cost_per_hour_usd": cost,
             "free_units": free_units, "placeable_members": placeable, "quota_left": quota_left,
             "fits_now": fits_capacity and fits_quota and not never, "never": bool(never),
-            "why_not": never if never else "" if fits_capacity and fits_quota else (
-                f"not enough free {slug}: {members} x {units:g} needed, {placeable} fit now" if not fits_capacity
-                # (a rule rather than the amount: before, "quota left 56 < 8 (non-preemptible workloads would ...)")
-                else quota_why if quota_why and quota_left is not None and quota_left + 1e-9 >= need
-                else f"quota left {quota_left:g} < {need:g}" + (f" ({quota_why})" if quota_why else "")),
+            "why_not": never or _why_not(slug, members, units, placeable, fits_capacity, fits_quota, quota_left,
+                                         need, quota_why),
         })
     preference = []
     if kind == JOB:
@@ -117,6 +115,19 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
         plan["queue"] = {"local_queue": local_queue.name, "cluster_queue": cluster_queue.name, "position": None,
                          "waiting_ahead": None}
     return plan
+
+
+def _why_not(slug: str, members: int, units: float, placeable: int, fits_capacity: bool, fits_quota: bool,
+             quota_left: float | None, need: float, quota_why: str) -> str:
+    """Why the type does not fit now: no room, no quota, or both (before 2026-11-29 only the first)."""
+    reasons = []
+    if not fits_capacity:
+        reasons.append(f"not enough free {slug}: {members} x {units:g} needed, {placeable} fit now")
+    if not fits_quota:
+        # (a rule rather than the amount: before, "quota left 56 < 8 (non-preemptible workloads would ...)")
+        reasons.append(quota_why if quota_why and quota_left is not None and quota_left + 1e-9 >= need
+                       else f"quota left {quota_left:g} < {need:g}" + (f" ({quota_why})" if quota_why else ""))
+    return "; ".join(reasons)
 
 
 def _quota_ledger(training: dict[tuple[str, str], float]):
@@ -189,15 +200,35 @@ def _ready_nodes(slug: str):
     return Node.objects.filter(pool__accelerator_type__slug=slug, health=NodeHealth.HEALTHY, cordoned=False)
 
 
-def _placeable_members(slug: str, units: float) -> int:
+def _placeable_members(free_by_node: list[float], units: float) -> int:
     """How many workers of this shape fit on the free capacity now (a worker never spans nodes)."""
     if units <= 0:
         units = 1.0
-    total = 0
-    for free_devices, free_cpus in _ready_nodes(slug).values_list("free_devices", "free_cpus"):
-        free = free_cpus if slug == "cpu" else free_devices
-        total += math.floor(free / units + 1e-9)
-    return total
+    return sum(math.floor(free / units + 1e-9) for free in free_by_node)
+
+
+def _free_by_node(slug: str) -> list[float]:
+    """Units (devices; CPU cores on `cpu`) free on each ready node of the type: what the cluster last reported, but
+    never more than the node's capacity less what the control plane knows is held there (admitted training gangs,
+    running replicas, devices the cycle holds for wanted replicas), as inference.selectors.replica_capacity reads it.
+    A gang admitted since the last report has reserved nothing in Ray yet: the plan counted its devices free and said
+    "fits now" for a job the cycle then queued behind it."""
+    from inference.selectors import held_for_wanted_replicas, serving_held_by_node
+    from jobs.selectors import training_held_by_node
+
+    training_units, _ = training_held_by_node()
+    serving = serving_held_by_node(slug)
+    wanted = held_for_wanted_replicas(exclude=None)
+    free = []
+    for name, free_devices, free_cpus, capacity_devices, capacity_cpus in _ready_nodes(slug).values_list(
+            "name", "free_devices", "free_cpus", "capacity_devices", "capacity_cpus"):
+        serving_devices, serving_cpus = serving.get(name, (0.0, 0.0))
+        held = training_units.get(name, 0.0) + wanted.get(name, 0.0)
+        if slug == "cpu":
+            free.append(max(0.0, min(free_cpus, capacity_cpus - held - serving_cpus)))
+        else:
+            free.append(max(0.0, min(free_devices, capacity_devices - held - serving_devices)))
+    return free
 
 
 def _never_why(slug: str, units: float, members: int) -> str:
@@ -218,11 +249,6 @@ def _never_why(slug: str, units: float, members: int) -> str:
     return (f"{slug} nodes can never hold it: its {len(capacities)} nodes (the largest with "
             f"{int(max(capacities))} {'CPU cores' if slug == 'cpu' else 'devices'}) would hold at most {most} x "
             f"{units:g} even all in service with nothing running, it needs {members}")
-
-
-def _free_units(slug: str) -> float:
-    rows = _ready_nodes(slug).values_list("free_devices", "free_cpus")
-    return float(sum((cpus if slug == "cpu" else devices) for devices, cpus in rows))
 
 
 def _queue_position(local_queue: LocalQueue, priority_class: PriorityClass | None, *, fits: bool) -> dict:
