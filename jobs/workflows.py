@@ -313,10 +313,13 @@ def _record_fault(job: TrainingJob, event: dict) -> TrainingJob:
 
 
 def _maybe_cordon(job: TrainingJob, fault: TrainingFault) -> None:
-    """Cordon a node that failed repeatedly, so the scheduler stops placing work on it."""
-    if not fault.node or fault.kind == FaultKind.NODE_LOST:
+    """Cordon a node that failed repeatedly, so the scheduler stops placing work on it. Advisory faults (a slow node)
+    neither cordon nor count: a slow node is left only where a free node can take its worker (before, two slow-node
+    verdicts cordoned the node, and the gangs on it shrank or moved at once; found by QA)."""
+    if not fault.node or fault.kind == FaultKind.NODE_LOST or fault.advisory:
         return  # a lost node is already unschedulable (the node sync marks it unreachable)
-    recent = TrainingFault.objects.filter(node=fault.node, detected_at__gte=fault.detected_at - CORDON_WINDOW).count()
+    recent = TrainingFault.objects.filter(node=fault.node, advisory=False,
+                                          detected_at__gte=fault.detected_at - CORDON_WINDOW).count()
     if recent < CORDON_AFTER_FAULTS:
         return
     updated = Node.objects.filter(name=fault.node, cordoned=False).update(cordoned=True)

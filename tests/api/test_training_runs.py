@@ -163,6 +163,18 @@ def test_repeated_faults_on_a_node_cordon_it(api, backend):
     assert any(f"node {node} cordoned after 2 faults" in e.reason for e in job.events.all())
 
 
+def test_slow_node_verdicts_do_not_cordon_the_node(api, backend):
+    """A slow node is advisory: two verdicts within the window cordoned it, and every gang on it shrank or moved at
+    once (QA, on the demo cluster, where simulated nodes share one host's CPUs and the verdicts were noise)."""
+    job = sync(submit(api("alpha", "member"), hyperparameters={"steps": 1000}), backend)  # both H100 nodes: no room
+    for _ in range(3):
+        backend.inject_training_fault(job.compute_handle, rank=1, fault="slow_node")
+        job = sync(job, backend)
+    assert TrainingFault.objects.filter(job=job, kind="slow_node").count() >= 2
+    assert not Node.objects.filter(cordoned=True).exists()
+    assert job.observed_nodes == ["h100-pool-0", "h100-pool-1"] and job.restarts == 0
+
+
 def test_a_slow_node_is_left_when_a_free_node_can_take_its_worker(api, backend):
     job = sync(submit(api("alpha", "member"), workers_min=1, workers_max=1), backend)
     slow = job.observed_nodes[0]

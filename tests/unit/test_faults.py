@@ -168,6 +168,16 @@ def test_slow_needs_peers_samples_and_a_real_margin():
     assert [f.rank for f in detect_faults(gang(3, r1={"step_times": slow}), now=NOW, policy=policy)] == [1]
 
 
+def test_a_slow_node_is_judged_against_peers_on_other_nodes_only():
+    """Two workers on one node run on the same hardware: a gap between them is not the node's. QA saw a gang of two on
+    one demo node told its node was slow (1.53 x, from timing noise on one host) and moved three times."""
+    one_node = [worker(0, node="node-a"), worker(1, node="node-a", step_times=(0.7,) * 6)]
+    assert detect_faults(one_node, now=NOW, policy=POLICY) == []
+    # with a third worker on another node, it is judged against that one alone
+    three = [*one_node, worker(2, node="node-b")]
+    assert [(f.rank, f.data["peers"]) for f in detect_faults(three, now=NOW, policy=POLICY)] == [(1, 1)]
+
+
 def test_one_fault_per_worker_in_severity_order():
     samples = gang(
         6,
