@@ -413,6 +413,10 @@ class GangSupervisor:
         with self._lock:
             self._pending_nodes = None
             reason = self._pending_reason
+        if self.state == "running" and self._workers and sorted(nodes) == sorted(self.nodes):
+            # Already there: the control plane saw the old nodes while the last placement was applied (a checkpoint
+            # and a relaunch take seconds) and asked again; applying it again restarted the gang a second time.
+            return
         if self.state == "running" and self._workers:
             self._checkpoint_then_stop()
         self._teardown(release=True)

@@ -131,3 +131,29 @@ def test_the_drain_ends_as_soon_as_every_worker_has_left_its_loop(monkeypatch, p
     sup._poll = lambda timeout: polls.append(timeout) or real_poll(timeout)
     sup._drain_after_stop(timeout=3.0)
     assert len(polls) == 1
+
+
+def test_a_placement_repeated_while_the_last_one_was_applied_restarts_nothing():
+    """While a resize checkpoints and relaunches (seconds), the run still reports its old nodes, so the control plane's
+    next sync asks for the same placement again; the supervisor applied it a second time: two checkpoint-and-restart
+    cycles for one shrink (QA, on Ray)."""
+    sup = _supervisor([_FakeWorker(0), _FakeWorker(1)])
+    sup.nodes, sup._pending_nodes, sup._pending_reason, sup._slow_reported = ["n0", "n1"], None, "", set()
+    launches = []
+
+    def launch(*, reason):
+        launches.append(reason)
+        sup.state, sup._workers = "running", [_FakeWorker(0)]
+
+    sup._checkpoint_then_stop = lambda: None
+    sup._teardown = lambda release: setattr(sup, "_workers", [])
+    sup._launch = launch
+    sup.place(["n0"], "shrinking from 2 to 1 worker(s)")
+    sup._replace(sup._pending_nodes)
+    assert sup.nodes == ["n0"] and len(launches) == 1
+    sup.place(["n0"], "shrinking from 2 to 1 worker(s)")  # the same placement, sent while the first was applied
+    sup._replace(sup._pending_nodes)
+    assert len(launches) == 1 and sup._pending_nodes is None and sup.state == "running"
+    sup.place(["n1"], "moving 1 worker(s) to new nodes")  # a real change still moves it
+    sup._replace(sup._pending_nodes)
+    assert sup.nodes == ["n1"] and len(launches) == 2
