@@ -268,6 +268,13 @@ def training_job_delete(*, actor, job: TrainingJob) -> None:
     job = TrainingJob.objects.select_for_update().get(pk=job.pk)
     if not job.is_terminal:
         raise ConflictError(f"job {job.pk} is {job.state}; cancel it before deleting it", field="state")
+    # A deployment keeps serving the checkpoint it loaded, but without its job it could no longer be scaled or updated
+    # ("give a model_uri or a source_job"; found by QA): it goes first.
+    serving = sorted(job.deployments.exclude(state="DELETED").values_list("name", flat=True))
+    if serving:
+        raise ConflictError(f"deployment{'s' if len(serving) > 1 else ''} {', '.join(serving)} of job {job.pk}'s "
+                            f"checkpoint {'are' if len(serving) > 1 else 'is'} not deleted; delete "
+                            f"{'them' if len(serving) > 1 else 'it'} before the job", field="deployments")
     audit_record(actor=actor, team=job.team_id, action="training_job.delete", target=job,
                  data={"name": job.name, "state": job.state})
     job.delete()

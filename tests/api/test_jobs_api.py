@@ -102,6 +102,25 @@ def test_cancel_then_delete(api):
     assert not TrainingJob.objects.exists()
 
 
+def test_a_job_whose_checkpoint_a_deployment_serves_is_not_deleted_before_it(api, world):
+    """Deleting it left the deployment serving with no source: scaling or updating it was then refused ("give a
+    model_uri or a source_job whose checkpoint to serve"), and it could not be pointed anywhere else (QA)."""
+    from inference.models import Deployment
+
+    client = api("alpha", "member")
+    job = submit(client).json()
+    client.post(f"/api/v1/training-jobs/{job['id']}/cancel/")
+    alpha = world["alpha"]
+    serving = Deployment.objects.create(team=alpha["team"], name="chat", local_queue=alpha["queue"],
+                                        source_job_id=job["id"], accelerator_types=["nvidia-a100"],
+                                        sla_ttft_p95_ms=500, sla_tpot_p95_ms=50, state="SERVING")
+    refused = client.delete(f"/api/v1/training-jobs/{job['id']}/")
+    assert refused.status_code == 409 and "chat" in str(refused.json()["deployments"]), refused.json()
+    assert TrainingJob.objects.filter(pk=job["id"]).exists()
+    Deployment.objects.filter(pk=serving.pk).update(state="DELETED")  # once it is deleted, the job may go
+    assert client.delete(f"/api/v1/training-jobs/{job['id']}/").status_code == 204
+
+
 def test_cancel_of_a_running_job_stops_and_releases_its_run(api, monkeypatch):
     from controlplane.compute.registry import get_compute_backend
     from jobs import workflows
