@@ -77,3 +77,23 @@ def test_a_victim_that_cannot_keep_its_minimum_is_still_stopped():
     result = cycle([v, keeper("x", half("n1", True)), keeper("y", half("n2")), keeper("z", half("n2", True))])
     assert [p.workload_id for p in result.preempted] == ["v"]
     assert result.shrunk == []
+
+
+def test_a_capacity_reason_counts_cordoned_nodes_and_a_cpu_reservation_says_cores():
+    """QA: a job waiting while the other H100 node was cordoned read "0 devices free on 1 nodes" (the cluster page
+    showed that node's 8 free devices), and a CPU job's reservation spoke of "the devices it needs"."""
+    from controlplane.scheduling.model import Snapshot as Snap
+
+    cordoned = (NodeSpec("n0", "p", H, "lg", 8), NodeSpec("n1", "p", H, "lg", 8, schedulable=False))
+    snap = Snap(cordoned, QUEUES, (keeper("x", WorkerPlacement("n0", tuple((d, 1.0) for d in range(8)))),),
+                (Workload("w", "q", (H,), 8.0, priority=0),))
+    [wait] = schedule(snap).waiting
+    assert "0 devices free on 1 node (1 more cordoned or down), needs 1 x 8" in wait.reason, wait.reason
+    assert schedule(snap) == reference_schedule(snap)
+    cpu = (NodeSpec("c0", "p", "cpu", "lg", 4),)
+    busy = Running(Workload("b", "q", ("cpu",), 4.0, priority=9), "cpu",
+                   (WorkerPlacement("c0", tuple((d, 1.0) for d in range(4))),))
+    snap = Snap(cpu, (ClusterQueueSpec("q", {"cpu": Quota(64)}),), (busy,), (Workload("w", "q", ("cpu",), 2.0),))
+    [wait] = schedule(snap).waiting
+    assert wait.reason.endswith("(holds a reservation: later workloads cannot take the CPU cores it needs)")
+    assert schedule(snap) == reference_schedule(snap)

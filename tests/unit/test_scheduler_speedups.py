@@ -112,7 +112,10 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                                f"{wl.devices_per_worker:g} even with nothing running, it needs {wl.workers_min}"
                                if most < wl.workers_min else
                                f"not enough free {t}: {sum(n.free_total() for n in nodes):g} {units_of(t)} free on "
-                               f"{len(nodes)} nodes, needs {wl.workers_min} x {wl.devices_per_worker:g} placed all "
+                               f"{len(nodes)} node{'' if len(nodes) == 1 else 's'}"
+                               + (f" ({len(state.nodes_of(t)) - len(nodes)} more cordoned or down)"
+                                  if len(state.nodes_of(t)) > len(nodes) else "")
+                               + f", needs {wl.workers_min} x {wl.devices_per_worker:g} placed all "
                                "at once" + (f" ({state.reserved[t][1]:g} more set aside for {state.reserved[t][0]}, "
                                             "which waits ahead of it)" if t in state.reserved else ""))
                 continue
@@ -134,7 +137,7 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
                 result.shrunk += shrinks
                 done.update([v.workload_id for v in victims] + [s.workload_id for s in shrinks])
                 names = ", ".join([v.workload_id for v in victims] + [f"{s.workload_id} (shrunk)" for s in shrinks])
-                reason = f"waiting for {names} to checkpoint and release {t} devices"
+                reason = f"waiting for {names} to checkpoint and release {t} {units_of(t)}"
                 borrowed = min(state.running[wl.id].usage, state.ledger.borrowed(q, t))
                 held = Admit(wl.id, t, state.running[wl.id].workers, borrowed, reason)
                 result.waiting.append(Wait(wl.id, 0, reason, reserved=True, held=held))  # holds its admission
@@ -144,8 +147,9 @@ def reference_schedule(snap: Snapshot) -> CycleResult:
             reserved = not reserved_once and ref_reserve(state, wl, types)
             reserved_once = reserved_once or reserved
             reason = "; ".join(reasons) or "no accepted accelerator type"
-            reason += " (holds a reservation: later workloads cannot take the devices it needs)" if reserved else ""
-            result.waiting.append(Wait(wl.id, positions[q], reason, reserved=reserved))
+            if reserved:
+                reason += f" (holds a reservation: later workloads cannot take the {units_of(reserved)} it needs)"
+            result.waiting.append(Wait(wl.id, positions[q], reason, reserved=bool(reserved)))
     ref_grow(state, result, done, waiting_types)
     return result
 
@@ -355,8 +359,8 @@ def ref_reserve(state, pending, types):
             state.hold = (wl.cluster_queue, t, own, wl.id)
         if wl.demand() - max(0.0, remaining) > 1e-9:
             state.reserved[t] = (wl.id, wl.demand() - max(0.0, remaining))
-        return True
-    return False
+        return t
+    return ""
 
 
 def ref_could_ever(state, wl, t) -> bool:

@@ -954,7 +954,7 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             preempted.update(v.workload_id for v in victims)
             preempted.update(s.workload_id for s in shrinks)
             names = ", ".join([v.workload_id for v in victims] + [f"{s.workload_id} (shrunk)" for s in shrinks])
-            reason = f"waiting for {names} to checkpoint and release {accelerator_type} devices"
+            reason = f"waiting for {names} to checkpoint and release {accelerator_type} {units_of(accelerator_type)}"
             # Position 0: it holds its admission (the platform admits it now), so it is nobody's place in the queue
             # (counted, it left a gap: the job behind it was "position 2" with nobody at 1).
             result.waiting.append(Wait(workload.id, 0, reason, reserved=True,
@@ -963,7 +963,7 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
             continue
         positions[workload.cluster_queue] += 1
         position = positions[workload.cluster_queue]
-        reserved = False
+        reserved = ""
         if not reservation_made:
             reserved = _reserve(state, workload, types)
             reservation_made = reserved
@@ -973,8 +973,8 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
         waiting_types.update(could)
         reason = "; ".join(reasons) or "no accepted accelerator type"
         if reserved:
-            reason += " (holds a reservation: later workloads cannot take the devices it needs)"
-        result.waiting.append(Wait(workload.id, position, reason, reserved=reserved))
+            reason += f" (holds a reservation: later workloads cannot take the {units_of(reserved)} it needs)"
+        result.waiting.append(Wait(workload.id, position, reason, reserved=bool(reserved)))
 
     _grow_elastic(state, result, preempted, waiting_types)
     return result
@@ -1086,6 +1086,13 @@ def units_of(accelerator_type: str) -> str:
     return "CPU cores" if accelerator_type == "cpu" else "devices"
 
 
+def _nodes_note(schedulable: int, nodes: int) -> str:
+    """"2 nodes", "1 node (1 more cordoned or down)": a job waiting while a node was cordoned read "0 devices free on
+    1 nodes", and the cluster page showed that node's 8 free devices (QA)."""
+    note = f"{schedulable} node{'' if schedulable == 1 else 's'}"
+    return note + (f" ({nodes - schedulable} more cordoned or down)" if nodes > schedulable else "")
+
+
 def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -> str:
     pool = state.pool(accelerator_type)
     if not pool.sched:
@@ -1097,8 +1104,8 @@ def _capacity_reason(state: _State, workload: Workload, accelerator_type: str) -
                 f"{most} workers of "
                 f"{workload.devices_per_worker:g} even with nothing running, it needs {workload.workers_min}")
     free = pool.free_total()
-    reason = (f"not enough free {accelerator_type}: {free:g} {units_of(accelerator_type)} free on {len(pool.sched)} "
-              "nodes, needs "
+    reason = (f"not enough free {accelerator_type}: {free:g} {units_of(accelerator_type)} free on "
+              f"{_nodes_note(len(pool.sched), len(pool.nodes))}, needs "
               f"{workload.workers_min} x {workload.devices_per_worker:g} placed all at once")
     held = state.reserved.get(accelerator_type)
     if held is not None:  # "0 devices free" read as a full cluster while devices stood idle, set aside (QA)
@@ -1426,7 +1433,7 @@ def _allowed(state: _State, workload: Workload, accelerator_type: str, amount: f
     return check.ok and not state.fixed_refusal(workload, accelerator_type, amount)
 
 
-def _reserve(state: _State, pending: Workload, types) -> bool:
+def _reserve(state: _State, pending: Workload, types) -> str:
     """Set aside the free devices the blocked head workload will need on its first feasible type: one whose quota
     takes it and whose nodes could hold its gang were they empty (before, a gang no node could hold, 1 x 9 devices on
     8-device nodes, reserved 9 devices in every cycle and kept other queues' jobs off them for good)."""
@@ -1465,8 +1472,8 @@ def _reserve(state: _State, pending: Workload, types) -> bool:
         set_aside = workload.demand() - max(0.0, remaining)
         if set_aside > EPS:  # (with nothing free, others were told "0 more set aside for ...")
             state.reserved[accelerator_type] = (workload.id, set_aside)
-        return True
-    return False
+        return accelerator_type
+    return ""
 
 
 def _grow_elastic(state: _State, result: CycleResult, preempted: set[str], waiting_types: set[str]) -> None:
