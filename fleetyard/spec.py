@@ -73,7 +73,10 @@ SLA_KEYS = {"ttft_p95", "tpot_p95", "min_throughput", "ttft_p95_ms", "tpot_p95_m
 MAX_SPEC_STRUCTURE = 4000
 MAX_SPEC_NESTING = 32
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The platform's bound on max_duration (jobs.models.MAX_DURATION_SECONDS; tests/api/test_api_strictness.py
+# holds them equal): refused here, the CLI stops before sending, with the line.
+MAX_DURATION_SECONDS = 366 * 86400
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: "^...$" let "A\n" through
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
 _AT_LEAST = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(\+)?\s*$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|g)?\s*(\+)?\s*$", re.IGNORECASE)
@@ -531,9 +534,15 @@ def _job(reader: _Reader, data: dict, spec: Spec, count: float) -> None:
     if "max_duration" in data:
         spec.origins["max_duration_seconds"] = ("max_duration", reader.line("max_duration"))
         try:
-            body["max_duration_seconds"] = parse_duration(data["max_duration"])
+            seconds = parse_duration(data["max_duration"])
         except ValueError as exc:
             reader.error("max_duration", str(exc))
+        else:
+            if seconds > MAX_DURATION_SECONDS:
+                reader.error("max_duration", f"at most {MAX_DURATION_SECONDS // 86400}d ({MAX_DURATION_SECONDS} "
+                                             f"seconds), got {data['max_duration']!r}")
+            else:
+                body["max_duration_seconds"] = seconds
     if "parallelism" in data:
         if not isinstance(data["parallelism"], dict):
             reader.error("parallelism", "must be a mapping: {mode: auto, model: llama2-7b, global_batch_size: 256}")
@@ -582,7 +591,7 @@ def _envs(reader: _Reader, envs) -> dict:
         return {}
     result = {}
     for name, value in envs.items():
-        if not _ENV_NAME.match(name):
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             reader.error(f"envs.{name}", "is not a valid environment variable name")
         elif isinstance(value, dict | list) or value is None:
             reader.error(f"envs.{name}", "must be a plain value (text or a number)")
@@ -602,7 +611,7 @@ def _secrets(reader: _Reader, secrets) -> list[str]:
     result = []
     for i, name in enumerate(names):
         path = f"secrets.{name}" if isinstance(secrets, dict) else f"secrets[{i}]"
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             reader.error(path, f"{name!r} is not a valid environment variable name")
         elif isinstance(secrets, dict) and secrets[name] is not None:
             reader.error(path, "do not put secret values in a spec; leave it empty (NAME: null) and set it in "

@@ -15,6 +15,11 @@ from controlplane.quotas.models import LocalQueue, PriorityClass
 from controlplane.tenancy.models import SLUG_VALIDATOR, Team
 from jobs.states import JOB_MACHINE, JobState
 
+# Bounds of the submitted spec (jobs/api/serializers.py); without them the column's own range (the database's
+# integer) was the limit, refused by the model's validation under the column's name, not the field sent.
+MAX_DURATION_SECONDS = 366 * 86400  # a year
+MAX_CHECKPOINT_INTERVAL_STEPS = 1_000_000_000
+
 
 class Trainer(models.TextChoices):
     BUILTIN_LM = "builtin-transformer-lm", "Built-in transformer language model"

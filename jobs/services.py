@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.db import transaction
 
 from controlplane.common.errors import ConflictError, ValidationFailed
@@ -37,6 +39,10 @@ def builtin_layout_check(*, hyperparameters: dict, workers_min: int, workers_max
 # 0 cores would count nothing against quota and fit anywhere (and one of 0 stopped every scheduling cycle: the
 # scheduler divides by a worker's size).
 MIN_CPU_WORKER_CORES = 0.01
+# An environment variable's name as the workers' processes get it (and as fleetyard.spec accepts it): letters,
+# digits and _, not starting with a digit. The OS refuses "=" or NUL in a name (the worker failed to start the
+# run on the node, long after a 201), and the shell cannot read most other names.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_per_worker: float | None) -> float:
@@ -95,6 +101,18 @@ def _worker_cpu_limits(*, accelerator_types: list[str], devices_per_worker: int)
             for ratio in [cpus_per_device(accelerator_type=slug)] if ratio is not None}
 
 
+def env_vars_check(*, field: str, variables: dict) -> None:
+    """Names a worker's process can be given (ENV_NAME) mapped to text without NUL, or a 400 naming the variable."""
+    for name, value in variables.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValidationFailed("environment variables must map names to strings", field=field)
+        if not ENV_NAME.fullmatch(name):
+            raise ValidationFailed(f"{name!r} is not a valid environment variable name: letters, digits and _, "
+                                   "not starting with a digit", field=field)
+        if "\x00" in value:
+            raise ValidationFailed(f"{name}: the value holds a NUL character", field=field)
+
+
 @transaction.atomic
 def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue,
                         accelerator_types: list[str], workers_min: int = 1, workers_max: int | None = None,
@@ -148,9 +166,7 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     if trainer == Trainer.BUILTIN_LM:
         builtin_layout_check(hyperparameters=hyperparameters or {}, workers_min=workers_min, workers_max=workers_max)
     for field, variables in (("envs", envs), ("secrets", secret_envs)):
-        for key, value in (variables or {}).items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise ValidationFailed("environment variables must map names to strings", field=field)
+        env_vars_check(field=field, variables=variables or {})
     clash = sorted(set(envs or {}) & set(secret_envs or {}))
     if clash:
         raise ValidationFailed(f"{', '.join(clash)} set both as an env and as a secret", field="secrets")

@@ -8,12 +8,21 @@ from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
 from jobs import selectors
-from jobs.models import Trainer, TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
+from jobs.models import (
+    MAX_CHECKPOINT_INTERVAL_STEPS,
+    MAX_DURATION_SECONDS,
+    Trainer,
+    TrainingFault,
+    TrainingJob,
+    TrainingJobEvent,
+    TrainingLogLine,
+    TrainingMetric,
+)
 from jobs.states import JobState
 
 
 class CheckpointPolicySerializer(StrictInputSerializer):
-    interval_steps = serializers.IntegerField(min_value=1, default=100)
+    interval_steps = serializers.IntegerField(min_value=1, max_value=MAX_CHECKPOINT_INTERVAL_STEPS, default=100)
     keep_last = serializers.IntegerField(min_value=1, max_value=1000, default=3)
 
 
@@ -43,7 +52,9 @@ class TrainingJobCreateSerializer(StrictInputSerializer):
                                     help_text="dataset://name@version")
     checkpoint = CheckpointPolicySerializer(required=False, default=dict)
     max_restarts = serializers.IntegerField(min_value=0, max_value=1000, default=3)
-    max_duration_seconds = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    max_duration_seconds = serializers.IntegerField(
+        min_value=1, max_value=MAX_DURATION_SECONDS, required=False, allow_null=True, default=None,
+        error_messages={"max_value": f"at most {MAX_DURATION_SECONDS} seconds ({MAX_DURATION_SECONDS // 86400} days)"})
     parallelism = serializers.DictField(
         required=False, default=dict,
         help_text='{"mode": "auto", "model": "llama2-7b" or a model description, "global_batch_size": 256}: the '

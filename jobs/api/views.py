@@ -13,6 +13,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.common import references
+from controlplane.common.api import no_fields_check
 from controlplane.common.parsers import BoundedJSONParser
 from controlplane.compute.registry import get_compute_backend
 from controlplane.tenancy.api.scoping import TeamScopedMixin
@@ -82,6 +83,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         """A new job with this ended job's spec (secrets included), named `<name>-retry-<n>`."""
         job = self.get_object()
         self.require_role(job.team_id, Role.MEMBER)
+        no_fields_check(request)
         new = services.training_job_retry(actor=request.user, job=job)
         return Response(s.TrainingJobSerializer(self.get_queryset().get(pk=new.pk)).data,
                         status=status.HTTP_201_CREATED)
@@ -137,6 +139,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         job = self.get_object()
         if request.method == "POST":
             self.require_role(job.team_id, Role.MEMBER)
+            no_fields_check(request)
             step = workflows.training_job_request_checkpoint(actor=request.user, job=job,
                                                              backend=get_compute_backend())
             return Response({"requested": True, "step": step}, status=status.HTTP_202_ACCEPTED)

@@ -325,8 +325,10 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
-        "rest_framework.filters.SearchFilter",
+        # Both refuse what they cannot act on (an unknown ordering field; search where a view has no search
+        # fields), and every paginated list refuses unknown query parameters (controlplane.common.filters).
+        "controlplane.common.filters.StrictOrderingFilter",
+        "controlplane.common.filters.StrictSearchFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "controlplane.common.openapi.FleetyardAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.common.api.exception_handler",

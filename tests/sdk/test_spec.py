@@ -236,3 +236,18 @@ def test_the_sdk_imports_no_django_ray_or_torch():
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_max_duration_has_an_upper_bound_named_at_its_line():
+    """99999999999999999999h reached the server and came back as a bare `max_duration_seconds` body (the
+    database column's range), and the CLI exited 3 instead of 2."""
+    head = "name: long\nqueue: default\nresources: {accelerators: cpu}\n"
+    (message,) = issues(head + "max_duration: 99999999999999999999h\n")
+    assert message.startswith("spec.yaml:4: max_duration: at most 366d (31622400 seconds)")
+    assert parse_spec(head + "max_duration: 366d\n").body["max_duration_seconds"] == 31622400
+
+
+@pytest.mark.parametrize("name", ["A\\n", "A=B", "", "1ST", "A B"])
+def test_env_names_are_matched_whole(name):
+    (message,) = issues(f'name: e\nqueue: default\nresources: {{accelerators: cpu}}\nenvs: {{"{name}": x}}\n')
+    assert message.startswith("spec.yaml:4: envs.") and "is not a valid environment variable name" in message

@@ -31,6 +31,15 @@ class StandardPagination(PageNumberPagination):
         size = _one_positive_int(request, self.page_size_query_param)
         return self.page_size if size is None else min(size, self.max_page_size)
 
+    def paginate_queryset(self, queryset, request, view=None):
+        """Every list is paginated, so every list (a viewset's and an object's events, revisions or versions)
+        refuses here the query parameters it does not read; detail routes run the filter backends too (in
+        get_object) but not this."""
+        from controlplane.common.filters import query_params_check  # see common/filters.py
+
+        query_params_check(request, view, queryset, self)
+        return super().paginate_queryset(queryset, request, view)
+
     def get_page_number(self, request, paginator):
         _one_positive_int(request, self.page_query_param, allowed=tuple(self.last_page_strings))
         return super().get_page_number(request, paginator)
@@ -77,16 +86,30 @@ def not_found(request, exception):
     return page_not_found(request, exception)
 
 
-class StrictInputSerializer(serializers.Serializer):
-    """An input serializer that rejects fields it does not know, so a typo (`worker_max`) is a 400
-    naming the field instead of a silently ignored setting."""
+class StrictInputMixin:
+    """Refuses input fields the serializer does not take (read-only ones included), so a typo (`worker_max`) is a
+    400 naming the field instead of a silently ignored setting."""
 
     def to_internal_value(self, data):
         if hasattr(data, "keys"):
-            unknown = sorted(set(data.keys()) - set(self.fields))
+            accepted = sorted(name for name, field in self.fields.items() if not field.read_only)
+            unknown = sorted(set(data.keys()) - set(accepted))
             if unknown:
-                raise serializers.ValidationError(
-                    {name: [f"unknown field; expected one of: {', '.join(sorted(self.fields))}"]
-                     for name in unknown}
-                )
+                reason = (f"unknown field; expected one of: {', '.join(accepted)}" if accepted
+                          else "unknown field; this request takes no fields")
+                raise serializers.ValidationError({name: [reason] for name in unknown})
         return super().to_internal_value(data)
+
+
+class StrictInputSerializer(StrictInputMixin, serializers.Serializer):
+    """An input serializer that rejects fields it does not know (see StrictInputMixin)."""
+
+
+class NoFieldsSerializer(StrictInputSerializer):
+    """The body of an action that takes none (retry, revoke, a checkpoint request): empty, or a 400 naming each
+    field sent, so `{"reason": "..."}` sent to an action that records no reason is not silently dropped."""
+
+
+def no_fields_check(request) -> None:
+    """A 400 naming each field of the request's body, for an action that takes none."""
+    NoFieldsSerializer(data=request.data).is_valid(raise_exception=True)

@@ -19,8 +19,11 @@ ERROR_SCHEMA = {
 }
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Methods whose body is read: one that takes no fields still refuses any it is sent (common.api.no_fields_check).
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 ERROR_DESCRIPTIONS = {
-    "400": "Invalid input: a field, a filter or the page size (the body names each field at fault).",
+    "400": "Invalid input: a field (an unknown one too), a query parameter (an unknown one too), an ordering or "
+           "the page size (the body names each at fault).",
     "401": "No credentials, or a token that is invalid, expired or revoked.",
     "403": "Signed in, but the caller's role does not allow this.",
     "404": "No such object visible to the caller (another team's object is 404 too), or no such page.",
@@ -58,7 +61,7 @@ class FleetyardAutoSchema(AutoSchema):
         parameters = operation.get("parameters", [])
         has_body = "requestBody" in operation
         codes = []
-        if has_body or any(p["in"] == "query" for p in parameters):
+        if has_body or method in BODY_METHODS or any(p["in"] == "query" for p in parameters):
             codes.append("400")
         if operation.get("security") and {} not in operation["security"]:
             codes += ["401", "403"]

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from controlplane.cluster.models import AcceleratorType, Node, NodePool
 from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE
-from controlplane.common.api import StrictInputSerializer
+from controlplane.common.api import StrictInputMixin, StrictInputSerializer
 from controlplane.planning.model import RECOMPUTE_MODES
 from controlplane.planning.presets import PRESET_NAMES
 
@@ -19,7 +19,7 @@ class AcceleratorTypeSerializer(serializers.ModelSerializer):
                   "memory_bandwidth_gbps", "interconnect", "price_per_hour_usd", "sources", "notes"]
 
 
-class NodePoolSerializer(serializers.ModelSerializer):
+class NodePoolSerializer(StrictInputMixin, serializers.ModelSerializer):
     accelerator_type = serializers.SlugRelatedField(slug_field="slug", queryset=AcceleratorType.objects.all())
     node_count = serializers.IntegerField(read_only=True)
     healthy_node_count = serializers.IntegerField(read_only=True)
@@ -60,7 +60,7 @@ class NodeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class NodeCordonSerializer(serializers.Serializer):
+class NodeCordonSerializer(StrictInputSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
 
 

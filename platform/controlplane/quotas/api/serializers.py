@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.common.api import StrictInputSerializer
+from controlplane.common.api import StrictInputMixin, StrictInputSerializer
 from controlplane.quotas.models import (
     ClusterQueue,
     LocalQueue,
@@ -83,7 +83,7 @@ class LocalQueueWriteSerializer(StrictInputSerializer):
     cluster_queue = serializers.SlugRelatedField(slug_field="name", queryset=ClusterQueue.objects.all())
 
 
-class PriorityClassSerializer(serializers.ModelSerializer):
+class PriorityClassSerializer(StrictInputMixin, serializers.ModelSerializer):
     class Meta:
         model = PriorityClass
         fields = ["id", "name", "value", "description", "preemptible"]

@@ -8,6 +8,7 @@ queue position) without creating anything. Every mistake is a 400 whose `spec` l
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
@@ -116,6 +117,10 @@ class SpecApplyView(TeamScopedMixin, APIView):
             path, line = spec.locate(exc.field or "")
             issue = SpecIssue(line, path if exc.field else "", exc.message)
             return _spec_errors([issue], filename, extra=exc.as_dict())
+        except DjangoValidationError as exc:
+            # A model's own validation (a column's range, say): still spec lines, not a bare REST field body.
+            errors = exc.message_dict if hasattr(exc, "error_dict") else {"": exc.messages}
+            return _spec_errors(_issues_from(spec, errors), filename)
         return Response({"kind": spec.kind, "dry_run": dry_run, "plan": plan, "warnings": spec.warnings,
                          "object": created}, status=status.HTTP_200_OK if dry_run else status.HTTP_201_CREATED)
 

@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.common.api import no_fields_check
 from controlplane.common.errors import PermissionDeniedError
 from controlplane.tenancy import selectors, services
 from controlplane.tenancy.api import serializers as s
@@ -115,6 +116,7 @@ class ApiTokenViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
     @action(detail=True, methods=["post"])
     def revoke(self, request, pk=None):
         token = self.get_object()
+        no_fields_check(request)
         token = services.api_token_revoke(actor=request.user, token=token)
         return Response(s.ApiTokenSerializer(token).data)
 
