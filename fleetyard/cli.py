@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from fleetyard.client import Client, plan_devices, plan_pool, save_config
+from fleetyard.client import Client, check_upload_file, plan_devices, plan_pool, save_config
 from fleetyard.errors import ApiError, ConfigError, FleetyardError, SpecError, TimeoutExpired
 from fleetyard.spec import DEPLOYMENT, JOB, parse_spec
 
@@ -319,17 +319,17 @@ class _Cli:
 
     def datasets_upload(self) -> int:
         path = Path(self.args.file)
-        if not path.is_file():
-            raise UsageError(f"{path} is not a file")
-        dataset = self.client.dataset_by_name(self.args.name)
-        if dataset is None:
-            dataset = self.client.create_dataset(self.args.name, description=self.args.description or "")
+        try:
+            size = check_upload_file(path)  # before anything is created: a bad file leaves nothing behind
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         show = not self.json and self.err.is_terminal
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), console=self.err, disable=not show) as progress:
-            task = progress.add_task(f"uploading {path.name}", total=path.stat().st_size)
-            version = self.client.upload_dataset_version(
-                dataset["id"], path, fmt=self.args.format or "", description=self.args.description or "",
+            task = progress.add_task(f"uploading {path.name}", total=size)
+            # (a dataset this command creates is deleted again if the upload fails)
+            version = self.client.upload_dataset(
+                self.args.name, path, fmt=self.args.format or "", description=self.args.description or "",
                 progress=lambda sent, total: progress.update(task, completed=sent))
         if self.json:
             self.emit(version)
@@ -662,7 +662,11 @@ def main(argv: list[str] | None = None) -> int:
                 cli.err.print(escape(str(message)))
             return EXIT_USAGE
         cli.err.print(f"[red]error:[/] {escape(str(exc))}")
+        for note in getattr(exc, "__notes__", ()):  # e.g. a dataset an upload created that could not be undone
+            cli.err.print(escape(str(note)))
         return EXIT_API
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         cli.err.print("interrupted")
+        for note in getattr(exc, "__notes__", ()):
+            cli.err.print(escape(str(note)))
         return EXIT_INTERRUPTED

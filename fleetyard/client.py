@@ -340,6 +340,37 @@ class Client:
         body = {"name": name, "description": description, **({"team": team} if team else {})}
         return self.post("datasets/", body)
 
+    def upload_dataset(self, name: str, path: str | os.PathLike, *, fmt: str = "", description: str = "",
+                       team: str | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
+        """Upload a file as the next version of dataset `name`, creating the dataset if there is none. The file is
+        checked first (ValueError: not a readable, non-empty file), before anything is created; when the upload
+        then fails (a 400, a lost connection, Ctrl-C), a dataset this call created is deleted again, so a failed
+        upload leaves nothing new behind. Returns the new version."""
+        check_upload_file(path)
+        dataset = self.dataset_by_name(name)
+        created = dataset is None
+        if created:
+            dataset = self.create_dataset(name, description=description, team=team)
+        try:
+            return self.upload_dataset_version(dataset["id"], path, fmt=fmt, description=description,
+                                               progress=progress)
+        except BaseException as exc:
+            if created:
+                self._undo_dataset_create(dataset, exc)
+            raise
+
+    def _undo_dataset_create(self, dataset: dict, exc: BaseException) -> None:
+        """Delete the dataset an upload created, unless a version reached it meanwhile (another upload's)."""
+        try:
+            current = self.get(f"datasets/{int(dataset['id'])}/")
+            if current.get("version_count"):
+                exc.add_note(f"dataset {dataset['name']} was kept: it has {current['version_count']} version(s)")
+                return
+            self.request("DELETE", f"datasets/{int(dataset['id'])}/")
+        except Exception as undo:  # say so rather than hide the upload's own error
+            exc.add_note(f"dataset {dataset['name']} (id {dataset['id']}) was created for this upload and could "
+                         f"not be deleted again: {undo}")
+
     def upload_dataset_version(self, dataset_id: int, path: str | os.PathLike, *, fmt: str = "",
                                description: str = "", progress: Callable[[int, int], None] | None = None) -> dict:
         """Upload a file as the dataset's next version, streamed (never read whole into memory);
@@ -462,6 +493,23 @@ def _entries(value, what: str) -> list:
             and not isinstance(value[1], bool):
         raise ValueError(f"devices takes a list of entries: write [{tuple(value)!r}], not {tuple(value)!r}")
     return list(value)
+
+
+def check_upload_file(path: str | os.PathLike) -> int:
+    """The size of a file that can be uploaded as a dataset version, or ValueError saying why not: it is missing,
+    not a regular file, unreadable, or empty (the server refuses an empty file)."""
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise ValueError(f"{path}: not a file" if path.exists() else f"{path}: no such file")
+        with path.open("rb") as handle:
+            first = handle.read(1)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    if not first or size == 0:
+        raise ValueError(f"{path}: the file is empty; a dataset version needs some data")
+    return size
 
 
 def _rewindable(kwargs: dict) -> bool:

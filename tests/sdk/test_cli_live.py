@@ -186,6 +186,57 @@ def test_datasets_upload_list_and_quota(cli, tmp_path):
     assert code == 0 and "nvidia-h100" in out
 
 
+def test_a_failed_upload_leaves_no_dataset_behind(cli, live, tmp_path):
+    """`datasets upload NAME FILE` created the dataset, then the upload failed (an empty file: 400 "The submitted
+    file is empty."), and `datasets list` showed the dataset with 0 versions. A file that cannot be uploaded is now
+    refused before anything is created, and a dataset the command created is deleted again when the upload fails;
+    an existing dataset is left as it was."""
+    from controlplane.datasets.models import Dataset
+
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    code, _, err = cli("datasets", "upload", "stories", str(empty))
+    assert code == 2 and "empty" in err and "Traceback" not in err, err
+    code, _, err = cli("datasets", "upload", "stories", str(tmp_path / "missing.txt"))
+    assert code == 2 and "no such file" in err, err
+    data = tmp_path / "corpus.txt"
+    data.write_text("hello world\n" * 10)
+    code, _, err = cli("datasets", "upload", "stories", str(data), "--format", "bogus")  # refused by the server
+    assert code == 3 and "400" in err and "format" in err and "Traceback" not in err, err
+    code, out, _ = cli("datasets", "list", "--json")
+    assert json.loads(out) == [] and not Dataset.objects.exists()
+    assert cli("datasets", "upload", "stories", str(data))[0] == 0
+    code, _, err = cli("datasets", "upload", "stories", str(data), "--format", "bogus")
+    assert code == 3, err
+    (kept,) = json.loads(cli("datasets", "list", "--json")[1])
+    assert kept["name"] == "stories" and kept["version_count"] == 1
+
+
+def test_the_sdk_upload_undoes_the_dataset_it_created(live, tmp_path):
+    from fleetyard import Client
+    from fleetyard.errors import ApiError
+
+    client = Client(url=live.url, token=live.token)
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty"):
+        client.upload_dataset("corpus", empty)
+    data = tmp_path / "corpus.txt"
+    data.write_text("x" * 100)
+
+    def interrupted(sent, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        client.upload_dataset("corpus", data, progress=interrupted)
+    with pytest.raises(ApiError) as failed:
+        client.upload_dataset("corpus", data, fmt="bogus")
+    assert failed.value.status == 400 and "format" in failed.value.body
+    assert list(client.datasets()) == []
+    version = client.upload_dataset("corpus", data, fmt="text")
+    assert version["reference"] == "dataset://corpus@1"
+
+
 def test_the_cli_runs_as_a_subprocess(live, tmp_path):
     spec = write(tmp_path, "train.yaml", JOB_SPEC.format(name="subprocess"))
     env = {**os.environ, "FLEETYARD_URL": live.url, "FLEETYARD_TOKEN": live.token}
