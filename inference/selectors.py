@@ -150,6 +150,24 @@ def serving_quota_refusal(*, deployment: Deployment, accelerator_type: str, repl
     return _serving_quota_refusals(deployment, accelerator_type)(replicas)
 
 
+def serving_quota_never(*, deployment: Deployment, accelerator_type: str, replicas: int) -> str:
+    """Why `replicas` replicas of the deployment on `accelerator_type` exceed the most its ClusterQueue could ever
+    take (its nominal quota and what its cohort could lend, with nothing else running), or ""."""
+    from controlplane.scheduling.quota import QuotaLedger
+    from jobs.admission import cluster_queue_specs
+
+    ledger = QuotaLedger(cluster_queue_specs())
+    queue = deployment.local_queue.cluster_queue.name
+    need = replicas * float(deployment.devices_per_replica)
+    if queue not in ledger.queues or accelerator_type == "cpu" or need <= 0:
+        return ""
+    ceiling = ledger.ceiling(queue, accelerator_type)
+    if need <= ceiling + 1e-9:
+        return ""
+    return (f"{queue} can never take {need:g} {accelerator_type}: its nominal quota and the most its cohort could "
+            f"lend add up to {ceiling:g}")
+
+
 def serving_quota_replicas(*, deployment: Deployment, accelerator_type: str) -> int:
     """The most replicas of the deployment, up to replicas_max, that its ClusterQueue's quota takes on
     `accelerator_type` now (as `serving_quota_refusal` counts; 0 when not even one fits)."""

@@ -33,6 +33,9 @@ SPEC_FIELDS = ("model_uri", "accelerator_types", "devices_per_replica", "replica
 # What deployment_update may change (source_job is a TrainingJob or None).
 UPDATABLE_FIELDS = (*SPEC_FIELDS, "source_job")
 S = DeploymentState
+# A deployment serves one model (the spec's "give model or checkpoint, not both"); before, the API took both and
+# served the model_uri.
+NOT_BOTH = "give a model_uri or a source_job whose checkpoint to serve, not both (model_uri is also given)"
 
 
 def deployment_spec(deployment: Deployment) -> dict:
@@ -84,24 +87,55 @@ def validate_model_uri(model_uri: str) -> str:
 
 
 def _check_model(model_uri: str, engine: dict, source_job: TrainingJob | None = None) -> None:
-    """The model to serve is checked now (a 400), not only at deploy, when its config.json is already there (a
-    model_uri's directory, or the source job's latest complete checkpoint): its shape must be a built-in LM's, and
-    with the engine settings its replicas' keys and values must fit a replica."""
-    from inference.workflows import model_refusal, model_uri_path
+    """The model to serve is checked now (a 400), not only at deploy: a model_uri's directory must exist and hold
+    config.json + model.pt, and a finished source job must have a complete checkpoint that holds them (a job still
+    running may save one: the deploy waits for it), as the deploy would refuse them for good; and when its
+    config.json is already there, its shape must be a built-in LM's, and with the engine settings its replicas' keys
+    and values must fit a replica."""
+    from inference.workflows import CONFIG_FILE, MODEL_FILE, model_refusal, model_uri_path
 
     path = None
     if model_uri:
         path = model_uri_path(model_uri)
+        # as the deploy checks it (workflows.resolve_model_dir), which failed the deployment right after a 201
+        missing = _model_dir_missing(path) if path is not None else ""
+        if missing:
+            raise ValidationFailed(missing, field="model_uri")
     elif source_job is not None:
+        root = checkpoint_dir(source_job)
         try:
-            info = latest_checkpoint(checkpoint_dir(source_job))
+            info = latest_checkpoint(root)
         except OSError:  # an unreadable checkpoint folder: the deploy reports it
             info = None
+        if source_job.is_terminal:  # it saves no more checkpoints: what it has now is all it will ever have
+            if info is None:
+                raise ValidationFailed(
+                    f"training job {source_job.pk} ({source_job.name}) is {source_job.state} and has no complete "
+                    f"checkpoint under {root}: there is nothing to serve (a job still running is waited for)",
+                    field="source_job")
+            missing = [name for name in (CONFIG_FILE, MODEL_FILE) if name not in info.files]
+            if missing:
+                raise ValidationFailed(f"checkpoint {info.path} of training job {source_job.pk} has no "
+                                       f"{', '.join(missing)} (only built-in LM checkpoints can be served)",
+                                       field="source_job")
         path = Path(info.path) if info is not None else None
     refused = model_refusal(path, engine) if path is not None else None
     if refused:
         field, why = refused
         raise ValidationFailed(why, field=field)
+
+
+def _model_dir_missing(path: Path) -> str:
+    """Why a model directory (inside the model folders) cannot be served as it is now: it does not exist, or lacks
+    config.json / model.pt; "" when it has them."""
+    from inference.workflows import CONFIG_FILE, MODEL_FILE
+
+    if not path.is_dir():
+        return f"model directory {path} does not exist" if not path.exists() else f"{path} is not a directory"
+    missing = [name for name in (CONFIG_FILE, MODEL_FILE) if not (path / name).is_file()]
+    if missing:
+        return f"model directory {path} has no {', '.join(missing)} (a built-in LM's config.json and model.pt)"
+    return ""
 
 
 def _validate_replicas(replicas_min: int, replicas_max: int) -> None:
@@ -129,6 +163,8 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         raise ValidationFailed("training job not found in this team", field="source_job")
     if not model_uri and source_job is None:
         raise ValidationFailed("give a model_uri or a source_job whose checkpoint to serve", field="model_uri")
+    if model_uri and source_job is not None:
+        raise ValidationFailed(NOT_BOTH, field="source_job")
     validate_model_uri(model_uri)
     engine = validate_engine(engine)
     _check_model(model_uri, engine, source_job)
@@ -190,6 +226,8 @@ def deployment_update(*, actor, deployment: Deployment, changes: dict, reason: s
     before = {name: _current(deployment, name) for name in changed}
     for name, value in changed.items():
         setattr(deployment, name, value)
+    if changed.get("source_job") is not None and changed.get("model_uri"):
+        raise ValidationFailed(NOT_BOTH, field="source_job")
     if "source_job" in changed and changed["source_job"] is not None and "model_uri" not in changed:
         deployment.model_uri = ""  # a job's checkpoint replaces the uploaded model
     if "model_uri" in changed and changed["model_uri"] and "source_job" not in changed:

@@ -29,6 +29,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.cluster.selectors import never_hold_reason
 from controlplane.common.lifecycle import record_event, transition
 from controlplane.compute.base import ServiceSpec, ServiceStatus
 from controlplane.quotas.services import lock_cluster_queues
@@ -141,11 +142,19 @@ def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
     A single pool that holds them all is pinned; otherwise the replicas may spread over the type's pools."""
     needed = max(1, deployment.replicas_min)
     missing = []
+    never = []  # (why each accepted type could never hold them: its nodes, or its queue's quota ceiling)
     first = deployment.accelerator_types[0]
     per_replica = f"{CPUS_PER_REPLICA:g} CPU" if first == "cpu" else f"{deployment.devices_per_replica:g} device(s)"
     for slug in deployment.accelerator_types:
         devices = 0.0 if slug == "cpu" else float(deployment.devices_per_replica)
         if devices > 0:
+            why_never = (never_hold_reason(accelerator_type=slug, units=devices, members=needed)
+                         or selectors.serving_quota_never(deployment=deployment, accelerator_type=slug,
+                                                          replicas=needed))
+            if why_never:
+                never.append(why_never)
+                missing.append(f"{slug}: {why_never}")
+                continue
             refusal = selectors.serving_quota_refusal(deployment=deployment, accelerator_type=slug, replicas=needed)
             if refusal:
                 missing.append(f"{slug}: quota: {refusal}")
@@ -161,6 +170,10 @@ def choose_placement(deployment: Deployment) -> tuple[Placement | None, str]:
             return Placement(slug, None), ""
         where = f"room for {sum(fits.values())} replica(s)" if fits else "no live, uncordoned nodes"
         missing.append(f"{slug}: {where}")
+    if len(never) == len(deployment.accelerator_types):  # as the dry run and the scheduler say it of a gang
+        return None, (f"it can never run as asked: {needed} replica(s) of {per_replica} each ({'; '.join(never)}); "
+                      "it would wait for good: ask for fewer replicas or devices per replica, or an operator for "
+                      "more quota or nodes")
     waits_for = "quota" if all(": quota: " in line for line in missing) else "capacity"
     return None, (f"waiting for {waits_for}: {needed} replica(s) of {per_replica} each fit on no accepted "
                   f"accelerator type ({'; '.join(missing)})")

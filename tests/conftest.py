@@ -13,6 +13,7 @@ from controlplane.compute.topology import load_topology
 from controlplane.quotas.services import cluster_queue_create, local_queue_create, priority_class_create
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.services import api_token_create, membership_set, team_create
+from inference.services import _model_dir_missing as _MODEL_DIR_MISSING
 
 
 def pytest_configure(config):
@@ -23,11 +24,15 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
-def _isolated_storage(settings, tmp_path):
+def _isolated_storage(settings, tmp_path, monkeypatch):
     settings.MEDIA_ROOT = tmp_path / "storage"
     # Most tests name made-up model folders (file:///m); tests/security/test_model_paths.py checks the
-    # real restriction to FLEETYARD_MODEL_DIRS.
+    # real restriction to FLEETYARD_MODEL_DIRS, and tests that ask for `model_dirs_checked` the check at create
+    # that the folder exists and holds config.json + model.pt (the deploy still checks it in every test).
     settings.FLEETYARD_MODEL_DIRS = ["/"]
+    from inference import services as inference_services
+
+    monkeypatch.setattr(inference_services, "_model_dir_missing", lambda path: "")
     # Unit and API tests run tasks in-process; tests/integration starts real workers instead.
     celery_app.conf.task_always_eager = True
     yield
@@ -39,6 +44,14 @@ def _isolated_storage(settings, tmp_path):
         backend = get_compute_backend()
         for handle in backend.list_training_handles():
             backend.release_training(handle)
+
+
+@pytest.fixture
+def model_dirs_checked(monkeypatch):
+    """A deployment's model_uri must name a model folder that exists with config.json + model.pt, as outside tests."""
+    from inference import services as inference_services
+
+    monkeypatch.setattr(inference_services, "_model_dir_missing", _MODEL_DIR_MISSING)
 
 
 @pytest.fixture

@@ -177,8 +177,8 @@ def test_no_capacity_stays_pending_with_the_reason_then_deploys(api, backend, mo
     deployment = Deployment.objects.get(pk=created["id"])
     assert deployment.state == "PENDING" and not deployment.compute_handle
     assert deployment.state_reason.startswith("waiting for capacity: 3 replica(s) of 8 device(s) each")
-    # 24 H100s are more than the shared queue's 16 nominal, and nobody in its cohort lends more
-    assert "nvidia-h100: quota: shared needs to borrow 8 nvidia-h100" in deployment.state_reason
+    # 3 x 8 H100s: the two 8-device H100 nodes can never hold them (nor the shared queue's 16 nominal)
+    assert "nvidia-h100: nvidia-h100 nodes can never hold it: its 2 nodes" in deployment.state_reason
     assert "cpu: room for 2 replica(s)" in deployment.state_reason
     assert backend.list_service_handles() == []
     tasks.sync_deployments()  # the reconciler retries; the same reason is not recorded twice
@@ -190,6 +190,39 @@ def test_no_capacity_stays_pending_with_the_reason_then_deploys(api, backend, mo
     deployment = Deployment.objects.get(pk=deployment.pk)
     assert deployment.state == "SERVING" and deployment.accelerator_type == "cpu"
     assert backend.services[deployment.compute_handle].devices_per_replica == 0.0
+
+
+def test_replicas_no_node_or_quota_could_ever_hold_say_it_can_never_run(api, backend, model_dir, world):
+    """Found by QA: replicas_min 256 on a type with 16 devices was PENDING "waiting for capacity" for good. As a
+    training job's gang no node could ever hold (201, then QUEUED saying it can never be placed), the deployment is
+    taken and its reason says it can never run as asked, as the dry run of its spec does (another accepted type that
+    could hold it is still waited for: test_no_capacity_stays_pending_with_the_reason_then_deploys)."""
+    from controlplane.quotas.services import cluster_queue_update
+
+    client = api("alpha", "member")
+    created = create(client, model_dir, accelerator_types=["nvidia-h100"], devices_per_replica=1,
+                     replicas_min=256, replicas_max=256)
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert deployment.state == "PENDING" and not deployment.compute_handle
+    assert deployment.state_reason.startswith("it can never run as asked: 256 replica(s) of 1 device(s) each "
+                                              "(nvidia-h100 nodes can never hold it: its 2 nodes (the largest with 8 "
+                                              "devices) would hold at most 16 x 1"), deployment.state_reason
+    spec = ("name: big\nqueue: default\nresources:\n  accelerators: H100:1\nservice:\n  model: "
+            f"{model_dir}\n  replicas: 256\n  sla: {{ttft_p95: 500ms, tpot_p95: 50ms}}\n")
+    plan = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json").json()["plan"]
+    assert plan["options"][0]["never"] and "can never hold it" in plan["options"][0]["why_not"], plan
+    # within the nodes but past what the queue could ever take: said too, by the deploy and the dry run
+    cluster_queue_update(actor=world["ops"], queue=world["cluster_queue"], quotas=[
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8},
+        {"accelerator_type": "nvidia-a100", "nominal_quota": 16}, {"accelerator_type": "cpu", "nominal_quota": 8}])
+    twelve = create(client, model_dir, name="twelve", accelerator_types=["nvidia-h100"], devices_per_replica=1,
+                    replicas_min=12, replicas_max=12)
+    reason = Deployment.objects.get(pk=twelve["id"]).state_reason
+    assert reason.startswith("it can never run as asked: 12 replica(s)") and \
+        "shared can never take 12 nvidia-h100: its nominal quota and the most its cohort could lend add up to 8" \
+        in reason, reason
+    plan = client.post("/api/v1/specs/apply/?dry_run=1", {"spec": spec.replace("256", "12")}, format="json")
+    assert "shared can never take 12 nvidia-h100" in plan.json()["plan"]["options"][0]["why_not"], plan.json()
 
 
 def test_cordoned_nodes_do_not_count(api, backend, model_dir):
@@ -216,14 +249,69 @@ def test_a_live_job_without_a_checkpoint_waits_then_its_checkpoint_is_served(api
     assert backend.services[served.compute_handle].model_dir == str(info.path)
 
 
-def test_a_finished_job_without_a_checkpoint_fails(api, backend):
+def test_a_finished_job_without_a_checkpoint_is_refused_and_one_that_ends_without_fails(api, backend):
+    """Found by QA: a finished job without a complete checkpoint was taken (201), and the deployment FAILED right
+    away ("cannot serve: training job N has no complete checkpoint under ..."). It can never get one: refused with a
+    400 naming source_job, through the API and a spec. A job still running may save one and is waited for; if it
+    then ends without one, the deployment fails, saying why."""
     client = api("alpha", "member")
     job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
+    waiting = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"])["id"])
+    assert waiting.state == "PENDING" and "waiting for the first complete checkpoint" in waiting.state_reason
     client.post(f"/api/v1/training-jobs/{job['id']}/cancel/", format="json")
-    failed = Deployment.objects.get(pk=create(client, model_uri="", source_job=job["id"])["id"])
+    refused = create(client, expect=400, name="late", model_uri="", source_job=job["id"])
+    assert set(refused) == {"source_job"} and "CANCELLED and has no complete checkpoint" in refused["source_job"][0]
+    spec = (f"name: late\nqueue: default\nresources:\n  accelerators: A100:1\nservice:\n  checkpoint: job:{job['id']}"
+            "\n  sla: {ttft_p95: 500ms, tpot_p95: 50ms}\n")
+    applied = client.post("/api/v1/specs/apply/", {"spec": spec}, format="json")
+    assert applied.status_code == 400 and "service.checkpoint" in applied.json()["spec"][0], applied.json()
+    assert "no complete checkpoint" in applied.json()["spec"][0]
+    assert not Deployment.objects.filter(name="late").exists()
+    tasks.sync_deployments()
+    failed = Deployment.objects.get(pk=waiting.pk)
     assert failed.state == "FAILED"
     assert failed.state_reason.startswith(f"cannot serve: training job {job['id']}")
     assert "no complete checkpoint" in failed.state_reason
+
+
+def test_model_uri_and_source_job_together_are_refused(api, backend, model_dir):
+    """Found by QA: both were taken (201) and the model_uri served, where the spec refuses "give model or checkpoint,
+    not both". A PATCH that sets both is refused too."""
+    client = api("alpha", "member")
+    job = client.post("/api/v1/training-jobs/", JOB_BODY, format="json").json()
+    refused = create(client, model_dir, expect=400, source_job=job["id"])
+    assert set(refused) == {"source_job"} and "not both" in refused["source_job"][0] \
+        and "model_uri" in refused["source_job"][0], refused
+    assert not Deployment.objects.exists()
+    created = create(client, model_dir)
+    other = model_dir.parent / "other"
+    other.mkdir()
+    for name in ("config.json", "model.pt"):
+        (other / name).write_bytes((model_dir / name).read_bytes())
+    both = patch(client, created["id"], {"model_uri": f"file://{other}", "source_job": job["id"]}, expect=400)
+    assert "not both" in both["source_job"][0]
+    assert Deployment.objects.get(pk=created["id"]).revision == 1
+
+
+def test_a_model_folder_that_is_not_there_is_refused_at_create(api, backend, model_dir, model_dirs_checked, tmp_path):
+    """Found by QA: a model_uri naming a local folder that does not exist was taken (201), and the deployment FAILED
+    at once ("model directory ... does not exist"). The control plane checks it as the deploy does: a 400 naming
+    model_uri, through the API, a spec and a PATCH."""
+    client = api("alpha", "member")
+    missing = create(client, expect=400, model_uri=str(tmp_path / "nope"))
+    assert set(missing) == {"model_uri"} and "does not exist" in missing["model_uri"][0], missing
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    half = create(client, expect=400, model_uri=f"file://{tmp_path / 'half'}")
+    assert "has no model.pt" in half["model_uri"][0], half
+    spec = (f"name: svc\nqueue: default\nresources:\n  accelerators: A100:1\nservice:\n  model: {tmp_path / 'nope'}"
+            "\n  sla: {ttft_p95: 500ms, tpot_p95: 50ms}\n")
+    applied = client.post("/api/v1/specs/apply/", {"spec": spec}, format="json")
+    assert applied.status_code == 400 and "service.model" in applied.json()["spec"][0], applied.json()
+    assert not Deployment.objects.exists()
+    created = create(client, model_dir)
+    gone = patch(client, created["id"], {"model_uri": str(tmp_path / "gone")}, expect=400)
+    assert "does not exist" in gone["model_uri"][0]
 
 
 def test_a_missing_model_directory_fails(api, backend, tmp_path):
@@ -294,10 +382,7 @@ def test_an_update_is_checked_against_the_model_it_will_serve(api, backend, mode
                             {"model_uri": f"file://{model_dir}", "source_job": job_id}, format="json")
     assert switched.status_code == 400 and "63.0 GiB" in switched.json()["engine"][0], switched.json()
     assert Deployment.objects.get(pk=created["id"]).revision == 1
-    both = create(client, model_dir, name="both", source_job=job_id, engine={"slots": 16})  # serves model_uri
-    again = client.patch(f"/api/v1/deployments/{both['id']}/", {"source_job": job_id, "replicas_max": 2},
-                         format="json")
-    assert again.status_code == 200, again.json()
+    # (a deployment with both, which served its model_uri, can no longer be created: both are refused)
 
 
 def test_an_update_to_a_missing_model_degrades_and_keeps_the_old_revision(api, backend, model_dir, tmp_path):
@@ -475,3 +560,4 @@ def test_accelerator_replicas_count_against_the_queue_quota_with_training(api, b
     fits = create(client, model_dir, name="small", accelerator_types=["nvidia-h100"], devices_per_replica=8,
                   replicas_min=1, replicas_max=1)  # 8 (training) + 8 = the queue's 16
     assert Deployment.objects.get(pk=fits["id"]).state in ("DEPLOYING", "SERVING")
+

@@ -150,3 +150,25 @@ def cluster_utilization(*, held: dict[str, float] | None = None) -> dict:
         "cost_per_hour": sum(kind["cost_per_hour"] or 0.0 for kind in types),
         "unpriced": [kind["accelerator_type"] for kind in types if kind["price_per_hour"] is None and kind["used"]],
     }
+
+
+def never_hold_reason(*, accelerator_type: str, units: float, members: int) -> str:
+    """Why the type's nodes, every one of them back in service (cordoned or unhealthy ones too: they may come back; a
+    review), could never hold `members` workers (replicas) of `units` even with nothing running (before, the plan of
+    such a gang said it "waits in the queue", and the job then waited for good; found by QA), or "". The dry run of a
+    spec says it, and so does a deployment that waits for room (inference.workflows.choose_placement)."""
+    slug = accelerator_type
+    capacities = [cpus if slug == "cpu" else devices for devices, cpus in
+                  Node.objects.filter(pool__accelerator_type__slug=slug).values_list("capacity_devices",
+                                                                                    "capacity_cpus")]
+    if units <= 0 or not capacities:
+        return ""
+    if units >= 1 - 1e-9:
+        most = sum(int(capacity) // math.ceil(units - 1e-9) for capacity in capacities)
+    else:
+        most = sum(int(capacity) * int((1 + 1e-9) // units) for capacity in capacities)
+    if most >= members:
+        return ""
+    return (f"{slug} nodes can never hold it: its {len(capacities)} nodes (the largest with "
+            f"{int(max(capacities))} {'CPU cores' if slug == 'cpu' else 'devices'}) would hold at most {most} x "
+            f"{units:g} even all in service with nothing running, it needs {members}")

@@ -9,6 +9,7 @@ import math
 from django.db.models import Q
 
 from controlplane.cluster.models import AcceleratorType, Node, NodeHealth
+from controlplane.cluster.selectors import never_hold_reason
 from controlplane.quotas.models import LocalQueue, PriorityClass, ResourceQuota
 from controlplane.quotas.selectors import check_workload_request
 from controlplane.scheduling.mixed_load import serving_quota_refusal
@@ -80,10 +81,12 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
         free_units = float(sum(free_by_node))
         fits_capacity = placeable >= members
         # (a deployment's CPU replica is sized in cores elsewhere: units here are not them; a review)
-        never = "" if kind != JOB and slug == "cpu" else _never_why(slug, units, members)
+        never = "" if kind != JOB and slug == "cpu" else never_hold_reason(accelerator_type=slug, units=units,
+                                                                            members=members)
         if kind == JOB:
             need = placed_units(slug, units) * members  # as the cycle counts it (a review)
-        if not never and kind == JOB and queue_name in ledger.queues:
+        # (a deployment's replicas too, as its deploy says it: inference.selectors.serving_quota_never)
+        if not never and (kind == JOB or (slug != "cpu" and units > 0)) and queue_name in ledger.queues:
             # (a non-preemptible job never borrows; what deployments reserve changes, so it is no "never")
             nominal = ledger.quota(queue_name, slug).nominal
             ceiling = nominal if non_preemptible else ledger.ceiling(queue_name, slug)
@@ -231,24 +234,6 @@ def _free_by_node(slug: str) -> list[float]:
     return free
 
 
-def _never_why(slug: str, units: float, members: int) -> str:
-    """Why the type's nodes, every one of them back in service (cordoned or unhealthy ones too: they may come back; a
-    review), could never hold `members` workers (replicas) of `units` even with nothing running (before, the plan of
-    such a gang said it "waits in the queue", and the job then waited for good; found by QA), or ""."""
-    capacities = [cpus if slug == "cpu" else devices for devices, cpus in
-                  Node.objects.filter(pool__accelerator_type__slug=slug).values_list("capacity_devices",
-                                                                                    "capacity_cpus")]
-    if units <= 0 or not capacities:
-        return ""
-    if units >= 1 - 1e-9:
-        most = sum(int(capacity) // math.ceil(units - 1e-9) for capacity in capacities)
-    else:
-        most = sum(int(capacity) * int((1 + 1e-9) // units) for capacity in capacities)
-    if most >= members:
-        return ""
-    return (f"{slug} nodes can never hold it: its {len(capacities)} nodes (the largest with "
-            f"{int(max(capacities))} {'CPU cores' if slug == 'cpu' else 'devices'}) would hold at most {most} x "
-            f"{units:g} even all in service with nothing running, it needs {members}")
 
 
 def _queue_position(local_queue: LocalQueue, priority_class: PriorityClass | None, *, fits: bool) -> dict:
