@@ -29,6 +29,21 @@ def backend(monkeypatch, settings, tmp_path, demo_cluster):
     return fake
 
 
+@pytest.fixture
+def past_clock(backend):
+    """Simulated runs on a clock set by the test, an hour in the past: `advance(seconds)` lets their 0.1 s steps and
+    1 s fault detections take their simulated time (on the real clock the steps of one observation stop at now)."""
+    import time
+
+    now = [time.time() - 3600.0]
+    backend.now = lambda: now[0]
+
+    def advance(seconds: float = 60.0) -> None:
+        now[0] += seconds
+
+    return advance
+
+
 def submit(client, **overrides) -> TrainingJob:
     body = {**JOB_BODY, "accelerator_types": ["nvidia-h100"], "workers_min": 2, "workers_max": 2,
             "hyperparameters": {"steps": 100}, "checkpoint": {"interval_steps": 25}, **overrides}
@@ -92,9 +107,12 @@ def test_replayed_metrics_fill_only_the_steps_with_no_row(api, backend):
                                                     (41, 7), (42, 7), (43, 7)]
 
 
-def test_a_crash_restarts_in_place_and_is_accounted(api, backend):
+def test_a_crash_restarts_in_place_and_is_accounted(api, backend, past_clock):
     client = api("alpha", "member")
-    job = sync(submit(client), backend)
+    job = submit(client)
+    past_clock()
+    job = sync(job, backend)
+    past_clock()
     backend.inject_training_fault(job.compute_handle, rank=1, fault="worker_crash")
     job = sync(job, backend)
     fault = TrainingFault.objects.get(job=job)
@@ -270,9 +288,12 @@ def test_checkpoints_are_listed_from_storage_and_requested_on_demand(api, backen
     assert refused.status_code == 409 and "state" in refused.json()
 
 
-def test_goodput_overview_weighs_jobs_by_wall_time(api, backend, world):
+def test_goodput_overview_weighs_jobs_by_wall_time(api, backend, world, past_clock):
     client = api("alpha", "member")
-    job = sync(submit(client, workers_min=1, workers_max=1), backend)
+    job = submit(client, workers_min=1, workers_max=1)
+    past_clock()
+    job = sync(job, backend)
+    past_clock()
     backend.inject_training_fault(job.compute_handle, rank=0, fault="worker_crash")
     sync(job, backend)
     body = client.get("/api/v1/training-jobs/goodput/").json()
@@ -749,3 +770,37 @@ def test_an_elastic_run_gives_back_the_worker_on_the_node_a_preemptor_needs(api,
         run_cycle()
     urgent = TrainingJob.objects.get(pk=urgent.pk)
     assert urgent.state == "STARTING" and backend.runs[urgent.compute_handle].nodes == ["h100-pool-0"]
+
+
+def test_the_in_memory_backend_stamps_true_times(api, backend):
+    """Under scripts/up --no-ray a job created at 11:42 showed started_at 10:42, its logs and metrics recorded at
+    10:42, and goodput wall_s 3602 s for a 2-second job: the simulated runs' clock started an hour in the past (so
+    that their 0.1 s steps never ran ahead of real time). Now it starts at the backend's now and never runs past it."""
+    from django.utils import timezone
+
+    before = timezone.now()
+    job = submit(api("alpha", "member"))
+    job = sync(sync(sync(job, backend), backend), backend)
+    after = timezone.now()
+    assert job.state == "SUCCEEDED"
+    assert before <= job.started_at <= after, (before, job.started_at, after)
+    for model in (TrainingMetric, TrainingLogLine):
+        times = list(model.objects.filter(job=job).values_list("recorded_at", flat=True))
+        assert times and before <= min(times) and max(times) <= after, (model, min(times), max(times))
+    goodput = api("alpha", "member").get(f"/api/v1/training-jobs/{job.pk}/").json()["status"]["goodput"]
+    assert 0 <= goodput["wall_s"] <= (after - before).total_seconds() + 1e-3, goodput
+
+
+def test_the_in_memory_backends_clock_can_be_set(api, backend):
+    """Tests may fix the backend's now: a run's simulated steps (0.1 s each) then stop at it, and a later now lets
+    them move on (the clock never goes back)."""
+    now = [1_000_000.0]
+    backend.now = lambda: now[0]
+    job = submit(api("alpha", "member"))
+    report = backend.observe_training(job.compute_handle, since=0)
+    assert {event["at"] for event in report.events} == {1_000_000.0}
+    now[0] += 2.0
+    report = backend.observe_training(job.compute_handle, since=report.events[-1]["seq"])
+    steps = [event["at"] for event in report.events if event["type"] == "metric" and event["rank"] == 0]
+    assert steps[0] == pytest.approx(1_000_000.1) and steps[-1] == pytest.approx(1_000_002.0)
+    assert steps == sorted(steps)

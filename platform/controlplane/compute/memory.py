@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from controlplane.compute.base import (
     GangRequest,
@@ -38,6 +39,9 @@ class InMemoryComputeBackend:
         self.service_states: dict[str, ServiceStatus] = {}
         self.overloaded_services: set[str] = set()  # tests: every call to these answers "overloaded"
         self.steps_per_observe = 50
+        # What "now" is for simulated runs (seconds since the epoch); a test may set a fixed or stepped clock. A run's
+        # simulated steps (0.1 s each) never run ahead of it, so its events carry true times, never future ones.
+        self.now: Callable[[], float] = time.time
 
     @classmethod
     def from_topology(cls, topology: Topology) -> InMemoryComputeBackend:
@@ -126,7 +130,7 @@ class InMemoryComputeBackend:
     def launch_training(self, launch: TrainingLaunch) -> TrainingReport:
         with self._lock:
             if launch.handle not in self.runs:
-                self.runs[launch.handle] = _FakeRun(launch)
+                self.runs[launch.handle] = _FakeRun(launch, clock=self.now)
             return self.runs[launch.handle].report(0)
 
     def observe_training(self, handle: str, since: int = 0) -> TrainingReport:
@@ -220,8 +224,9 @@ class _FakeRun:
     """A simulated run: each observation advances it by some steps (per worker metrics, periodic
     checkpoints), and faults produce the same events as the Ray supervisor."""
 
-    def __init__(self, launch: TrainingLaunch) -> None:
+    def __init__(self, launch: TrainingLaunch, clock: Callable[[], float] = time.time) -> None:
         self.launch = launch
+        self.now = clock
         runtime = launch.runtime or {}
         self.total_steps = int((runtime.get("hyperparameters") or {}).get("steps", 200))
         self.interval = int(runtime.get("checkpoint_interval_steps", 100))
@@ -234,8 +239,15 @@ class _FakeRun:
         self.events: list[dict] = []
         self.seq = 0
         self.recovering: dict | None = None
-        self.clock = time.time() - 3600.0  # simulated time runs ahead of real time; start it in the past
+        # The time its events carry: it starts now and moves by the simulated durations, but never past now (an
+        # observation advances many 0.1 s steps at once). Before, it started an hour in the past so that it never
+        # ran ahead, and a job's started_at, logs and metrics read an hour early (goodput: 3602 s for a 2 s job).
+        self.clock = clock()
         self.set_state("running", f"{len(self.nodes)} worker(s) on {', '.join(self.nodes)}")
+
+    def tick(self, seconds: float) -> None:
+        """Simulated time passes, up to now (the clock never goes back)."""
+        self.clock = max(self.clock, min(self.clock + seconds, self.now()))
 
     def event(self, **event) -> None:
         self.seq += 1
@@ -258,7 +270,7 @@ class _FakeRun:
             if self.step + 1 >= self.total_steps:
                 break
             self.step += 1
-            self.clock += 0.1
+            self.tick(0.1)
             for rank in range(len(self.nodes)):
                 self.event(type="metric", rank=rank, step=self.step, loss=5.0 / (1 + self.step / 50),
                            step_time=0.1, compute_time=0.08, tokens_per_s=10240.0)
@@ -273,7 +285,7 @@ class _FakeRun:
 
     def fault(self, rank: int, kind: str, *, node_lost: bool) -> None:
         node = self.nodes[rank]
-        self.clock += 1.0
+        self.tick(1.0)
         if kind == "slow_node":  # advisory: reported, the run keeps going
             self.event(type="fault", kind=kind, rank=rank, node=node, occurred_at=self.clock, detected_at=self.clock,
                        evidence="simulated slow node", data={}, step=self.step, advisory=True)
