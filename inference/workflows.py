@@ -506,15 +506,16 @@ def _apply_health(deployment: Deployment, status: ServiceStatus, breach: str | N
                           reason=reason, system=SYSTEM, data={"revision": status.revision,
                                                                "replicas": status.replicas_running, **data})
 
+    note = f" ({status.message})" if status.message else ""  # e.g. the in-memory backend's: no calls from the web
     if state == S.DEPLOYING:
         if current and enough:
-            return move(S.SERVING, f"serving: {replicas}")
+            return move(S.SERVING, f"serving: {replicas}{note}")
         _note(deployment, f"deploying revision {deployment.revision}: {status.state}, {replicas}"
                           + (f" ({status.message})" if status.message else ""))
         return deployment
     if state == S.UPDATING:
         if current and enough:
-            return move(S.SERVING, f"revision {deployment.revision} applied: {replicas}")
+            return move(S.SERVING, f"revision {deployment.revision} applied: {replicas}{note}")
         return deployment
     problem = None
     if not running:
@@ -529,7 +530,7 @@ def _apply_health(deployment: Deployment, status: ServiceStatus, breach: str | N
         return move(S.DEGRADED, problem, breach=breach)
     if state == S.DEGRADED:
         if problem is None:
-            return move(S.SERVING, f"healthy again: {replicas}, SLA met")
+            return move(S.SERVING, f"healthy again: {replicas}, SLA met{note}")
         if "cannot be applied" not in deployment.state_reason:  # keep the more telling reason of a failed update
             _note(deployment, problem)
     return deployment

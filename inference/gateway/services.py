@@ -66,11 +66,13 @@ def deployment_for_model(*, team: Team, model: str) -> Deployment:
 
 
 def model_card(deployment: Deployment) -> dict:
-    """One entry of GET /v1/models."""
+    """One entry of GET /v1/models. `ready`: it takes calls from here (not a service the in-memory backend keeps in
+    another process, under scripts/up --no-ray)."""
+    ready = deployment.state in SERVING_STATES and bool(deployment.compute_handle) \
+        and get_compute_backend().serves_calls(deployment.compute_handle)
     return {"id": deployment.name, "object": "model", "created": int(deployment.created_at.timestamp()),
             "owned_by": deployment.team.name,
-            "fleetyard": {"deployment_id": deployment.pk, "state": deployment.state,
-                          "ready": deployment.state in SERVING_STATES and bool(deployment.compute_handle)}}
+            "fleetyard": {"deployment_id": deployment.pk, "state": deployment.state, "ready": ready}}
 
 
 # --------------------------------------------------------------------------------------------------- the log

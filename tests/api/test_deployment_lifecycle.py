@@ -561,3 +561,37 @@ def test_accelerator_replicas_count_against_the_queue_quota_with_training(api, b
                   replicas_min=1, replicas_max=1)  # 8 (training) + 8 = the queue's 16
     assert Deployment.objects.get(pk=fits["id"]).state in ("DEPLOYING", "SERVING")
 
+
+def test_under_no_ray_a_deployment_says_model_calls_cannot_reach_it(api, backend, model_dir, world):
+    """Found by QA: under scripts/up --no-ray a deployment showed SERVING, and every model call (and the console
+    playground) answered 503 "service fy-serve-N is not running": the Celery worker deployed into its own in-memory
+    backend, and the web server's never had the service. As here, where the workflow's backend is not the gateway's.
+    The state is now honest about it: the SERVING reason and the 503 say why and what to do, and GET /v1/models does
+    not call the model ready."""
+    from controlplane import celery_app
+    from controlplane.compute import registry
+    from controlplane.compute.memory import PROCESS_LOCAL
+    from tests.conftest import client_for
+
+    registry.get_compute_backend.cache_clear()
+    celery_app.conf.task_always_eager = False  # as under scripts/up: a Celery worker deploys
+    try:
+        assert registry.get_compute_backend().process_note == PROCESS_LOCAL
+    finally:
+        celery_app.conf.task_always_eager = True
+        registry.get_compute_backend.cache_clear()
+    assert registry.get_compute_backend().process_note == ""  # tasks run here (tests): calls reach the services
+    backend.process_note = PROCESS_LOCAL  # the worker's backend, as the registry makes it there
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir, name="echo")["id"])
+    assert deployment.state == "SERVING" and "run scripts/up without --no-ray" in deployment.state_reason, \
+        deployment.state_reason
+    gateway = client_for(world["alpha"]["member"], world["alpha"]["team"])
+    (card,) = gateway.get("/v1/models").json()["data"]
+    assert card["fleetyard"]["state"] == "SERVING" and card["fleetyard"]["ready"] is False, card
+    answer = gateway.post("/v1/completions", {"model": "echo", "prompt": "hi", "max_tokens": 2}, format="json")
+    assert answer.status_code == 503, answer.content
+    message = answer.json()["error"]["message"]
+    assert "not running in this process" in message and "without --no-ray" in message, message
+    backend.delete_service(deployment.compute_handle)  # one deleted here is simply not running
+    with pytest.raises(Exception, match=r"is not running$"):
+        backend.stream_completion(deployment.compute_handle, {"prompt_tokens": [104], "max_tokens": 1})

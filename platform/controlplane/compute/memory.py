@@ -24,6 +24,13 @@ from controlplane.compute.base import (
 )
 from controlplane.compute.topology import ACCEL_RESOURCE_PREFIX, Topology
 
+# Each process has its own in-memory backend (compute/registry.py): under scripts/up --no-ray the Celery worker
+# deploys a service into its copy, and the web server's copy never has it (found by QA: SERVING, yet every model
+# call answered 503 "service fy-serve-N is not running").
+PROCESS_LOCAL = ("the in-memory compute backend (scripts/up --no-ray) keeps a service in the process that deployed "
+                 "it (the Celery worker), so model calls through the web server (/v1, the console playground) cannot "
+                 "reach it; run scripts/up without --no-ray to call models")
+
 
 class InMemoryComputeBackend:
     name = "memory"
@@ -39,6 +46,10 @@ class InMemoryComputeBackend:
         self.service_states: dict[str, ServiceStatus] = {}
         self.overloaded_services: set[str] = set()  # tests: every call to these answers "overloaded"
         self.steps_per_observe = 50
+        self.deleted_services: set[str] = set()
+        # Set (to PROCESS_LOCAL) when services are deployed in another process than the one that calls them: the
+        # status of each service says so, and a deployment's SERVING reason with it.
+        self.process_note = ""
         # What "now" is for simulated runs (seconds since the epoch); a test may set a fixed or stepped clock. A run's
         # simulated steps (0.1 s each) never run ahead of it, so its events carry true times, never future ones.
         self.now: Callable[[], float] = time.time
@@ -177,8 +188,10 @@ class InMemoryComputeBackend:
     def deploy_service(self, spec: ServiceSpec) -> ServiceStatus:
         with self._lock:
             self.services[spec.handle] = spec
+            self.deleted_services.discard(spec.handle)
             status = ServiceStatus(handle=spec.handle, state="running", replicas_running=max(1, spec.replicas_min),
-                                   replicas_target=max(1, spec.replicas_min), revision=spec.revision)
+                                   replicas_target=max(1, spec.replicas_min), revision=spec.revision,
+                                   message=self.process_note)
             self.service_states[spec.handle] = status
             return status
 
@@ -192,8 +205,14 @@ class InMemoryComputeBackend:
 
     def delete_service(self, handle: str) -> None:
         with self._lock:
-            self.services.pop(handle, None)
+            if self.services.pop(handle, None) is not None:
+                self.deleted_services.add(handle)
             self.service_states.pop(handle, None)
+
+    def serves_calls(self, handle: str) -> bool:
+        """Whether a model call made in this process reaches the service (one deployed in this process)."""
+        with self._lock:
+            return handle in self.services
 
     def list_service_handles(self) -> list[str]:
         with self._lock:
@@ -203,8 +222,12 @@ class InMemoryComputeBackend:
         with self._lock:
             spec = self.services.get(handle)
             overloaded = handle in self.overloaded_services
-        if spec is None:
+            deleted = handle in self.deleted_services
+        if spec is None and deleted:
             raise ServiceUnavailable(f"service {handle} is not running", retry_after_s=5.0)
+        if spec is None:  # never deployed here: another process's (see PROCESS_LOCAL)
+            raise ServiceUnavailable(f"service {handle} is not running in this process: {PROCESS_LOCAL}",
+                                     retry_after_s=5.0)
         if overloaded:
             raise ServiceOverloaded(f"service {handle}: every replica queue is full", retry_after_s=1.0)
         prompt = [int(t) for t in request["prompt_tokens"]]

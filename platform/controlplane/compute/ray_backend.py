@@ -318,6 +318,9 @@ class RayComputeBackend:
         self._handles.pop(handle, None)
         serve.delete(handle, _blocking=False)
 
+    def serves_calls(self, handle: str) -> bool:
+        return True  # Serve applications are called from any process connected to the cluster
+
     def list_service_handles(self) -> list[str]:
         self._serve()
         from ray.serve.context import _get_global_client

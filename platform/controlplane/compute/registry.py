@@ -15,7 +15,11 @@ def get_compute_backend() -> ComputeBackend:
         from controlplane.compute.ray_backend import RayComputeBackend
 
         return RayComputeBackend(address=settings.RAY_ADDRESS or "auto")
-    from controlplane.compute.memory import InMemoryComputeBackend
+    from controlplane import celery_app
+    from controlplane.compute.memory import PROCESS_LOCAL, InMemoryComputeBackend
     from controlplane.compute.topology import load_topology
 
-    return InMemoryComputeBackend.from_topology(load_topology())
+    backend = InMemoryComputeBackend.from_topology(load_topology())
+    if not celery_app.conf.task_always_eager:  # a Celery worker deploys the services, the web server calls them
+        backend.process_note = PROCESS_LOCAL
+    return backend
