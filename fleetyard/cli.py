@@ -227,8 +227,9 @@ class _Cli:
                     ("queue position", status.get("queue_position")),
                     ("accepted types", ", ".join(job.accelerator_types)),
                     ("admitted type", status.get("admitted_accelerator_type") or "-"),
-                    ("workers", status.get("workers")), ("step", status.get("step")),
-                    ("last checkpoint", status.get("last_checkpoint_step")), ("restarts", status.get("restarts")),
+                    ("workers", status.get("workers")), ("step", _step(status.get("step"))),
+                    ("last checkpoint", _step(status.get("last_checkpoint_step"))),
+                    ("restarts", status.get("restarts")),
                     ("ETTR", (status.get("goodput") or {}).get("ettr"))]
             for name, value in rows:
                 table.add_row(name, escape("-" if value in (None, "") else str(value)))
@@ -243,7 +244,7 @@ class _Cli:
             table.add_column(column)
         for j in jobs:
             table.add_row(str(j.id), escape(j.name), escape(j.team), escape(j.queue), _state(j.state),
-                          j.admitted_accelerator_type or "-", "-" if j.step is None else str(j.step), escape(j.reason))
+                          j.admitted_accelerator_type or "-", _step(j.step), escape(j.reason))
         self.out.print(table if jobs else "No training jobs.")
         return EXIT_OK
 
@@ -543,6 +544,11 @@ def _money(value) -> str:
 
 def _limit(value) -> str:
     return "unlimited" if value is None else f"{value:g}"
+
+
+def _step(value) -> str:
+    """A step for people: "-" before the first one (the API says -1 then; QA saw "step -1", "last checkpoint -1")."""
+    return "-" if value is None or value == "" or int(value) < 0 else str(value)
 
 
 def _state(state: str) -> str:

@@ -618,7 +618,9 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
             stop = [str(v) for v in waits_for if str(v) not in shrinking]
             shrink = [str(v) for v in waits_for if str(v) in shrinking]
             waits = [waits_on(ids, verb) for ids, verb in ((stop, "stop"), (shrink, "shrink")) if ids]
-            reason = (f"admitted ({len(admit.workers)} x {admit.accelerator_type} held); launches once "
+            # (the size too: "1 x nvidia-h100 held" read as one device for a worker of 8; QA)
+            size = job.cpus_per_worker if admit.accelerator_type == "cpu" else job.devices_per_worker
+            reason = (f"admitted ({len(admit.workers)} x {size:g} {admit.accelerator_type} held); launches once "
                       f"{' and '.join(waits)}")
         changes.append((job, reason, {"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),
                                       "nodes": sorted({w.node for w in admit.workers}), "borrowed": admit.borrowed,

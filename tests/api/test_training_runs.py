@@ -497,6 +497,7 @@ def test_a_preemptor_waits_for_a_running_elastic_victim_to_checkpoint_and_shrink
     elastic = TrainingJob.objects.get(pk=elastic.pk)
     assert len(elastic.placement) == 1 and urgent.state == "ADMITTED" and urgent.waits_for == [elastic.pk]
     assert urgent.state_reason.endswith(f"launches once job {elastic.pk} checkpoints and shrinks"), urgent.state_reason
+    assert "admitted (1 x 8 nvidia-h100 held)" in urgent.state_reason  # it read "1 x nvidia-h100": one device?
     assert not urgent.compute_handle
     elastic = sync(elastic, backend)  # the run is told to checkpoint and shrink
     with TestCase.captureOnCommitCallbacks(execute=True):

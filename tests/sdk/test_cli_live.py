@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -111,6 +112,8 @@ def test_detach_queue_status_and_cancel(cli, tmp_path):
     assert code == 0 and "second" in out and "position 1 in cluster" in out
     code, out, _ = cli("jobs", "status")
     assert code == 0 and "first" in out and "second" in out
+    code, out, _ = cli("jobs", "status", str(second["job"]["id"]))  # before its first step: "-", not "-1" (QA)
+    assert code == 0 and "-1" not in out and re.search(r"step\s+│\s+-\s", out), out
     code, out, _ = cli("jobs", "cancel", str(second["job"]["id"]))
     assert code == 0 and "CANCELLED" in out
     code, _, err = cli("jobs", "cancel", str(second["job"]["id"]))
