@@ -87,3 +87,15 @@ def test_devices_of_a_gang_admitted_since_the_last_node_report_are_not_free(api,
     h100 = plan["options"][0]
     assert (h100["free_units"], h100["placeable_members"], h100["fits_now"]) == (0.0, 0, False), h100
     assert h100["why_not"] == "not enough free nvidia-h100: 1 x 8 needed, 0 fit now"
+
+
+def test_a_cpu_deployments_plan_counts_the_cores_a_replica_reserves(api, demo_cluster, tmp_path, settings):
+    """The plan said "needs 1 CPU cores" (its device count) for replicas that reserve 0.25 core each (QA)."""
+    from inference.workflows import CPUS_PER_REPLICA
+
+    spec = ("kind: service\nname: cpu-svc\nqueue: default\nresources:\n  accelerators: cpu\nservice:\n"
+            "  model: file:///m\n  replicas: {min: 2, max: 2}\n  sla: {ttft_p95: 500ms, tpot_p95: 50ms}\n")
+    response = apply(api("alpha", "member"), spec)
+    assert response.status_code == 200, response.json()
+    [cpu] = response.json()["plan"]["options"]
+    assert cpu["accelerator_type"] == "cpu" and cpu["units"] == 2 * CPUS_PER_REPLICA, cpu

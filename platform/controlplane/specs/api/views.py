@@ -150,7 +150,12 @@ class SpecApplyView(TeamScopedMixin, APIView):
                                                  devices_per_worker=values["devices_per_worker"])
             units = {t: cpus if t == "cpu" else float(values["devices_per_worker"]) for t in types}
         else:
-            units = {t: float(values["devices_per_replica"]) for t in types}
+            from inference.workflows import replica_cpus
+
+            # a replica on the CPU pool takes the cores its server reserves, as the cycle counts it (it said "needs 1
+            # CPU cores", the device count, for 0.25-core replicas; QA)
+            units = {t: replica_cpus(accelerator_type="cpu", devices_per_replica=0.0) if t == "cpu"
+                     else float(values["devices_per_replica"]) for t in types}
             members = values["replicas_min"]
         plan = selectors.spec_plan(kind=spec.kind, name=values["name"], local_queue=local_queue,
                                    priority_class=priority_class, accelerator_types=types, units_by_type=units,
