@@ -463,7 +463,9 @@ def deployment_sync(*, deployment_id: int, backend, now=None) -> Deployment | No
         deployment.observed = {**dataclasses.asdict(window), "at": now.isoformat(), "service_state": status.state,
                                "replicas_target": status.replicas_target, "revision": status.revision,
                                "message": status.message, "breach": decision.breach,
-                               "node_names": list(status.node_names)}  # where replicas run: mixed load reads it
+                               "node_names": list(status.node_names),  # where replicas run: mixed load reads it
+                               # where replicas being deployed start (held there by the cycle until they run)
+                               "starting_node_names": list(status.starting_node_names)}
         steer = deployment.state in (S.SERVING, S.DEGRADED) and deployment.applied_revision == deployment.revision
         if not steer:  # mid-rollout (or a revision not in force): keep the settings, note the breach only
             decision = dataclasses.replace(current, breach=decision.breach, changed=False)

@@ -36,6 +36,7 @@ from controlplane.scheduling.mixed_load import (
     non_preemptible_caps,
     plan_mixed_load,
     replicas_fit,
+    taken_by_others,
     training_usage_after,
 )
 from controlplane.scheduling.model import (
@@ -205,6 +206,10 @@ def live_serving() -> list[ServingDemand]:
         observed = deployment.observed or {}
         nodes = tuple(str(n) for n in observed.get("node_names") or ())[:deployment.replicas_ready]
         wanted = max(deployment.replicas_min, deployment.replicas_target, deployment.replicas_ready)
+        # replicas being deployed run nowhere yet: held where the backend started them, else where the last cycle
+        # held them, until they run and are counted from the observed nodes above
+        starting = tuple(str(n) for n in observed.get("starting_node_names") or ())
+        held_nodes = tuple(str(node) for node, _ in deployment.capacity_held or [])
         on_cpu = deployment.accelerator_type == "cpu"
         demands.append(ServingDemand(id=str(deployment.pk), accelerator_type=deployment.accelerator_type,
                                      devices_per_replica=_serving_units(deployment, deployment.accelerator_type),
@@ -213,7 +218,8 @@ def live_serving() -> list[ServingDemand]:
                                      replicas_running=deployment.replicas_ready,
                                      cluster_queue=None if on_cpu else deployment.local_queue.cluster_queue.name,
                                      replicas_min=deployment.replicas_min,
-                                     replicas_limit=deployment.replicas_limit))
+                                     replicas_limit=deployment.replicas_limit,
+                                     starting_nodes=starting, held_nodes=held_nodes))
     return demands
 
 
@@ -256,6 +262,7 @@ def pending_serving() -> list[ServingDemand]:
                                      devices_per_replica=_serving_units(deployment, slug),
                                      replicas_max=deployment.replicas_max, replicas_wanted=replicas,
                                      replicas_running=0, all_or_none=True,
+                                     held_nodes=tuple(str(node) for node, _ in deployment.capacity_held or []),
                                      cluster_queue=None if slug == "cpu" else
                                      deployment.local_queue.cluster_queue.name))
     return demands
@@ -643,8 +650,37 @@ def _with_others_held(snapshot: Snapshot, job_id: int) -> Snapshot:
     return hold_in_place(snapshot, live_serving(), held=held, devices=busy)
 
 
+def _holder_in_words(holder: str) -> str:
+    if holder == "unschedulable":
+        return "cordoned or not healthy"
+    if holder.startswith(SERVING_PREFIX):
+        return f"deployment {holder.removeprefix(SERVING_PREFIX)}'s replica"
+    if holder.startswith("held:"):
+        return "held for a deployment's replica being deployed"
+    if holder.startswith("stopping:"):
+        return "a run still stopping or shrinking"
+    return f"job {holder}"
+
+
 @transaction.atomic
-def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = False) -> TrainingJob | None:
+def placement_taken(*, job_id: int) -> dict[str, str]:
+    """node -> why, for each node of the job's placement whose devices others hold as the cycle counts them (running
+    replicas, replicas being deployed, runs still stopping or shrinking, other jobs) or that takes no new work: the
+    nodes a run given this placement cannot reserve. Empty when the control plane sees the whole placement free."""
+    lock_cluster_queues()
+    job = TrainingJob.objects.filter(pk=job_id).first()
+    if job is None or job.state not in HOLDING_STATES or not job.admitted_accelerator_type:
+        return {}
+    snapshot, _ = load_snapshot()
+    snapshot = replace(snapshot, running=tuple(r for r in snapshot.running if r.workload.id != str(job.pk)))
+    snapshot = _with_others_held(snapshot, job.pk)
+    taken = taken_by_others(snapshot, _placement_from_json(job.placement), str(job.pk))
+    return {node: ", ".join(_holder_in_words(h) for h in holders) for node, holders in sorted(taken.items())}
+
+
+@transaction.atomic
+def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = False,
+                    because: str = "") -> TrainingJob | None:
     """Give a running gang new nodes for the workers it has on `exclude` (lost or cordoned nodes).
 
     Same lock and snapshot as the cycle. The gang keeps its quota; its workers on other nodes stay
@@ -652,7 +688,8 @@ def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = Fals
     when `workers_min` allows; otherwise the placement is left as it is and the next pass retries.
     Returns the job with its new placement (and `recovery_exclude` cleared), or None when it waits.
     `require_all`: move only if every worker finds a new node (a slow node: a gang that keeps running
-    slowly is better than a smaller one), and record nothing otherwise.
+    slowly is better than a smaller one), and record nothing otherwise. `because`: why it leaves those nodes,
+    for the reasons it records.
     """
     lock_cluster_queues()
     job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
@@ -678,19 +715,22 @@ def replace_workers(*, job_id: int, exclude: list[str], require_all: bool = Fals
     if added is None and require_all:
         return None
     if added is None and (len(kept) < job.workers_min or not kept):
-        if not job.state_reason.startswith("waiting for capacity"):
+        why = f" ({because})" if because else ""
+        reason = f"waiting for capacity to re-place {missing} worker(s)" + (
+            f" off {', '.join(sorted(excluded))}{why}" if because else "")
+        if job.state_reason != reason:
             record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
                          reason=f"waiting for capacity: {missing} worker(s) to re-place off "
-                                f"{', '.join(sorted(excluded))}; at least {job.workers_min} needed",
+                                f"{', '.join(sorted(excluded))}{why}; at least {job.workers_min} needed",
                          system="scheduler")
-            TrainingJob.objects.filter(pk=job.pk).update(
-                state_reason=f"waiting for capacity to re-place {missing} worker(s)")
+            TrainingJob.objects.filter(pk=job.pk).update(state_reason=reason)
         return None
     workers = kept + (added or ())
     how = (f"re-placed {missing} worker(s) on {', '.join(sorted({w.node for w in added}))}" if added
            else f"shrunk to the {len(kept)} worker(s) still placeable (min {job.workers_min})")
     TrainingJob.objects.filter(pk=job.pk).update(placement=_placement_to_json(workers), recovery_exclude=[])
+    why = f" ({because})" if because else ""
     record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
-                 reason=f"{how}; leaving {', '.join(sorted(excluded))}", system="scheduler",
+                 reason=f"{how}; leaving {', '.join(sorted(excluded))}{why}", system="scheduler",
                  data={"workers": len(workers), "excluded": sorted(excluded)})
     return TrainingJob.objects.get(pk=job.pk)

@@ -367,17 +367,51 @@ def _reconcile_placement(job: TrainingJob, report: TrainingReport, backend) -> N
         job = replace_workers(job_id=job.pk, exclude=list(job.recovery_exclude)) or job
     elif getattr(job, "advisory_exclude", None):
         job = replace_workers(job_id=job.pk, exclude=job.advisory_exclude, require_all=True) or job
+    elif report.state == "awaiting_placement" and Counter(placement_nodes(job)) == Counter(report.nodes):
+        # The run was given these nodes and could not reserve them: place it again rather than send them again
+        # (before, the same nodes were sent every pass for good, QA: a replica being deployed had taken one).
+        moved = _place_again(job, report)
+        if moved is None:
+            return  # it waits, saying for what; the next pass tries again
+        job = moved
     desired = placement_nodes(job)
     if not desired or report.state not in ("running", "awaiting_placement"):
         return
     if job.recovery_exclude and report.state == "awaiting_placement":
         return  # still waiting for capacity; the next pass tries again
-    if Counter(desired) != Counter(report.nodes) or report.state == "awaiting_placement":
+    if Counter(desired) != Counter(report.nodes):
         reason = _resize_reason(len(report.nodes), len(desired))
         backend.place_training(job.compute_handle, desired, reason)
         record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
                      reason=f"{reason}: {', '.join(desired)}", system="launcher",
                      data={"from": list(report.nodes), "to": desired})
+    elif report.state == "awaiting_placement":  # nothing else is free and nothing known holds them: try them again
+        reason = (f"trying {', '.join(desired)} again: the run could not reserve them"
+                  f"{f' ({report.reason})' if report.reason else ''}, and no other node is free")
+        backend.place_training(job.compute_handle, desired, reason)
+        if job.events.order_by("-id").values_list("reason", flat=True).first() != reason:  # once, not every pass
+            record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
+                         reason=reason, system="launcher", data={"from": list(report.nodes), "to": desired})
+
+
+def _place_again(job: TrainingJob, report: TrainingReport) -> TrainingJob | None:
+    """A run awaiting placement on the nodes of its placement (it could not reserve them): the job with a placement
+    to send (a new one, or the same when nothing else is free and the control plane sees nothing holding them), or
+    None while it waits for capacity (its reason says for what).
+
+    Nodes others hold as the cycle counts them (a replica running or being deployed there, another job, a run still
+    stopping; or a node cordoned meanwhile) are left for free ones, or the gang shrinks as far as its minimum allows,
+    or it waits. When the control plane sees them free (held outside its knowledge), the gang moves whole to other
+    free nodes if there are any, else the same nodes are tried again."""
+    from jobs.admission import placement_taken, replace_workers
+
+    taken = placement_taken(job_id=job.pk)
+    if taken:
+        because = "; ".join(f"{node}: {why}" for node, why in taken.items())
+        return replace_workers(job_id=job.pk, exclude=sorted(taken), because=because)
+    nodes = sorted(set(report.nodes))
+    because = f"could not be reserved: {report.reason}" if report.reason else "could not be reserved"
+    return replace_workers(job_id=job.pk, exclude=nodes, require_all=True, because=because) or job
 
 
 def _resize_reason(before: int, after: int) -> str:

@@ -747,8 +747,16 @@ def test_the_plan_names_the_devices_it_holds_for_wanted_replicas_that_do_not_run
     pending = replace(serving(3, per_replica=4), all_or_none=True)  # waiting to be deployed: 3 replicas of 4
     held = plan_mixed_load(snap, [pending]).held_for_wanted["d1"]
     assert len(held) == 3 and all(len(w.taken) == 4 for w in held)
-    # a live deployment's wanted replica may be starting where Serve put it: nothing is stored for it
-    assert plan_mixed_load(snap, [serving(3, ("n0",), per_replica=4)]).held_for_wanted == {}
+    # a live deployment's wanted replicas that do not run yet are held too (a replica being deployed, a scale-out),
+    # on the nodes the backend started them on when it says so, else on the node held for them before
+    live = serving(3, ("n0",), per_replica=4)  # one runs on n0, two more wanted
+    held = plan_mixed_load(snap, [live]).held_for_wanted["d1"]
+    assert len(held) == 2 and all(len(w.taken) == 4 for w in held)
+    held = plan_mixed_load(snap, [replace(live, starting_nodes=("n1", "n1"))]).held_for_wanted["d1"]
+    assert [w.node for w in held] == ["n1", "n1"]
+    held = plan_mixed_load(snap, [replace(live, held_nodes=("n1",))]).held_for_wanted["d1"]
+    assert [w.node for w in held] == ["n1", "n1"]  # (the rest of n0 would be the best fit otherwise)
+    assert plan_mixed_load(snap, [serving(1, ("n0",), per_replica=4)]).held_for_wanted == {}
 
 
 def test_the_last_replica_of_room_goes_to_the_deployment_that_wants_it_not_the_first_by_id():

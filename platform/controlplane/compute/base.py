@@ -168,6 +168,8 @@ class ServiceStatus:
     revision: int = 0
     message: str = ""
     node_names: tuple[str, ...] = ()  # one entry per running replica: the node it runs on
+    # one entry per replica placed on a node that does not run yet (starting): the node it is being deployed to
+    starting_node_names: tuple[str, ...] = ()
 
 
 class ServiceError(Exception):

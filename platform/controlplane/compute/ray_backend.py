@@ -50,6 +50,8 @@ TRAINING_PREFIX = "fy-train-"
 SERVICE_PREFIX = "fy-serve-"
 _SERVE_STATES = {"RUNNING": "running", "DEPLOYING": "deploying", "DEPLOY_FAILED": "unhealthy",
                  "UNHEALTHY": "unhealthy", "DELETING": "deleting", "NOT_STARTED": "deploying"}
+# Serve replica states of a replica placed on a node that does not serve yet (its actor holds the node's resources)
+_STARTING_REPLICA_STATES = ("STARTING", "UPDATING", "RECOVERING")
 
 # Resources that describe the node rather than schedulable capacity a workload asks for.
 _HIDDEN_RESOURCES = ("memory", "object_store_memory")
@@ -309,9 +311,12 @@ class RayComputeBackend:
         names = self._node_names_by_id()
         nodes = tuple(sorted(names.get(r.get("node_id"), r.get("node_id") or "") for r in replicas
                              if r.get("state") == "RUNNING"))  # one per replica: mixed load counts their devices
+        # replicas Serve placed that do not run yet: the cycle holds their devices there until they run
+        starting = tuple(sorted(names.get(r.get("node_id"), r.get("node_id")) for r in replicas
+                                if r.get("state") in _STARTING_REPLICA_STATES and r.get("node_id")))
         return ServiceStatus(handle=handle, state=state, replicas_running=running, replicas_target=int(target or 0),
                              revision=int(user_config.get("revision", 0)) if state == "running" else 0,
-                             message=str(message)[:500], node_names=nodes)
+                             message=str(message)[:500], node_names=nodes, starting_node_names=starting)
 
     def delete_service(self, handle: str) -> None:
         serve = self._serve()

@@ -46,6 +46,11 @@ class ServingDemand:
     all_or_none: bool = False  # deploys only once all wanted replicas fit (PENDING): nothing given back for fewer
     replicas_min: int = 0  # its replica limit never goes below this (the deploy check let it run that many)
     replicas_limit: int | None = None  # the limit the last cycle set (Serve runs no more); None: replicas_max
+    # one entry per wanted replica the backend has put on a node that does not run yet (starting): held there first
+    starting_nodes: tuple[str, ...] = ()
+    # the nodes the last cycle held for its wanted replicas (`capacity_held`): tried first for them again, so that a
+    # hold stays on the node the replica is being deployed to rather than moving to another each cycle
+    held_nodes: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> int:
@@ -224,6 +229,15 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
         queue = _queue_of(demand, snapshot)
         missing = max(0, min(demand.replicas_wanted, demand.allowed) - runs[demand.id])
         saved = _save(free, running, touched, ledger, plan, held[demand.id]) if demand.all_or_none else None
+        # wanted replicas the backend already put on a node (starting there) are held there, as running ones are
+        for node in sorted(n for n in demand.starting_nodes if n in free.nodes
+                           and free.nodes[n].accelerator_type == demand.accelerator_type)[:missing]:
+            taken = free.take(node, demand.devices_per_replica, force=True)
+            if taken:
+                held[demand.id].append(WorkerPlacement(node, taken))
+                missing -= 1
+                if queue != SERVING_QUEUE:
+                    ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
         for number in range(missing):
             if queue != SERVING_QUEUE:
                 again = _again(plan)
@@ -251,10 +265,13 @@ def plan_mixed_load(snapshot: Snapshot, serving: tuple[ServingDemand, ...] | lis
                 ledger.add(queue, demand.accelerator_type, demand.devices_per_replica)
         if saved is not None and demand.id in plan.waiting:  # fewer than all: as if none had been tried
             _restore(saved, free, running, touched, ledger, plan, held[demand.id])
-    # (deployments waiting to be deployed only: a live one's replica still starting is not reported as running, and
-    # its hold, on a node picked here rather than where Serve starts it, hid a free node from others; a review)
+    # Every deployment's wanted replicas that do not run yet, live ones too: a replica being deployed (DEPLOYING, or
+    # a scale-out) is not reported as running until it is, and without its hold a worker re-placed off a node went
+    # onto the devices it was being deployed to (QA). Held where the backend started it when it says so, else on the
+    # node held for it before (the one freed for it), else where it fits (a review had dropped these holds for live
+    # deployments: picked here rather than where Serve starts them, they hid a free node from others).
     plan.held_for_wanted = {d.id: tuple(held[d.id][running_held[d.id]:]) for d in demands
-                            if d.all_or_none and len(held[d.id]) > running_held[d.id]}
+                            if len(held[d.id]) > running_held[d.id]}
     plan.limits = replica_limits(ledger, demands, held, running, touched, snapshot, _again(plan))
     shrunk = {s.workload_id for s in plan.shrunk}
     kept = tuple(_settled(running[r.workload.id]) if r.workload.id in shrunk else running[r.workload.id]
@@ -301,20 +318,45 @@ def hold_in_place(snapshot: Snapshot, serving, held: list[tuple[str, float]] = (
     running_only = [replace(d, replicas_wanted=0, cluster_queue=None, all_or_none=False) for d in serving]
     snapshot = plan_mixed_load(snapshot, running_only).snapshot
     free = _Free(snapshot)
-    placements = []
+    placements = []  # (what holds it: "stopping" for `devices`, "held" for `held`; the devices)
     for node, index in sorted(set(devices)):
         shares = free.free.get(node)
         if shares is not None and index < len(shares) and shares[index] > EPS:
-            placements.append(WorkerPlacement(node, ((index, shares[index]),)))
+            placements.append(("stopping", WorkerPlacement(node, ((index, shares[index]),))))
             shares[index] = 0.0
     for node, amount in held:
         taken = free.take(node, amount, force=True) if node in free.free else None
         if taken:
-            placements.append(WorkerPlacement(node, taken))
-    extra = tuple(Running(Workload(id=f"held:{i}", cluster_queue=SERVING_QUEUE, accepted_types=(kind,),
+            placements.append(("held", WorkerPlacement(node, taken)))
+    extra = tuple(Running(Workload(id=f"{what}:{i}", cluster_queue=SERVING_QUEUE, accepted_types=(kind,),
                                    devices_per_worker=sum(share for _, share in w.taken)), kind, (w,), settled=True)
-                  for i, w in enumerate(placements) for kind in (free.nodes[w.node].accelerator_type,))
+                  for i, (what, w) in enumerate(placements) for kind in (free.nodes[w.node].accelerator_type,))
     return replace(snapshot, running=snapshot.running + extra)
+
+
+def taken_by_others(snapshot: Snapshot, workers, own_id: str) -> dict[str, list[str]]:
+    """node -> ids of the running workloads of `snapshot` (all but `own_id`) that use devices `workers` want there,
+    so that the workers do not fit beside them ("unschedulable" for a node taking no new work): where a placement
+    cannot be reserved. Ids as the snapshot has them (a job's id, `serving:<deployment id>`, `held:<n>`)."""
+    used: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for running in snapshot.running:
+        if running.workload.id == own_id:
+            continue
+        for worker in running.workers:
+            for index, share in worker.taken:
+                holders = used[(worker.node, index)]
+                holders[running.workload.id] = holders.get(running.workload.id, 0.0) + share
+    schedulable = {n.name: n.schedulable for n in snapshot.nodes}
+    taken: dict[str, list[str]] = {}
+    for worker in workers:
+        if not schedulable.get(worker.node, False):
+            taken[worker.node] = ["unschedulable"]
+            continue
+        for index, share in worker.taken:
+            holders = used.get((worker.node, index), {})
+            if sum(holders.values()) + share > 1.0 + EPS:
+                taken[worker.node] = sorted(set(taken.get(worker.node, [])) | set(holders))
+    return taken
 
 
 def replica_limits(ledger: QuotaLedger, demands: list[ServingDemand], held: dict[str, list],
@@ -634,7 +676,9 @@ def _settled(running: Running) -> Running:
 
 
 def _place_replica(free: _Free, demand: ServingDemand) -> WorkerPlacement | None:
-    for node in free.candidates(demand):
+    candidates = free.candidates(demand)
+    held_before = [node for node in dict.fromkeys(demand.held_nodes) if node in candidates]
+    for node in held_before + [node for node in candidates if node not in held_before]:
         taken = free.take(node, demand.devices_per_replica)
         if taken is not None:
             return WorkerPlacement(node, taken)
