@@ -183,28 +183,48 @@ def training_job_checkpoints(*, job: TrainingJob) -> list[dict]:
 
 # Kept in `TrainingJob.goodput` beside the ledger: the start and kind of a pause still open (preempted).
 PAUSE_KEYS = ("paused_since", "pause_kind")
+# Kept there too: a recovery still open (a fault, or a re-placement: resize or move), {"kind", "occurred_at",
+# "detected_at"} and, once the run reported running again but not yet its first new step, "until". The run's
+# "recovery" event replaces it with the exact interval (jobs/workflows.py).
+RECOVERY_KEY = "recovering"
+OPEN_KEYS = (*PAUSE_KEYS, RECOVERY_KEY)
 
 
 def goodput_ledger(*, job: TrainingJob) -> GoodputLedger | None:
-    """The job's effective-training-time ledger as stored (an open pause is not in it yet); an empty
+    """The job's effective-training-time ledger as stored (an open pause or recovery is not in it yet); an empty
     one from its first start when nothing was recorded; None before the first start."""
-    data = {k: v for k, v in (job.goodput or {}).items() if k not in PAUSE_KEYS}
+    data = {k: v for k, v in (job.goodput or {}).items() if k not in OPEN_KEYS}
     if data:
         return GoodputLedger.from_dict(data)
     return GoodputLedger(first_started_at=job.started_at.timestamp()) if job.started_at else None
 
 
+def record_open_recovery(ledger: GoodputLedger, recovering: dict, end: float) -> None:
+    """Put an open recovery into the ledger as an interruption that lasted until `end` (or its "until")."""
+    first = ledger.first_started_at
+    occurred = max(min(recovering["occurred_at"], recovering["detected_at"]), first)
+    detected = max(recovering["detected_at"], occurred)
+    resumed = max(min(end, recovering.get("until", end)), detected)
+    ledger.record_interruption(kind=recovering.get("kind") or "restart", occurred_at=occurred, detected_at=detected,
+                               resumed_at=resumed)
+
+
 def training_job_goodput(*, job: TrainingJob) -> GoodputSummary | None:
-    """Effective training time since the first start (to now, or to the end for a finished job)."""
+    """Effective training time since the first start (to now, or to the end for a finished job). A pause or a
+    recovery still open counts until then: a job cancelled while queued after a preemption, or while waiting for
+    nodes, lost that time (before, it counted as productive once the job ended)."""
     if job.started_at is None:
         return None
     ledger = goodput_ledger(job=job)
-    end = job.finished_at or timezone.now()
-    paused_since = (job.goodput or {}).get("paused_since")
-    if paused_since and job.finished_at is None:
-        ledger.record_pause(kind=(job.goodput or {}).get("pause_kind", "preempted"),
-                            start=max(paused_since, ledger.first_started_at), end=max(end.timestamp(), paused_since))
-    return ledger.summary(max(end.timestamp(), ledger.first_started_at))
+    end = (job.finished_at or timezone.now()).timestamp()
+    goodput = job.goodput or {}
+    paused_since = goodput.get("paused_since")
+    if paused_since:
+        ledger.record_pause(kind=goodput.get("pause_kind", "preempted"),
+                            start=max(paused_since, ledger.first_started_at), end=max(end, paused_since))
+    if goodput.get(RECOVERY_KEY):
+        record_open_recovery(ledger, goodput[RECOVERY_KEY], end)
+    return ledger.summary(max(end, ledger.first_started_at))
 
 
 def goodput_overview(*, team_ids: list[int]) -> dict:

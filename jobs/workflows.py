@@ -33,8 +33,8 @@ from controlplane.compute.ray_backend import TRAINING_PREFIX
 from controlplane.datasets.fetching import DatasetUnavailable, dataset_local_file
 from controlplane.tenancy.services import audit_record
 from jobs.models import FaultKind, TrainingFault, TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
-from jobs.runtime.goodput import GoodputLedger
-from jobs.selectors import PAUSE_KEYS, cores_on, goodput_ledger
+from jobs.runtime.goodput import RESIZE, GoodputLedger
+from jobs.selectors import PAUSE_KEYS, RECOVERY_KEY, cores_on, goodput_ledger, record_open_recovery
 from jobs.states import JobState
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,8 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
                 if event.get("replayed") and key in seen_steps:
                     continue  # a metric the checkpoint carried that the worker had reported before it died
                 seen_steps.add(key)
+                if not event.get("replayed"):
+                    _progressed(job)
                 attempt = event.get("attempt") if event.get("replayed") and event.get("attempt") else job.attempt
                 metrics.append(TrainingMetric(
                     job=job, attempt=attempt, step=event["step"], worker=event["rank"], loss=_finite(event["loss"]),
@@ -234,6 +236,9 @@ def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
                          f"{', requested' if event.get('requested') else ''})"))
             elif kind == "fault":
                 job = _record_fault(job, event)
+                if not event.get("advisory"):
+                    _open_recovery(job, kind=event["kind"], occurred_at=event.get("occurred_at"),
+                                   detected_at=event.get("detected_at"))
             elif kind == "recovery":
                 _record_recovery(job, event)
             elif kind == "placement_needed" and event.get("advisory"):
@@ -293,6 +298,13 @@ def _apply_state(job: TrainingJob, event: dict) -> TrainingJob:
         ledger.record_pause(kind=job.goodput.get("pause_kind", "preempted"), start=job.goodput["paused_since"],
                             end=event.get("at") or timezone.now().timestamp())
         job.goodput = ledger.to_dict()
+    elif target == JobState.RECOVERING:
+        # A fault opened the recovery already; otherwise the run relaunches on new nodes (shrink, grow, move)
+        _open_recovery(job, kind=RESIZE, occurred_at=event.get("at"), detected_at=event.get("at"))
+    elif target == JobState.RUNNING and (job.goodput or {}).get(RECOVERY_KEY):
+        # running again; the recovery ends at the first new step (the run's "recovery" event), counted until now
+        job.goodput = {**job.goodput, RECOVERY_KEY: {**job.goodput[RECOVERY_KEY],
+                                                     "until": _timestamp(event.get("at"))}}
     return job
 
 
@@ -332,8 +344,12 @@ def _maybe_cordon(job: TrainingJob, fault: TrainingFault) -> None:
 
 
 def _record_recovery(job: TrainingJob, event: dict) -> None:
-    fault = (TrainingFault.objects.filter(job=job, kind=event["kind"], resumed_at__isnull=True, advisory=False)
-             .order_by("-id").first())
+    """The run trains again after a fault or a relaunch on new nodes (kind RESIZE): its interval goes into the
+    ledger, and the recovery the job had open is closed."""
+    fault = None
+    if event["kind"] in FaultKind.values:
+        fault = (TrainingFault.objects.filter(job=job, kind=event["kind"], resumed_at__isnull=True, advisory=False)
+                 .order_by("-id").first())
     resumed = _when(event["resumed_at"])
     if fault is not None:
         fault.resumed_at = resumed
@@ -342,13 +358,48 @@ def _record_recovery(job: TrainingJob, event: dict) -> None:
         fault.save(update_fields=["resumed_at", "recomputed_steps", "recomputed_s"])
     ledger = goodput_ledger(job=job) or GoodputLedger(first_started_at=resumed.timestamp())
     occurred = min(event["occurred_at"], event["detected_at"])
+    recovering = (job.goodput or {}).get(RECOVERY_KEY)
+    if recovering and min(recovering["occurred_at"], recovering["detected_at"]) < occurred - 1e-3:
+        # an earlier interruption the run never resumed from (a second fault struck before its first new step):
+        # lost until this one began
+        record_open_recovery(ledger, recovering, occurred)
     ledger.record_interruption(kind=event["kind"], occurred_at=max(occurred, ledger.first_started_at),
                                detected_at=max(event["detected_at"], ledger.first_started_at),
                                resumed_at=max(event["resumed_at"], event["detected_at"], ledger.first_started_at),
                                recomputed_s=float(event.get("recomputed_s") or 0.0),
                                recomputed_steps=int(event.get("recomputed_steps") or 0))
-    extra = {k: v for k, v in job.goodput.items() if k in PAUSE_KEYS}
+    extra = {k: v for k, v in (job.goodput or {}).items() if k in PAUSE_KEYS}
     job.goodput = {**ledger.to_dict(), **extra}
+
+
+def _open_recovery(job: TrainingJob, *, kind: str, occurred_at, detected_at) -> None:
+    """The run stopped training (a fault, or a relaunch on new nodes): the time until it trains again is lost, and
+    counts as such while it lasts (before, a job waiting minutes for nodes showed an ETTR of 1.0; QA on Ray). An
+    open recovery stays open (a second fault during it, or a re-placement of a gang that lost a node, is part of
+    it); one the run reported running again but not yet training is reopened."""
+    if job.started_at is None or job.state not in (JobState.RUNNING, JobState.RECOVERING):
+        return
+    goodput = job.goodput or {}
+    current = goodput.get(RECOVERY_KEY)
+    if current:
+        job.goodput = {**goodput, RECOVERY_KEY: {k: v for k, v in current.items() if k != "until"}}
+        return
+    occurred = _timestamp(occurred_at)
+    detected = max(_timestamp(detected_at), occurred)
+    job.goodput = {**goodput, RECOVERY_KEY: {"kind": kind, "occurred_at": occurred, "detected_at": detected}}
+
+
+def _progressed(job: TrainingJob) -> None:
+    """A new step while a recovery is still open after the run reported running: no "recovery" event will close it
+    (the run was launched again after its supervisor disappeared); it lasted until the run was running again."""
+    recovering = (job.goodput or {}).get(RECOVERY_KEY)
+    if not recovering or "until" not in recovering:
+        return
+    ledger = goodput_ledger(job=job)
+    if ledger is None:
+        return
+    record_open_recovery(ledger, recovering, recovering["until"])
+    job.goodput = {**ledger.to_dict(), **{k: v for k, v in job.goodput.items() if k in PAUSE_KEYS}}
 
 
 # ------------------------------------------------------------------------------------------ placement
@@ -476,8 +527,14 @@ def training_job_stop_run(*, job_id: int, backend, checkpoint: bool, reason: str
     if job.state == JobState.PREEMPTED:
         with transaction.atomic():
             locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
-            locked.goodput = {**(locked.goodput or {}), "paused_since": timezone.now().timestamp(),
-                              "pause_kind": "preempted"}
+            now = timezone.now().timestamp()
+            goodput = dict(locked.goodput or {})
+            recovering = goodput.pop(RECOVERY_KEY, None)
+            ledger = goodput_ledger(job=locked) if recovering else None
+            if ledger is not None:  # a recovery still open ends where the pause begins (the queue wait is paused)
+                record_open_recovery(ledger, recovering, now)
+                goodput = {**ledger.to_dict(), **{k: v for k, v in goodput.items() if k in PAUSE_KEYS}}
+            locked.goodput = {**goodput, "paused_since": now, "pause_kind": "preempted"}
             locked.save(update_fields=["goodput"])
 
 
@@ -508,6 +565,11 @@ def _when(value) -> datetime:
     if value is None:
         return timezone.now()
     return datetime.fromtimestamp(float(value), tz=UTC)
+
+
+def _timestamp(value) -> float:
+    """A run's event time (seconds since the epoch) as it was sent; now when it has none."""
+    return timezone.now().timestamp() if value is None else float(value)
 
 
 def _finite(value):

@@ -4,7 +4,8 @@ ETTR = productive time / wall time since the job first started. Baige's publishe
 (`BAIGE_ETTR_TARGET`). Time that is not productive falls into four parts:
 
 - detection:  from the moment a fault occurs to the moment the supervisor notices it;
-- restart:    from detection until the gang trains again (tear down, reschedule, reload checkpoint);
+- restart:    from detection until the gang trains again (tear down, reschedule, reload checkpoint), and from
+              the stop of a planned relaunch on other nodes (kind `RESIZE`: shrink, grow, move) until it trains;
 - recompute:  training time that had been spent on steps after the last complete checkpoint and is
               lost, so it has to be done again;
 - paused:     the job was not running by no fault of its own after its first start (preempted,
@@ -35,6 +36,11 @@ LLAMA3_FAILURES: dict[str, Any] = dict(
         "during a 54-day snapshot of pre-training on 16,384 H100 GPUs"
     ),
 )
+
+# The interruption kind of a planned relaunch on other nodes (the control plane shrank, grew or moved the gang:
+# checkpoint, stop, start on the new nodes). Not a fault, but not productive either: its time from the stop to
+# the first new step is restart time (no detection), and steps done after the checkpoint are recomputed.
+RESIZE = "resize"
 
 # Lost-time parts, in the order they win when their intervals overlap (see GoodputLedger).
 PARTS = ("detection", "restart", "paused", "recompute")

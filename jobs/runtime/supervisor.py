@@ -28,6 +28,7 @@ import time
 import traceback
 
 from jobs.runtime.faults import DetectionPolicy, Fault, FaultKind, WorkerSample, detect_faults
+from jobs.runtime.goodput import RESIZE
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +348,9 @@ class GangSupervisor:
         if error and error not in fault.evidence:
             fault = dataclasses.replace(fault, evidence=f"{fault.evidence}; worker error: {error[:500]}")
         occurred = self._occurred_at(fault)
+        if self._recovery is not None and self._recovery["kind"] == RESIZE:
+            # the relaunch on new nodes never trained: lost until this fault, which is recovered from on its own
+            self._resumed(max(occurred, self._recovery["detected_at"]))
         recomputed_steps = max(0, self.step - max(self.last_checkpoint_step, -1))
         median = statistics.median(self._step_times) if self._step_times else 0.0
         self._event({"type": "fault", "kind": str(fault.kind), "rank": fault.rank, "node": fault.node,
@@ -418,14 +422,25 @@ class GangSupervisor:
             # and a relaunch take seconds) and asked again; applying it again restarted the gang a second time.
             return
         if self.state == "running" and self._workers:
-            self._checkpoint_then_stop()
+            stopped_at = self._checkpoint_then_stop() or time.time()
+            if self._recovery is None:
+                # Not training from the stop until the first step on the new nodes: reported as a recovery of kind
+                # RESIZE (the control plane's ETTR counted a shrink, grow or move as productive; QA on Ray). Steps
+                # finished after the checkpoint are redone.
+                recomputed_steps = max(0, self.step - max(self.last_checkpoint_step, -1))
+                median = statistics.median(self._step_times) if self._step_times else 0.0
+                self._recovery = {"kind": RESIZE, "occurred_at": stopped_at, "detected_at": stopped_at,
+                                  "node": None, "rank": None, "recomputed_steps": recomputed_steps,
+                                  "recomputed_s": recomputed_steps * median, "from_step": self.step,
+                                  "checkpoint_step": self.last_checkpoint_step}
         self._teardown(release=True)
         self.nodes = list(nodes)
         self._slow_reported.clear()
         self._launch(reason=f"{reason}: {len(nodes)} worker(s) on {', '.join(nodes)}")
 
-    def _checkpoint_then_stop(self) -> None:
-        """Ask rank 0 for a checkpoint at its current step and wait until it is complete."""
+    def _checkpoint_then_stop(self) -> float:
+        """Ask rank 0 for a checkpoint at its current step and wait until it is complete, then stop the workers;
+        returns when they were told to stop."""
         wanted = self.step
         self._workers[0].request_checkpoint.remote()
         deadline = time.time() + STOP_CHECKPOINT_TIMEOUT_S
@@ -434,10 +449,12 @@ class GangSupervisor:
             if all(s["done"] for s in self._samples.values()):
                 break
             time.sleep(0.1)
+        stopped_at = time.time()
         for worker in self._workers:
             worker.stop.remote()
         self._drain_after_stop()
         self._kill_workers()
+        return stopped_at
 
     def _drain_after_stop(self, timeout: float = STOP_DRAIN_TIMEOUT_S) -> None:
         """Poll until every live worker has left its step loop, so the metrics and logs of the steps it finished

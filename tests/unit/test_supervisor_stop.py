@@ -157,3 +157,44 @@ def test_a_placement_repeated_while_the_last_one_was_applied_restarts_nothing():
     sup.place(["n1"], "moving 1 worker(s) to new nodes")  # a real change still moves it
     sup._replace(sup._pending_nodes)
     assert sup.nodes == ["n1"] and len(launches) == 2
+
+
+def test_a_relaunch_on_new_nodes_is_reported_as_a_resize_recovery_at_its_first_new_step(monkeypatch):
+    """A shrink, grow or move stops the gang and starts it on the new nodes: the time from the stop until the first
+    step there is lost, so the supervisor reports it as a recovery of kind "resize" (it reported nothing, and the
+    control plane counted the relaunch as productive time: ETTR 1.0 after three moves; QA on Ray)."""
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray([]))
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(supervisor_module.time, "time", lambda: clock["now"])
+    monkeypatch.setattr(supervisor_module.time, "sleep", lambda s: None)
+    sup = _supervisor([_FakeWorker(0), _FakeWorker(1)])
+    sup.nodes, sup._pending_nodes, sup._pending_reason, sup._slow_reported = ["n0", "n1"], None, "", set()
+    sup._step_times, sup.restarts = [0.1], 0
+    sup._teardown = lambda release: setattr(sup, "_workers", [])
+    new = _FakeWorker(0)
+
+    def launch(*, reason):
+        clock["now"] += 6.0  # reserving the nodes and starting the workers
+        sup.state, sup._workers = "running", [new]
+        sup._samples = {0: {"rank": 0, "node": "n2", "step": -1, "progress_at": clock["now"],
+                            "heartbeat_at": clock["now"], "alive": True, "loss": None, "compute_times": [],
+                            "done": False, "error": "", "phase": "starting"}}
+
+    sup._launch = launch
+    sup.place(["n2"], "moving 1 worker(s) to new nodes")
+    sup._replace(sup._pending_nodes)
+    assert not [e for e in sup._events if e["type"] == "recovery"]  # not training yet
+    assert sup.step == 4 and sup.last_checkpoint_step == 3  # step 4 finished after the checkpoint: redone
+    new.step = 3  # resumed from the checkpoint at step 3 ...
+    sup._absorb(sup._samples[0], {**new._poll().answer, "resumed_from": 3}, clock["now"])
+    assert not [e for e in sup._events if e["type"] == "recovery"]
+    clock["now"] += 0.5
+    new.finish_step()  # ... and finished step 4 again on the new node
+    sup._absorb(sup._samples[0], {**new._poll().answer, "resumed_from": 3}, clock["now"])
+    kinds = [e["type"] for e in sup._events]
+    recovery = next(e for e in sup._events if e["type"] == "recovery")
+    assert recovery["kind"] == "resize" and recovery["occurred_at"] == recovery["detected_at"] == 1000.0
+    assert recovery["resumed_at"] == 1006.5
+    assert recovery["recomputed_steps"] == 1 and recovery["recomputed_s"] == pytest.approx(0.1)
+    # before the new step's metric, as after a fault (the control plane closes the recovery with it)
+    assert kinds.index("recovery") < len(kinds) - 1 and sup._events[-1]["type"] == "metric"

@@ -243,6 +243,12 @@ class InMemoryComputeBackend:
         return run
 
 
+# jobs.runtime.goodput.RESIZE (the platform package does not import the jobs app): the recovery kind of a relaunch
+# on new nodes.
+RESIZE = "resize"
+RELAUNCH_S = 5.0  # simulated: checkpoint, stop and start on the new nodes
+
+
 class _FakeRun:
     """A simulated run: each observation advances it by some steps (per worker metrics, periodic
     checkpoints), and faults produce the same events as the Ray supervisor."""
@@ -294,13 +300,13 @@ class _FakeRun:
                 break
             self.step += 1
             self.tick(0.1)
-            for rank in range(len(self.nodes)):
-                self.event(type="metric", rank=rank, step=self.step, loss=5.0 / (1 + self.step / 50),
-                           step_time=0.1, compute_time=0.08, tokens_per_s=10240.0)
-            if self.recovering is not None:
+            if self.recovering is not None:  # before the step's metrics, as the supervisor reports it
                 self.event(type="recovery", **self.recovering, resumed_at=self.clock, restarts=self.restarts,
                            nodes=list(self.nodes))
                 self.recovering = None
+            for rank in range(len(self.nodes)):
+                self.event(type="metric", rank=rank, step=self.step, loss=5.0 / (1 + self.step / 50),
+                           step_time=0.1, compute_time=0.08, tokens_per_s=10240.0)
             if (self.step + 1) % self.interval == 0 or self.step + 1 == self.total_steps:
                 self.checkpoint()
         if self.step + 1 >= self.total_steps:
@@ -314,6 +320,10 @@ class _FakeRun:
                        evidence="simulated slow node", data={}, step=self.step, advisory=True)
             self.event(type="placement_needed", exclude=[node], nodes=list(self.nodes), advisory=True, reason=kind)
             return
+        if self.recovering is not None and self.recovering["kind"] == RESIZE:
+            self.event(type="recovery", **self.recovering, resumed_at=self.clock - 1.0, restarts=self.restarts,
+                       nodes=list(self.nodes))  # a relaunch that never trained: lost until the fault
+            self.recovering = None
         self.event(type="fault", kind=kind, rank=rank, node=node, occurred_at=self.clock - 1.0,
                    detected_at=self.clock, evidence=f"simulated {kind}", data={}, step=self.step)
         self.recovering = {"kind": kind, "occurred_at": self.clock - 1.0, "detected_at": self.clock, "node": node,
@@ -333,8 +343,17 @@ class _FakeRun:
             self.set_state("running", f"{len(self.nodes)} worker(s) on {', '.join(self.nodes)}")
 
     def place(self, nodes: list[str], reason: str) -> None:
+        """Like GangSupervisor._replace: a running gang checkpoints, stops and starts on the new nodes (which takes
+        RELAUNCH_S), and reports a recovery of kind "resize" at its first step there."""
+        if self.state == "running" and sorted(nodes) == sorted(self.nodes):
+            return
         if self.state == "running":
             self.checkpoint()
+            if self.recovering is None:
+                self.recovering = {"kind": RESIZE, "occurred_at": self.clock, "detected_at": self.clock,
+                                   "node": None, "rank": None, "recomputed_steps": 0, "recomputed_s": 0.0,
+                                   "from_step": self.step, "checkpoint_step": self.last_checkpoint_step}
+            self.tick(RELAUNCH_S)
         self.nodes = nodes
         self.set_state("recovering", reason or "new placement")
         self.set_state("running", f"{len(nodes)} worker(s) on {', '.join(nodes)}")
