@@ -459,7 +459,7 @@ def run_cycle() -> CycleResult:
         job.placement = []
     for pairs, target, fields in ((requeued, JobState.QUEUED, ["admitted_accelerator_type", "placement", "waits_for"]),
                                   (stopped, JobState.PREEMPTED, ["admitted_accelerator_type", "waits_for"])):
-        transition_many([(job, p.reason, {"for": p.for_workload}) for job, p in pairs], machine=TrainingJob.machine,
+        transition_many([(job, _for_job(p), {"for": p.for_workload}) for job, p in pairs], machine=TrainingJob.machine,
                         event_model=TrainingJobEvent, to=target, system="scheduler", fields=fields)
     dispatch_many_on_commit(stop_training_run, [((job.pk,), {"checkpoint": True, "reason": "preempted"})
                                                 for job, _ in stopped if job.compute_handle])
@@ -472,7 +472,7 @@ def run_cycle() -> CycleResult:
         else:
             workers = kept + change.added
         job.placement = _placement_to_json(workers)
-        resized.append((job, change.reason, {"workers": len(workers)}))
+        resized.append((job, _for_job(change), {"workers": len(workers)}))
     write_fields([job for job, _, _ in resized], ["placement"])
     record_events_many(resized, event_model=TrainingJobEvent, system="scheduler")
     # Waiting jobs whose position or reason changed, written together: one admission at the head of 10,000 waiting
@@ -495,6 +495,16 @@ def run_cycle() -> CycleResult:
     return result
 
 
+def _for_job(decision) -> str:
+    """The core's reason with the preemptor named as a job: "preempted for job 6 (...)", "shrunk to 1 workers for
+    job 5 (...)" (the core names workloads by id, and "preempted for 6" read as a count; QA). Growth and the
+    give-backs to deployments (which name the deployment) are left as they are."""
+    reason, preemptor = decision.reason, getattr(decision, "for_workload", "")
+    if preemptor.isdigit():
+        return reason.replace(f" for {preemptor} (", f" for job {preemptor} (", 1)
+    return reason
+
+
 def _positions(result: CycleResult, jobs: dict[str, TrainingJob], requeued: list[tuple[TrainingJob, object]]):
     """(job, position, reason) of every job waiting after the cycle: the core's waits (not the preemptors holding
     their admission) and the victims it sent back to the queue from ADMITTED (before, those had no position until the
@@ -503,7 +513,7 @@ def _positions(result: CycleResult, jobs: dict[str, TrainingJob], requeued: list
     rows = [(jobs[w.workload_id], w.position, w.reason) for w in result.waiting if w.held is None]
     if not requeued:
         return rows
-    rows += [(job, 0, f"requeued: {decision.reason}") for job, decision in requeued]
+    rows += [(job, 0, f"requeued: {_for_job(decision)}") for job, decision in requeued]
     for job, _, why in rows:
         priority = job.priority_class.value if job.priority_class else 0
         key = (-priority, job.created_at.timestamp(), str(job.pk))  # as the core orders the waiting workloads

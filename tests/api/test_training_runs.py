@@ -759,8 +759,9 @@ def test_an_elastic_run_gives_back_the_worker_on_the_node_a_preemptor_needs(api,
     elastic = TrainingJob.objects.get(pk=elastic.pk)
     assert elastic.state == "RUNNING", elastic.state_reason
     assert elastic.placement == [{"node": "h100-pool-1", "taken": [[i, 1.0] for i in range(4)]}]
-    assert elastic.events.filter(reason__startswith="shrunk to 1 workers for").exists()
     assert urgent.state == "ADMITTED" and urgent.waits_for == [elastic.pk], urgent.state_reason
+    # the preemptor named as a job (it read "shrunk to 1 workers for 4 (lower priority)"; QA)
+    assert elastic.events.filter(reason=f"shrunk to 1 workers for job {urgent.pk} (lower priority)").exists()
     assert [w["node"] for w in urgent.placement] == ["h100-pool-0"]
     elastic = sync(elastic, backend)  # the run is told to checkpoint and shrink onto the worker it keeps
     assert backend.runs[elastic.compute_handle].nodes == ["h100-pool-1"]
