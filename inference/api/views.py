@@ -35,7 +35,7 @@ class DeploymentViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
     serializer_class = s.DeploymentSerializer
     filterset_class = DeploymentFilter
     submission_actions = ("create",)  # may answer 429 (controlplane.common.openapi)
-    ordering_fields = ["created_at", "name", "state"]
+    ordering_fields = ["id", "created_at", "name", "state"]
     search_fields = ["name"]
 
     def get_queryset(self):

@@ -40,7 +40,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     serializer_class = s.TrainingJobSerializer
     filterset_class = TrainingJobFilter
     submission_actions = ("create", "retry")  # may answer 429 (controlplane.common.openapi)
-    ordering_fields = ["created_at", "name", "state", "state_changed_at"]
+    ordering_fields = ["id", "created_at", "name", "state", "state_changed_at"]
     search_fields = ["name"]
 
     def get_queryset(self):
