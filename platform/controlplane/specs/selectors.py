@@ -44,12 +44,13 @@ def spec_plan(*, kind: str, name: str, local_queue: LocalQueue, priority_class: 
 
         caps = non_preemptible_caps_now()
     options = []
+    held = _held_by_node()  # what every type's nodes hold, read once for the types below
     for slug in accelerator_types:
         units = units_by_type[slug]
         price = types[slug].price_per_hour_usd if slug in types else None
         need = units * members
         cost = None if price is None else round(float(price) * need, 4)
-        free_by_node = _free_by_node(slug)
+        free_by_node = _free_by_node(slug, held)
         placeable = _placeable_members(free_by_node, units)
         quota = quotas.get(slug)
         quota_left = None if quota is None else quota.nominal_quota - used.get((cluster_queue.name, slug), 0.0)
@@ -210,18 +211,25 @@ def _placeable_members(free_by_node: list[float], units: float) -> int:
     return sum(math.floor(free / units + 1e-9) for free in free_by_node)
 
 
-def _free_by_node(slug: str) -> list[float]:
+def _held_by_node() -> tuple[dict[str, float], dict[str, float]]:
+    """(units admitted training gangs hold per node, units the cycle holds for wanted replicas per node): the same for
+    every type, so read once per plan."""
+    from inference.selectors import held_for_wanted_replicas
+    from jobs.selectors import training_held_by_node
+
+    return training_held_by_node()[0], held_for_wanted_replicas(exclude=None)
+
+
+def _free_by_node(slug: str, held_by_node: tuple[dict[str, float], dict[str, float]]) -> list[float]:
     """Units (devices; CPU cores on `cpu`) free on each ready node of the type: what the cluster last reported, but
     never more than the node's capacity less what the control plane knows is held there (admitted training gangs,
     running replicas, devices the cycle holds for wanted replicas), as inference.selectors.replica_capacity reads it.
     A gang admitted since the last report has reserved nothing in Ray yet: the plan counted its devices free and said
     "fits now" for a job the cycle then queued behind it."""
-    from inference.selectors import held_for_wanted_replicas, serving_held_by_node
-    from jobs.selectors import training_held_by_node
+    from inference.selectors import serving_held_by_node
 
-    training_units, _ = training_held_by_node()
+    training_units, wanted = held_by_node
     serving = serving_held_by_node(slug)
-    wanted = held_for_wanted_replicas(exclude=None)
     free = []
     for name, free_devices, free_cpus, capacity_devices, capacity_cpus in _ready_nodes(slug).values_list(
             "name", "free_devices", "free_cpus", "capacity_devices", "capacity_cpus"):
@@ -232,8 +240,6 @@ def _free_by_node(slug: str) -> list[float]:
         else:
             free.append(max(0.0, min(free_devices, capacity_devices - held - serving_devices)))
     return free
-
-
 
 
 def _queue_position(local_queue: LocalQueue, priority_class: PriorityClass | None, *, fits: bool) -> dict:
