@@ -73,3 +73,11 @@ def test_leaf_group_pin_and_dead_nodes(backend):
     blocked = backend.launch_gang(GangRequest("q", "nvidia-a100", workers=1, devices_per_worker=8,
                                               leaf_group="lg-a100-a"))
     assert blocked.state == "pending"
+
+
+def test_running_reason_names_each_node_once_with_its_worker_count():
+    from controlplane.compute.memory import workers_on
+
+    assert workers_on(["cpu-0", "cpu-0"]) == "2 worker(s) on cpu-0 (2)"
+    assert workers_on(["a", "b", "a"]) == "3 worker(s) on a (2), b"
+    assert workers_on(["h100-pool-1"]) == "1 worker(s) on h100-pool-1"

@@ -249,6 +249,16 @@ RESIZE = "resize"
 RELAUNCH_S = 5.0  # simulated: checkpoint, stop and start on the new nodes
 
 
+def workers_on(nodes) -> str:
+    """"N worker(s) on ...", each node named once with its count when it holds more than one worker ("3 worker(s)
+    on cpu-0 (2), cpu-1"); before, a node was named once per worker ("2 worker(s) on cpu-0, cpu-0")."""
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node] = counts.get(node, 0) + 1
+    where = ", ".join(name if count == 1 else f"{name} ({count})" for name, count in counts.items())
+    return f"{len(nodes)} worker(s) on {where}"
+
+
 class _FakeRun:
     """A simulated run: each observation advances it by some steps (per worker metrics, periodic
     checkpoints), and faults produce the same events as the Ray supervisor."""
@@ -272,7 +282,7 @@ class _FakeRun:
         # observation advances many 0.1 s steps at once). Before, it started an hour in the past so that it never
         # ran ahead, and a job's started_at, logs and metrics read an hour early (goodput: 3602 s for a 2 s job).
         self.clock = clock()
-        self.set_state("running", f"{len(self.nodes)} worker(s) on {', '.join(self.nodes)}")
+        self.set_state("running", workers_on(self.nodes))
 
     def tick(self, seconds: float) -> None:
         """Simulated time passes, up to now (the clock never goes back)."""
@@ -340,7 +350,7 @@ class _FakeRun:
             self.event(type="placement_needed", exclude=[node], nodes=list(self.nodes), reason=kind)
         else:
             self.set_state("recovering", f"restarting after {kind} on {node}")
-            self.set_state("running", f"{len(self.nodes)} worker(s) on {', '.join(self.nodes)}")
+            self.set_state("running", workers_on(self.nodes))
 
     def place(self, nodes: list[str], reason: str) -> None:
         """Like GangSupervisor._replace: a running gang checkpoints, stops and starts on the new nodes (which takes
@@ -356,7 +366,7 @@ class _FakeRun:
             self.tick(RELAUNCH_S)
         self.nodes = nodes
         self.set_state("recovering", reason or "new placement")
-        self.set_state("running", f"{len(nodes)} worker(s) on {', '.join(nodes)}")
+        self.set_state("running", workers_on(nodes))
 
     def report(self, since: int) -> TrainingReport:
         self.events = [e for e in self.events if e["seq"] > since]
