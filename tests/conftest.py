@@ -14,6 +14,7 @@ from controlplane.quotas.services import cluster_queue_create, local_queue_creat
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.services import api_token_create, membership_set, team_create
 from inference.services import _model_dir_missing as _MODEL_DIR_MISSING
+from tests.families import family_of
 
 
 def pytest_configure(config):
@@ -21,6 +22,20 @@ def pytest_configure(config):
 
     # Real hashing costs ~0.3 s a user; tests need correctness, not brute-force resistance.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup (scripts/test) keeps each family of tests/families.py on one worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FamilyScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return family_of(nodeid)
+
+    return FamilyScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
