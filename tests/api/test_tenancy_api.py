@@ -115,3 +115,29 @@ def test_session_auth_works_for_the_console(world):
     client = APIClient()
     assert client.login(username="alpha-admin", password="pw-123456789")
     assert client.get("/api/v1/me/").json()["token_team"] is None
+
+
+def test_removing_a_member_revokes_their_tokens_of_that_team(api, world):
+    """Found by QA: a removed member's tokens stayed listed as active and worked again in full once the user was
+    added back. Now removal revokes them (other teams' tokens of the user are untouched)."""
+    member = world["alpha"]["member"]
+    client = api("alpha", "member")
+    raw = client.post("/api/v1/api-tokens/", {"name": "laptop"}, format="json").json()["token"]
+    other = ApiToken.objects.create(team=world["beta"]["team"], user=member, name="beta", prefix="fy_other",
+                                    token_hash=hash_token("fy_other"))
+    Membership.objects.create(team=world["beta"]["team"], user=member, role="member")
+    admin = api("alpha", "admin")
+    membership = Membership.objects.get(team=world["alpha"]["team"], user=member)
+    assert admin.delete(f"/api/v1/memberships/{membership.pk}/").status_code == 204
+    listed = {t["name"]: t["active"] for t in admin.get("/api/v1/api-tokens/?team__name=alpha").json()["results"]
+              if t["username"] == member.username}
+    assert listed and not any(listed.values()), listed
+    assert admin.post("/api/v1/memberships/", {"username": member.username, "role": "member"},
+                      format="json").status_code == 201
+    fresh = APIClient()
+    fresh.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert fresh.get("/api/v1/me/").status_code == 401
+    other.refresh_from_db()
+    assert other.is_active()
+    event = AuditEvent.objects.filter(action="membership.delete").latest("id")
+    assert len(event.data["tokens_revoked"]) == len(listed)

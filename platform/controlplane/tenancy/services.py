@@ -74,11 +74,19 @@ def membership_set(*, actor, team: Team, username: str, role: str) -> Membership
 
 @transaction.atomic
 def membership_delete(*, actor, membership: Membership) -> None:
+    """Remove a member, and revoke their active tokens of the team in the same transaction. (Found by QA: the
+    tokens stayed listed as active, and worked again in full once the user was added back, at any later time.)"""
     _lock_team_memberships(membership.team)
     membership.refresh_from_db()
     _ensure_an_admin_remains(team=membership.team, leaving=membership, new_role=None)
+    now = timezone.now()
+    tokens = ApiToken.objects.select_for_update().filter(team=membership.team, user_id=membership.user_id,
+                                                         revoked_at__isnull=True)
+    revoked = [token.prefix for token in tokens]
+    tokens.update(revoked_at=now)
     audit_record(actor=actor, team=membership.team, action="membership.delete", target=membership,
-                 data={"username": membership.user.get_username(), "role": membership.role})
+                 data={"username": membership.user.get_username(), "role": membership.role,
+                       "tokens_revoked": revoked})
     membership.delete()
 
 
