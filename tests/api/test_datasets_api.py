@@ -125,3 +125,23 @@ def test_dataset_in_use_by_a_live_job_cannot_be_deleted(api):
     response = client.delete(f"/api/v1/datasets/{dataset['id']}/")
     assert response.status_code == 409
     assert Dataset.objects.filter(pk=dataset["id"]).exists()
+
+
+def test_dataset_cited_by_a_finished_job_is_a_409_not_a_500(api):
+    """Found by QA: a finished job keeps its dataset version (PROTECT), and deleting the dataset under it was a 500.
+    Now a 409 names the jobs; nothing is deleted; once those jobs are deleted the dataset can be."""
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    client.post(f"/api/v1/datasets/{dataset['id']}/versions/", {"uri": "s3://b/k"}, format="json")
+    job = client.post("/api/v1/training-jobs/", {"name": "j", "queue": "default", "accelerator_types": ["cpu"],
+                                                 "devices_per_worker": 0, "dataset": "dataset://corpus@1"},
+                      format="json").json()
+    from jobs.models import TrainingJob
+
+    TrainingJob.objects.filter(pk=job["id"]).update(state="FAILED")
+    response = client.delete(f"/api/v1/datasets/{dataset['id']}/")
+    assert response.status_code == 409, response.content
+    assert str(job["id"]) in response.json()["detail"]
+    assert DatasetVersion.objects.filter(dataset_id=dataset["id"]).count() == 1
+    assert client.delete(f"/api/v1/training-jobs/{job['id']}/").status_code == 204
+    assert client.delete(f"/api/v1/datasets/{dataset['id']}/").status_code == 204

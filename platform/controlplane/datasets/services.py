@@ -124,10 +124,15 @@ def dataset_version_upload(*, actor, dataset: Dataset, upload, fmt: str = Datase
 def dataset_delete(*, actor, dataset: Dataset) -> None:
     from jobs.models import TrainingJob  # jobs depend on datasets, not the other way round
 
-    if TrainingJob.objects.filter(dataset_version__dataset=dataset).exclude(
-        state__in=TrainingJob.terminal_state_values()
-    ).exists():
+    citing = TrainingJob.objects.filter(dataset_version__dataset=dataset)
+    if citing.exclude(state__in=TrainingJob.terminal_state_values()).exists():
         raise ConflictError(f"dataset {dataset.name} is used by a job that has not finished")
+    # A finished job keeps the version it trained on (PROTECT): deleting under it was a 500 (found by QA).
+    ended = list(citing.order_by("id").values_list("id", flat=True)[:6])
+    if ended:
+        shown = ", ".join(str(pk) for pk in ended[:5]) + (", ..." if len(ended) > 5 else "")
+        raise ConflictError(f"dataset {dataset.name} is cited by finished training jobs ({shown}); "
+                            f"delete those jobs first")
     uploaded = [urlparse(version.uri).path for version in dataset.versions.filter(uploaded=True)]
     audit_record(actor=actor, team=dataset.team_id, action="dataset.delete", target=dataset,
                  data={"name": dataset.name, "versions": dataset.versions.count()})
