@@ -145,3 +145,16 @@ def test_dataset_cited_by_a_finished_job_is_a_409_not_a_500(api):
     assert DatasetVersion.objects.filter(dataset_id=dataset["id"]).count() == 1
     assert client.delete(f"/api/v1/training-jobs/{job['id']}/").status_code == 204
     assert client.delete(f"/api/v1/datasets/{dataset['id']}/").status_code == 204
+
+
+def test_size_beyond_a_64_bit_integer_is_a_field_error(api):
+    """Found by QA: a size_bytes too large for the column was a 500 at the insert."""
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/", {"uri": "s3://b/k", "size_bytes": 2**63},
+                           format="json")
+    assert response.status_code == 400 and "size_bytes" in response.json()
+    assert not DatasetVersion.objects.exists()
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                           {"uri": "s3://b/k", "size_bytes": 2**63 - 1}, format="json")
+    assert response.status_code == 201 and response.json()["version"] == 1

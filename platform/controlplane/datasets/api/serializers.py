@@ -44,7 +44,9 @@ class DatasetVersionRegisterSerializer(StrictInputSerializer):
     uri = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
     file = serializers.FileField(required=False, allow_null=True, default=None)
     format = serializers.ChoiceField(choices=DatasetFormat.choices, default=DatasetFormat.OTHER)
-    size_bytes = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
+    # The column is a 64-bit integer: a larger size was a 500 at the insert (found by QA).
+    size_bytes = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False, allow_null=True,
+                                          default=None)
     checksum_sha256 = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
