@@ -99,3 +99,23 @@ def test_a_cpu_deployments_plan_counts_the_cores_a_replica_reserves(api, demo_cl
     assert response.status_code == 200, response.json()
     [cpu] = response.json()["plan"]["options"]
     assert cpu["accelerator_type"] == "cpu" and cpu["units"] == 2 * CPUS_PER_REPLICA, cpu
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("dryrun=1", "dryrun"),
+    ("dry-run=1", "dry-run"),
+    ("dry_run=1&dry_run=0", "dry_run"),
+    ("dry_run=0&dry_run=1", "dry_run"),
+])
+def test_a_mistyped_or_repeated_dry_run_applies_nothing(api, demo_cluster, query, field):
+    """Found by QA: unknown query parameters were ignored and a repeated dry_run took its last value, so
+    `?dryrun=1` and `?dry_run=1&dry_run=0` created the job. Now each is a 400 naming the parameter."""
+    client = api("alpha", "member")
+    audit = AuditEvent.objects.count()
+    with TestCase.captureOnCommitCallbacks(execute=True) as sent:
+        response = client.post(f"/api/v1/specs/apply/?{query}", {"spec": JOB}, format="json")
+    assert response.status_code == 400, response.json()
+    assert field in response.json(), response.json()
+    assert not TrainingJob.objects.exists() and AuditEvent.objects.count() == audit and not sent
+    assert client.post("/api/v1/specs/apply/?dry_run=true&format=json", {"spec": JOB},
+                       format="json").status_code == 200

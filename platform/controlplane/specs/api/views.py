@@ -13,6 +13,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from controlplane.common.api import StrictInputSerializer
@@ -59,8 +60,18 @@ _RESPONSE = inline_serializer("SpecApplyResult", fields={
 
 def _dry_run(request) -> bool:
     """`?dry_run=`: 1/true/yes or 0/false/no (or absent). Anything else is a 400: `dry_run=ture` applied the spec
-    for real before (found by schemathesis, S7)."""
-    value = request.query_params.get("dry_run", "").lower()
+    for real before (found by schemathesis, S7). So are a repeated `dry_run` and any other query parameter (but
+    `format`): `?dryrun=1` or `?dry-run=1` applied the spec for real, and `?dry_run=1&dry_run=0` too (the last value
+    won; found by QA)."""
+    accepted = {"dry_run", api_settings.URL_FORMAT_OVERRIDE} - {None}
+    unknown = sorted(set(request.query_params) - accepted)
+    if unknown:
+        reason = f"unknown query parameter; accepted: {', '.join(sorted(accepted))}"
+        raise serializers.ValidationError({name: [reason] for name in unknown})
+    values = request.query_params.getlist("dry_run")
+    if len(values) > 1:
+        raise serializers.ValidationError({"dry_run": ["give it once"]})
+    value = values[0].lower() if values else ""
     if value in ("", "0", "false", "no"):
         return False
     if value in ("1", "true", "yes"):
