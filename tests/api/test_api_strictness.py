@@ -230,3 +230,13 @@ def test_a_model_validation_error_on_the_spec_path_is_still_spec_lines(api, monk
     assert response.json()["errors"] == [{"line": 5, "field": "max_duration",
                                           "reason": "max_duration_seconds: Ensure this value is less than or equal "
                                                     "to 2147483647."}]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/memberships/?page=99", "/api/v1/audit-events/?page=99&page_size=1"])
+def test_a_page_past_the_last_names_the_parameter(world, api, path):
+    """Found by QA: a page past the last answered 404 {"detail": "Invalid page."}, naming neither the parameter nor
+    the reason."""
+    response = api("alpha", "admin").get(path)
+    assert response.status_code == 404
+    assert list(response.json()) == ["page"], response.json()
+    assert "page 99 does not exist" in response.json()["page"][0]

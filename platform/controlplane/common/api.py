@@ -20,6 +20,8 @@ class StandardPagination(PageNumberPagination):
 
     page_size = 50
     page_size_query_param = "page_size"
+    # DRF said only "Invalid page." for a page past the last one: which parameter, and why (found by QA).
+    invalid_page_message = "page {page_number} does not exist: {message}"
 
     @property
     def max_page_size(self) -> int:
@@ -38,7 +40,10 @@ class StandardPagination(PageNumberPagination):
         from controlplane.common.filters import query_params_check  # see common/filters.py
 
         query_params_check(request, view, queryset, self)
-        return super().paginate_queryset(queryset, request, view)
+        try:
+            return super().paginate_queryset(queryset, request, view)
+        except exceptions.NotFound as exc:  # a page past the last: still a 404, naming the parameter
+            raise exceptions.NotFound({self.page_query_param: [str(exc.detail)]}) from None
 
     def get_page_number(self, request, paginator):
         _one_positive_int(request, self.page_query_param, allowed=tuple(self.last_page_strings))
