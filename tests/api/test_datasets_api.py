@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from controlplane.datasets.models import Dataset, DatasetVersion
@@ -158,3 +159,24 @@ def test_size_beyond_a_64_bit_integer_is_a_field_error(api):
     response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
                            {"uri": "s3://b/k", "size_bytes": 2**63 - 1}, format="json")
     assert response.status_code == 201 and response.json()["version"] == 1
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"size_bytes": 5}, "size_bytes"),
+    ({"checksum_sha256": hashlib.sha256(b"something else").hexdigest()}, "checksum_sha256"),
+    ({"checksum_sha256": "ABC"}, "checksum_sha256"),
+])
+def test_an_upload_that_does_not_match_its_size_or_checksum_is_refused(api, settings, extra, field):
+    """Found by QA: size_bytes and checksum_sha256 sent with a file were silently ignored, so an upload the client
+    meant to verify was stored whatever arrived. Now a mismatch is a 400 naming the field, and nothing remains."""
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                           {"file": SimpleUploadedFile("a.txt", b"abc"), **extra}, format="multipart")
+    assert response.status_code == 400 and field in response.json(), response.json()
+    assert DatasetVersion.objects.count() == 0
+    assert [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()] == []
+    good = {"size_bytes": 3, "checksum_sha256": hashlib.sha256(b"abc").hexdigest()}
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                           {"file": SimpleUploadedFile("a.txt", b"abc"), **good}, format="multipart")
+    assert response.status_code == 201 and response.json()["version"] == 1, response.json()

@@ -83,17 +83,32 @@ def dataset_version_register(*, actor, dataset: Dataset, uri: str, fmt: str = Da
 
 
 def dataset_version_upload(*, actor, dataset: Dataset, upload, fmt: str = DatasetFormat.OTHER,
-                           description: str = "") -> DatasetVersion:
-    """Store an uploaded file and record it as the next version; on any failure nothing remains."""
+                           description: str = "", size_bytes: int | None = None,
+                           checksum_sha256: str = "") -> DatasetVersion:
+    """Store an uploaded file and record it as the next version; on any failure nothing remains. A `size_bytes` or
+    `checksum_sha256` given is checked against what arrived (they were silently ignored: an upload the client meant
+    to verify was stored whatever it held; found by QA)."""
     _check_format(fmt)
     if upload is None:
         raise ValidationFailed("attach a file", field="file")
+    if checksum_sha256 and not SHA256.match(checksum_sha256):
+        raise ValidationFailed("checksum must be 64 lowercase hex digits (SHA-256)", field="checksum_sha256")
     staging = f"datasets/{dataset.team.name}/{dataset.name}/.staging"
     try:
         stored = storage.store_stream(chunks=upload.chunks(), relative_dir=staging, filename=upload.name,
                                       max_bytes=settings.FLEETYARD_MAX_DATASET_UPLOAD_BYTES)
     except storage.UploadTooLarge as exc:
         raise ValidationFailed(str(exc), field="file") from exc
+    mismatch = None
+    if size_bytes is not None and size_bytes != stored.size_bytes:
+        mismatch = ValidationFailed(f"the file that arrived has {stored.size_bytes} bytes, not {size_bytes}",
+                                    field="size_bytes")
+    elif checksum_sha256 and checksum_sha256 != stored.checksum_sha256:
+        mismatch = ValidationFailed(f"the file that arrived has SHA-256 {stored.checksum_sha256}, not "
+                                    f"{checksum_sha256}", field="checksum_sha256")
+    if mismatch is not None:
+        storage.remove_stored(stored.path)
+        raise mismatch
     final_path = None
     try:
         with transaction.atomic():

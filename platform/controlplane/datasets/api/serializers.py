@@ -46,8 +46,9 @@ class DatasetVersionRegisterSerializer(StrictInputSerializer):
     format = serializers.ChoiceField(choices=DatasetFormat.choices, default=DatasetFormat.OTHER)
     # The column is a 64-bit integer: a larger size was a 500 at the insert (found by QA).
     size_bytes = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False, allow_null=True,
-                                          default=None)
-    checksum_sha256 = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+                                          default=None, help_text="with a file: checked against what arrives")
+    checksum_sha256 = serializers.CharField(max_length=64, required=False, allow_blank=True, default="",
+                                            help_text="with a file: checked against what arrives")
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
     def validate(self, attrs):

@@ -59,7 +59,9 @@ class DatasetViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveMode
         values = data.validated_data
         if values["file"] is not None:
             version = services.dataset_version_upload(actor=request.user, dataset=dataset, upload=values["file"],
-                                                      fmt=values["format"], description=values["description"])
+                                                      fmt=values["format"], description=values["description"],
+                                                      size_bytes=values["size_bytes"],
+                                                      checksum_sha256=values["checksum_sha256"])
         else:
             version = services.dataset_version_register(
                 actor=request.user, dataset=dataset, uri=values["uri"], fmt=values["format"],
