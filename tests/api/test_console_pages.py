@@ -183,6 +183,8 @@ def test_datasets_forms_for_members_and_read_only_for_viewers(world):
     assert 'data-api="/api/v1/datasets/"' in member
     assert f'data-api="/api/v1/datasets/{corpus.pk}/versions/"' in member and "data-multipart" in member
     assert "Register a URI or upload a file below" in member
+    # The hint offered file:// URIs, which the API refuses since the SSRF review (found by QA).
+    assert "http(s), file or hf" not in member and "not file://" in member
     viewer = session(alpha["viewer"]).get("/datasets/").content.decode()
     assert "corpus" in viewer
     assert "data-api=" not in viewer.split("<main", 1)[1]
