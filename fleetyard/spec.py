@@ -238,7 +238,13 @@ class _Reader:
         if deepest > MAX_SPEC_NESTING:
             raise SpecError([SpecIssue(None, "", f"nested {deepest} levels deep in [ ] and {{ }}, at most "
                                                  f"{MAX_SPEC_NESTING}")], filename=self.filename)
-        loader = yaml.SafeLoader(text)
+        try:
+            loader = yaml.SafeLoader(text)
+        except yaml.reader.ReaderError as exc:  # a control character (NUL, BEL, ...): found before parsing starts
+            line = text.count("\n", 0, exc.position) + 1  # (before, it escaped: a CLI traceback, an API 500; QA)
+            raise SpecError([SpecIssue(line, "", f"invalid YAML: character U+{exc.character:04X} is not allowed "
+                                                 "(a control character; write it as an escape in a quoted string)")],
+                            filename=self.filename) from None
         try:
             node = loader.get_single_node()
             if node is None:

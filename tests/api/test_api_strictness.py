@@ -179,6 +179,18 @@ def test_spec_refuses_bad_environment_variable_names_at_their_line(api, line):
     assert not TrainingJob.objects.exists()
 
 
+@pytest.mark.parametrize("dry_run", ["?dry_run=1", ""])
+@pytest.mark.parametrize("char", ["\x07", "\x1b", "\x7f"])
+def test_spec_with_a_control_character_is_a_spec_error_at_its_line(api, dry_run, char):
+    """PyYAML refuses such a character when its loader is built, before parsing: that escaped as a 500 (QA)."""
+    text = SPEC_HEAD + f"description: bell{char}\n"
+    response = api("alpha", "member").post(f"/api/v1/specs/apply/{dry_run}", {"spec": text}, format="json")
+    _refused(response, "spec")
+    (error,) = response.json()["errors"]
+    assert error["line"] == 5 and f"U+{ord(char):04X} is not allowed" in error["reason"]
+    assert not TrainingJob.objects.exists()
+
+
 # -- 4. bounds named as the field the user wrote ------------------------------------------------------------------
 
 @pytest.mark.parametrize("dry_run", ["?dry_run=1", ""])

@@ -251,3 +251,13 @@ def test_max_duration_has_an_upper_bound_named_at_its_line():
 def test_env_names_are_matched_whole(name):
     (message,) = issues(f'name: e\nqueue: default\nresources: {{accelerators: cpu}}\nenvs: {{"{name}": x}}\n')
     assert message.startswith("spec.yaml:4: envs.") and "is not a valid environment variable name" in message
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x7f", "\ufffe"])
+def test_a_control_character_is_a_spec_error_not_a_crash(char):
+    """PyYAML's reader refuses these when the loader is built; that ReaderError escaped parse_spec (a CLI traceback
+    and an API 500; QA)."""
+    with pytest.raises(SpecError) as caught:
+        parse_spec(JOB_YAML.replace("name: train-lm", f"name: train-lm{char}"), filename="train.yaml")
+    (message,) = caught.value.messages
+    assert message.startswith("train.yaml:1: invalid YAML: character U+") and "is not allowed" in message
