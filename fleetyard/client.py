@@ -21,6 +21,7 @@ import json
 import os
 import random
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,13 +146,18 @@ class Client:
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
                  max_retries: int = 4, backoff: float = 0.5, session: requests.Session | None = None):
         config = {} if (url and token) else load_config()
-        self.url = (url or os.environ.get("FLEETYARD_URL") or config.get("url") or "").rstrip("/")
-        self.token = token or os.environ.get("FLEETYARD_TOKEN") or config.get("token") or ""
+        self.url = (url or os.environ.get("FLEETYARD_URL") or config.get("url") or "").strip().rstrip("/")
+        self.token = (token or os.environ.get("FLEETYARD_TOKEN") or config.get("token") or "").strip()
         if not self.url:
             raise ConfigError("no server: run `fleetyard login` or set FLEETYARD_URL")
         if not self.token:
             raise ConfigError("no API token: run `fleetyard login` or set FLEETYARD_TOKEN (create one in the "
                               "console or with POST /api/v1/api-tokens/)")
+        check_server_url(self.url)
+        if not (self.token.isascii() and self.token.isprintable()) or any(c.isspace() for c in self.token):
+            # (requests raised UnicodeEncodeError / InvalidHeader from deep inside: a traceback; QA)
+            raise ConfigError("the API token has characters no token has (spaces, control or non-ASCII characters): "
+                              "copy it again (it starts with fy_)")
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
@@ -190,6 +196,9 @@ class Client:
                     continue
                 raise ConnectionFailed(f"{method} {path} timed out after {timeout or self.timeout:g} s",
                                        method=method, url=self._url(path)) from None
+            except requests.RequestException as exc:  # too many redirects, a bad header, ...: a typed error
+                raise ConnectionFailed(f"{method} {self._url(path)} failed: {exc.__class__.__name__}: {exc}",
+                                       method=method, url=self._url(path)) from None
             retryable = response.status_code == 429 or (response.status_code >= 500 and idempotent)
             if retryable and attempt < self.max_retries and _rewindable(kwargs):
                 self._sleep(attempt, response.headers.get("Retry-After"))
@@ -210,19 +219,31 @@ class Client:
                 delay = max(delay, min(float(retry_after), 60.0))
         time.sleep(delay)
 
+    def _json(self, response: requests.Response):
+        """The answer's JSON, or an ApiError saying the server is not answering as the API does (before, a page
+        that was not JSON, say from a URL that is not a Fleetyard server, raised a JSONDecodeError traceback; QA)."""
+        try:
+            return response.json()
+        except ValueError:
+            kind = response.headers.get("Content-Type", "").split(";")[0].strip() or "no content type"
+            raise ApiError(f"{response.request.method} {response.url} answered {response.status_code} with {kind}, "
+                           f"not the API's JSON: is {self.url} the Fleetyard server's address?",
+                           status=response.status_code, body=response.text[:2000], method=response.request.method,
+                           url=response.url) from None
+
     def get(self, path: str, **params) -> dict | list:
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+        return self._json(self.request("GET", path, params={k: v for k, v in params.items() if v is not None}))
 
     def post(self, path: str, body: dict | None = None, **params) -> dict:
         response = self.request("POST", path, json=body or {}, params=params or None)
-        return response.json() if response.content else {}
+        return self._json(response) if response.content else {}
 
     def paginate(self, path: str, *, page_size: int = 100, **params) -> Iterator[dict]:
         """Every object of a paginated list, following `next` links."""
         url: str | None = self._url(path)
         query = {"page_size": page_size, **{k: v for k, v in params.items() if v is not None}}
         while url:
-            page = self.request("GET", url, params=query).json()
+            page = self._json(self.request("GET", url, params=query))
             if isinstance(page, list):
                 yield from page
                 return
@@ -232,7 +253,11 @@ class Client:
     # -------------------------------------------------------------------------------- who am I
 
     def me(self) -> dict:
-        return self.get("me/")
+        me = self.get("me/")
+        if not isinstance(me, dict) or not isinstance(me.get("username"), str):
+            raise ApiError(f"GET {self._url('me/')} did not name a user: is {self.url} the Fleetyard server's "
+                           "address?", status=200, body=me, method="GET", url=self._url("me/"))
+        return me
 
     # -------------------------------------------------------------------------------- specs
 
@@ -379,7 +404,7 @@ class Client:
         body = _MultipartFile(Path(path), fields, progress)
         response = self.request("POST", f"datasets/{int(dataset_id)}/versions/", data=body,
                                 headers={"Content-Type": body.content_type}, timeout=max(self.timeout, 600))
-        return response.json()
+        return self._json(response)
 
     # -------------------------------------------------------------------------------- parallel plans
 
@@ -425,6 +450,24 @@ def _wait(fetch, states, timeout, poll, what, give_up=()):
             raise TimeoutExpired(f"{what} is still {obj.state} ({obj.reason}) after {timeout:g} s; "
                                  f"waited for {', '.join(states)}")
         time.sleep(poll)
+
+
+def check_server_url(url: str) -> str:
+    """The server's base URL, or ConfigError saying what is wrong with it (before, requests raised InvalidURL,
+    MissingSchema or InvalidSchema from deep inside: a traceback; QA)."""
+    example = "for example http://127.0.0.1:8000"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+    except ValueError as exc:
+        raise ConfigError(f"server URL {url!r}: {exc} ({example})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"server URL {url!r}: give an http:// or https:// address ({example})")
+    if not url.isprintable() or any(c.isspace() for c in url):
+        raise ConfigError(f"server URL {url!r}: has a space or a control character in it")
+    if parts.query or parts.fragment or parts.path.rstrip("/").endswith("/api/v1"):
+        raise ConfigError(f"server URL {url!r}: give the server's address, without /api/v1 or a query ({example})")
+    return url
 
 
 def plan_pool(entry) -> dict:

@@ -5,6 +5,8 @@ Pure Python: no Django, no Ray, no torch (the SDK runs on a laptop).
 
 from __future__ import annotations
 
+import html
+import re
 from dataclasses import dataclass
 
 
@@ -66,6 +68,11 @@ class ApiError(FleetyardError):
         except ValueError:
             body = response.text[:2000]
         message = describe_error_body(body) or f"HTTP {response.status_code}"
+        if isinstance(body, str) and _looks_like_html(body, response.headers.get("Content-Type", "")):
+            # a web page, not the API (a proxy's or Django's error page, or a URL that is not a Fleetyard server):
+            # its title, not 2000 characters of HTML (QA)
+            message = f"{_html_title(body) or response.reason or 'HTTP error'} (an HTML page, not the API's answer"
+            message += ": is the server URL right?)" if response.status_code == 404 else ")"
         kind = _BY_STATUS.get(response.status_code)
         if kind is None:
             kind = ServerError if response.status_code >= 500 else ApiError
@@ -107,6 +114,15 @@ class ConnectionFailed(ApiError):
 
 _BY_STATUS = {400: BadRequest, 401: AuthenticationError, 403: PermissionDenied, 404: NotFound, 409: Conflict,
               429: RateLimited}
+
+
+def _looks_like_html(text: str, content_type: str) -> bool:
+    return "html" in content_type.lower() or text.lstrip()[:1] == "<"
+
+
+def _html_title(text: str) -> str:
+    match = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+    return " ".join(html.unescape(match.group(1)).split())[:200] if match else ""
 
 
 def describe_error_body(body) -> str:
