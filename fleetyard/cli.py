@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -87,9 +88,13 @@ class _Cli:
     def _read_spec(self, kind: str):
         path = Path(self.args.spec)
         try:
-            text = path.read_text()
+            text = path.read_bytes().decode("utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:  # (a UnicodeDecodeError traceback before; QA)
+            line = exc.object.count(b"\n", 0, exc.start) + 1
+            raise UsageError(f"{path.name}:{line}: not UTF-8 text (a spec is a YAML file); byte "
+                             f"{exc.object[exc.start]:#04x} at offset {exc.start}") from None
         spec = parse_spec(text, filename=path.name)  # mistakes are found here, before anything is sent
         if spec.kind != kind:
             command = "fleetyard deploy" if spec.kind == DEPLOYMENT else "fleetyard jobs launch"
@@ -527,6 +532,30 @@ def _option_value(text: str):
         return text
 
 
+def _seconds(text: str) -> float:
+    """--wait SECONDS: a finite number, not below 0 (before, -5 created the deployment and then failed the wait at
+    once, and nan waited for good; QA). An argparse type: a mistake is a usage error before anything is sent."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """--limit N: a whole number from 1 (before, 0 or -1 went to the server and came back as a 400 about
+    `page_size`, a parameter the user never wrote; QA)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1, got {text!r}")
+    return value
+
+
 def _ask(prompt: str, default: str) -> str:
     if not sys.stdin.isatty():
         return default
@@ -593,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     queue.set_defaults(run=_Cli.jobs_queue)
     status = jobs.add_parser("status", parents=[common], help="one job in detail, or the latest jobs")
     status.add_argument("job_id", type=int, nargs="?")
-    status.add_argument("--limit", type=int, default=20)
+    status.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="how many of the latest jobs")
     status.set_defaults(run=_Cli.jobs_status)
     logs = jobs.add_parser("logs", parents=[common], help="a job's log lines")
     logs.add_argument("job_id", type=int)
@@ -608,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("spec", help="the deployment's YAML spec")
     deploy.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     deploy.add_argument("--dry-run", action="store_true", help="print the plan and exit; nothing is deployed")
-    deploy.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+    deploy.add_argument("--wait", type=_seconds, default=0, metavar="SECONDS",
                         help="wait until it is SERVING (exit 1 if it fails or the time runs out)")
     deploy.add_argument("--secret", action="append", metavar="NAME=VALUE")
     deploy.set_defaults(run=_Cli.deploy)
