@@ -260,7 +260,7 @@ class _Cli:
                     print(json.dumps(line.__dict__), flush=True)
             else:
                 self._follow(self.args.job_id)
-            return self._job_exit(self.client.training_job(self.args.job_id)) if not self.json else EXIT_OK
+            return self._job_exit(self.client.training_job(self.args.job_id))  # (under --json too: it said 0; QA)
         lines = list(self.client.logs(self.args.job_id))
         if self.json:
             self.emit([line.__dict__ for line in lines])

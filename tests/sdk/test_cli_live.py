@@ -120,6 +120,8 @@ def test_detach_queue_status_and_cancel(cli, tmp_path):
     assert code == 3 and "nothing to cancel" in err
     code, _, err = cli("jobs", "logs", str(second["job"]["id"]), "-f")
     assert code == 1  # the job ended CANCELLED: scripts can tell
+    code, out, _ = cli("jobs", "logs", str(second["job"]["id"]), "-f", "--json")
+    assert code == 1 and out == ""  # under --json too (it exited 0 whatever the result; QA)
 
 
 def test_a_spec_error_prints_file_line_field_reason_and_exits_2(cli, tmp_path):
