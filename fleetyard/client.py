@@ -57,18 +57,29 @@ def load_config() -> dict:
         return {}
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a fleetyard config (a JSON object with url and token); run `fleetyard login`")
+    for key in ("url", "token"):  # (a number or a list here was an AttributeError traceback; QA)
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"{path}: {key} must be text, got {type(data[key]).__name__}; run `fleetyard login`")
+    return data
 
 
 def save_config(*, url: str, token: str) -> Path:
     """Write the URL and token for later commands, readable by the owner only."""
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump({"url": url, "token": token}, handle)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"url": url, "token": token}, handle)
+        os.replace(tmp, path)
+    except OSError as exc:  # (a traceback before; QA) - and no half-written .tmp file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc} (set FLEETYARD_CONFIG to a file you can "
+                          "write)") from None
     return path
 
 
@@ -145,9 +156,11 @@ class Client:
 
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
                  max_retries: int = 4, backoff: float = 0.5, session: requests.Session | None = None):
-        config = {} if (url and token) else load_config()
-        self.url = (url or os.environ.get("FLEETYARD_URL") or config.get("url") or "").strip().rstrip("/")
-        self.token = (token or os.environ.get("FLEETYARD_TOKEN") or config.get("token") or "").strip()
+        url = url or os.environ.get("FLEETYARD_URL")
+        token = token or os.environ.get("FLEETYARD_TOKEN")
+        config = {} if (url and token) else load_config()  # (a broken config file matters only when it is read)
+        self.url = (url or config.get("url") or "").strip().rstrip("/")
+        self.token = (token or config.get("token") or "").strip()
         if not self.url:
             raise ConfigError("no server: run `fleetyard login` or set FLEETYARD_URL")
         if not self.token:

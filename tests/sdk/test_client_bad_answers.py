@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fleetyard.cli import main
-from fleetyard.client import Client
+from fleetyard.client import Client, save_config
 from fleetyard.errors import ApiError, ConfigError, NotFound, ServerError
 
 PAGES = {  # path -> (status, content type, body)
@@ -116,3 +116,37 @@ def test_the_cli_says_what_is_wrong_in_one_line_and_exits_3(server, argv, capsys
     assert code == 3, (out, err)
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err and "<" not in err
     assert not (tmp_path / "config.json").exists()  # a failed login saves nothing
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ('{"url": 5, "token": "fy_x"}', "url must be text, got int"),
+    ('{"url": "http://127.0.0.1:8000", "token": ["fy_x"]}', "token must be text, got list"),
+    ("[1, 2]", "not a fleetyard config"),
+    ("not json", "cannot read"),
+])
+def test_a_broken_config_file_is_a_config_error_naming_it(tmp_path, capsys, content, says):
+    (tmp_path / "config.json").write_text(content)
+    with pytest.raises(ConfigError, match=says):
+        Client()
+    assert main(["quota"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(tmp_path / "config.json") in err and "Traceback" not in err
+
+
+def test_a_broken_config_file_is_not_read_when_the_environment_says_it_all(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("[1, 2]")
+    monkeypatch.setenv("FLEETYARD_URL", "http://127.0.0.1:8000")
+    monkeypatch.setenv("FLEETYARD_TOKEN", "fy_x")
+    assert Client().url == "http://127.0.0.1:8000"
+
+
+def test_login_that_cannot_write_its_config_says_so_and_leaves_nothing(server, tmp_path, monkeypatch, capsys):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("FLEETYARD_CONFIG", str(tmp_path / "a-file" / "config.json"))
+    with pytest.raises(ConfigError, match="cannot write .*a-file/config.json"):
+        save_config(url="http://127.0.0.1:8000", token="fy_x")
+    monkeypatch.setenv("FLEETYARD_CONFIG", str(tmp_path / "config.json"))
+    (tmp_path / "config.json").mkdir()  # os.replace onto a directory fails after the .tmp file was written
+    with pytest.raises(ConfigError, match="cannot write"):
+        save_config(url="http://127.0.0.1:8000", token="fy_x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "config.json"]  # no config.tmp left
