@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 
@@ -73,6 +74,10 @@ class ApiError(FleetyardError):
             # its title, not 2000 characters of HTML (QA)
             message = f"{_html_title(body) or response.reason or 'HTTP error'} (an HTML page, not the API's answer"
             message += ": is the server URL right?)" if response.status_code == 404 else ")"
+        elif response.status_code == 404 and response.request is not None:
+            # DRF says only "Not found.": name what was looked for (`jobs status 99` printed "404: Not found."; QA)
+            path = urllib.parse.urlsplit(response.request.url or "").path
+            message = f"{message} ({response.request.method} {path})"
         kind = _BY_STATUS.get(response.status_code)
         if kind is None:
             kind = ServerError if response.status_code >= 500 else ApiError

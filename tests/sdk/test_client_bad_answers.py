@@ -18,6 +18,7 @@ from fleetyard.errors import ApiError, ConfigError, NotFound, ServerError
 PAGES = {  # path -> (status, content type, body)
     "/api/v1/me/": (200, "text/html", "<html><head><title>Welcome</title></head><body>hello</body></html>"),
     "/json/api/v1/me/": (200, "application/json", json.dumps({"hello": "world"})),
+    "/api/v1/training-jobs/99/": (404, "application/json", json.dumps({"detail": "Not found."})),
     "/boom/api/v1/training-jobs/": (500, "text/html",
                                     "<!doctype html><html><head><title>Server Error (500)</title></head>"
                                     "<body><h1>Server Error (500)</h1>" + "x" * 3000 + "</body></html>"),
@@ -150,3 +151,11 @@ def test_login_that_cannot_write_its_config_says_so_and_leaves_nothing(server, t
     with pytest.raises(ConfigError, match="cannot write"):
         save_config(url="http://127.0.0.1:8000", token="fy_x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "config.json"]  # no config.tmp left
+
+
+def test_a_404_names_what_was_looked_for(server, capsys):
+    with pytest.raises(NotFound) as caught:
+        Client(url=server, token="fy_x").training_job(99)
+    assert str(caught.value) == "404: Not found. (GET /api/v1/training-jobs/99/)"
+    assert main(["--url", server, "--token", "fy_x", "jobs", "status", "99"]) == 3
+    assert "GET /api/v1/training-jobs/99/" in capsys.readouterr().err
