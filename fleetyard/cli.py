@@ -700,6 +700,9 @@ def main(argv: list[str] | None = None) -> int:
         for note in getattr(exc, "__notes__", ()):  # e.g. a dataset an upload created that could not be undone
             cli.err.print(escape(str(note)))
         return EXIT_API
+    except EOFError:  # Ctrl-D at a prompt (login's URL or token, a launch or deploy confirmation): a traceback before
+        cli.err.print("\n[red]error:[/] no answer (end of input); nothing was changed")
+        return EXIT_USAGE
     except KeyboardInterrupt as exc:
         cli.err.print("interrupted")
         for note in getattr(exc, "__notes__", ()):

@@ -48,3 +48,17 @@ def test_deploy_wait_takes_a_finite_number_of_seconds(tmp_path, capsys, value):
 def test_jobs_status_limit_is_a_whole_number_from_1(capsys, value):
     assert main(["jobs", "status", "--limit", value]) == 2
     assert f"argument --limit: expected a whole number from 1, got {value!r}" in capsys.readouterr().err
+
+
+def test_end_of_input_at_a_prompt_changes_nothing_and_says_so(monkeypatch, capsys):
+    """Ctrl-D at login's token prompt (or a launch confirmation, the same `input`) raised an EOFError traceback."""
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+
+    def end_of_input(*_args, **_kwargs):
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", end_of_input)
+    monkeypatch.setattr("getpass.getpass", end_of_input)
+    assert main(["login", "--url", "http://127.0.0.1:8000"]) == 2
+    err = capsys.readouterr().err
+    assert "no answer (end of input); nothing was changed" in err and "Traceback" not in err
