@@ -161,6 +161,12 @@ class Client:
         config = {} if (url and token) else load_config()  # (a broken config file matters only when it is read)
         self.url = (url or config.get("url") or "").strip().rstrip("/")
         self.token = (token or config.get("token") or "").strip()
+        saved_url = str(config.get("url") or "").strip().rstrip("/")
+        if not token and config.get("token") and saved_url and self.url and self.url != saved_url:
+            # The saved token belongs to the server it was saved for: sent to another one (`--url OTHER` without a
+            # token), it would hand that server the credential (found by QA).
+            raise ConfigError(f"the saved API token is for {saved_url}, not {self.url}: give a token for {self.url} "
+                              f"(--token or FLEETYARD_TOKEN) or run `fleetyard login --url {self.url}`")
         if not self.url:
             raise ConfigError("no server: run `fleetyard login` or set FLEETYARD_URL")
         if not self.token:

@@ -110,6 +110,26 @@ def test_job_list_refuses_an_ordering_it_cannot_apply(api):
     assert client.get("/api/v1/deployments/?ordering=-id").status_code == 200
 
 
+def test_a_requested_ordering_breaks_ties_by_id():
+    """Rows that tie on the requested fields come in id order (found by QA: `?ordering=role` on memberships had no
+    tie-breaker, so PostgreSQL could repeat or skip rows across pages; SQLite happens to be stable)."""
+    from rest_framework.request import Request
+    from rest_framework.test import APIRequestFactory
+
+    from controlplane.common.filters import StrictOrderingFilter
+    from controlplane.tenancy.models import Membership
+
+    class View:
+        ordering_fields = ["role", "created_at"]
+
+    def order(query):
+        request = Request(APIRequestFactory().get("/", {"ordering": query}))
+        return StrictOrderingFilter().filter_queryset(request, Membership.objects.all(), View()).query.order_by
+
+    assert order("role") == ("role", "pk")
+    assert order("-created_at,role") == ("-created_at", "role", "pk")
+
+
 def test_accepted_parameters_still_work(api):
     client = api("alpha", "member")
     submit(client, name="first")

@@ -58,6 +58,26 @@ def test_token_expiry_in_the_past_is_a_field_error(api):
     assert response.status_code == 400 and "expires_at" in response.json()
 
 
+def test_an_expiring_token_cannot_create_one_that_outlives_it(api, world):
+    client = api("alpha", "member")
+    tomorrow = timezone.now() + timedelta(days=1)
+    short = client.post("/api/v1/api-tokens/", {"name": "short", "expires_at": tomorrow.isoformat()},
+                        format="json").json()
+    signed = APIClient()
+    signed.credentials(HTTP_AUTHORIZATION=f"Bearer {short['token']}")
+    before = ApiToken.objects.count()
+    for body in ({"name": "forever"}, {"name": "later", "expires_at": (tomorrow + timedelta(days=30)).isoformat()}):
+        response = signed.post("/api/v1/api-tokens/", body, format="json")
+        assert response.status_code == 400, response.content
+        assert "must expire by then" in " ".join(response.json()["expires_at"])
+    assert ApiToken.objects.count() == before  # nothing created
+    sooner = signed.post("/api/v1/api-tokens/", {"name": "sooner", "expires_at": (tomorrow - timedelta(hours=1))
+                                                 .isoformat()}, format="json")
+    assert sooner.status_code == 201
+    # a token that never expires (the fixture's) still creates one that never expires
+    assert client.post("/api/v1/api-tokens/", {"name": "forever"}, format="json").status_code == 201
+
+
 def test_members_see_only_their_own_tokens_admins_see_all(api, world):
     api("alpha", "member").post("/api/v1/api-tokens/", {"name": "mine"}, format="json")
     viewer_names = {t["username"] for t in api("alpha", "viewer").get("/api/v1/api-tokens/").json()["results"]}

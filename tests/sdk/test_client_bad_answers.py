@@ -159,3 +159,13 @@ def test_a_404_names_what_was_looked_for(server, capsys):
     assert str(caught.value) == "404: Not found. (GET /api/v1/training-jobs/99/)"
     assert main(["--url", server, "--token", "fy_x", "jobs", "status", "99"]) == 3
     assert "GET /api/v1/training-jobs/99/" in capsys.readouterr().err
+
+
+def test_the_saved_token_is_not_sent_to_another_server(server):
+    save_config(url="http://127.0.0.1:1", token="fy_saved")
+    with pytest.raises(ConfigError) as caught:
+        Client(url=server)
+    assert "the saved API token is for http://127.0.0.1:1" in str(caught.value) and server in str(caught.value)
+    assert Client(url="http://127.0.0.1:1/").token == "fy_saved"  # the server it was saved for (a trailing / alike)
+    assert Client(url=server, token="fy_other").token == "fy_other"  # a token given for the other server
+    assert main(["jobs", "status", "--url", server]) == 3  # the CLI: a one-line error, exit 3, nothing sent

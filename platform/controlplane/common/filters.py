@@ -15,7 +15,8 @@ from rest_framework.settings import api_settings
 
 
 class StrictOrderingFilter(filters.OrderingFilter):
-    """`?ordering=` with a field the view does not order by is a 400 naming `ordering` and the accepted fields."""
+    """`?ordering=` with a field the view does not order by is a 400 naming `ordering` and the accepted fields; a
+    valid ordering ends with the primary key as the tie-breaker."""
 
     def remove_invalid_fields(self, queryset, fields, view, request):
         valid = [name for name, _ in self.get_valid_fields(queryset, view, {"request": request})]
@@ -25,6 +26,10 @@ class StrictOrderingFilter(filters.OrderingFilter):
             raise exceptions.ValidationError({self.ordering_param: [
                 f"cannot order by {', '.join(invalid)}; accepted: {', '.join(valid)} "
                 f"(a leading - for descending)"]})
+        if terms and not any(term.removeprefix("-") in ("pk", "id") for term in terms):
+            # Rows that tie on every requested field come in id order: without it PostgreSQL may order them
+            # differently from one page to the next, so a paged list repeated some rows and skipped others.
+            terms.append("pk")
         return terms
 
 

@@ -105,13 +105,20 @@ def _ensure_an_admin_remains(*, team: Team, leaving: Membership, new_role: str |
 
 
 @transaction.atomic
-def api_token_create(*, actor, team: Team, user, name: str,
-                     expires_at: datetime | None = None) -> tuple[ApiToken, str]:
-    """Create a token and return it with its secret, which is never stored and never shown again."""
+def api_token_create(*, actor, team: Team, user, name: str, expires_at: datetime | None = None,
+                     created_with: ApiToken | None = None) -> tuple[ApiToken, str]:
+    """Create a token and return it with its secret, which is never stored and never shown again. A request signed
+    with an expiring token (`created_with`) cannot create one that outlives it (found by QA: a token that expired
+    tomorrow made one that never expired)."""
     if not name.strip():
         raise ValidationFailed("give the token a name", field="name")
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expiry must be in the future", field="expires_at")
+    limit = created_with.expires_at if created_with is not None else None
+    if limit is not None and (expires_at is None or expires_at > limit):
+        raise ValidationFailed(f"this request is signed with a token that expires at {limit.isoformat()}: a token it "
+                               "creates must expire by then (give expires_at no later, or sign in to the console)",
+                               field="expires_at")
     if not Membership.objects.filter(team=team, user=user).exists():
         raise ValidationFailed(f"{user.get_username()} is not a member of {team.name}", field="team")
     for _ in range(3):

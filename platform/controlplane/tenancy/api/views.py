@@ -105,9 +105,11 @@ class ApiTokenViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveMod
         data = s.ApiTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         team = self.resolve_team(data.validated_data.get("team"), minimum=Role.VIEWER)
+        signed_with = request.auth if isinstance(request.auth, ApiToken) else None
         token, raw = services.api_token_create(actor=request.user, team=team, user=request.user,
                                                name=data.validated_data["name"],
-                                               expires_at=data.validated_data.get("expires_at"))
+                                               expires_at=data.validated_data.get("expires_at"),
+                                               created_with=signed_with)
         body = s.ApiTokenCreatedSerializer(token).data
         body["token"] = raw
         return Response(body, status=status.HTTP_201_CREATED)
