@@ -136,3 +136,36 @@ def test_an_operator_sets_a_cluster_queues_preemption_policies_through_the_api(a
     assert (default["preemption_within_queue"], default["reclaim_within_cohort"]) == ("LowerPriority", "Any")
     assert api("alpha", "admin").patch("/api/v1/cluster-queues/strict/", {"reclaim_within_cohort": "Any"},
                                        format="json").status_code == 403
+
+
+def test_a_cluster_queue_for_some_teams_takes_only_their_local_queues(api):
+    """QA (2026-11-29): any team admin could point a local queue at any cluster queue (`production` included) and so
+    use its quota. A cluster queue's `teams` (Kueue's namespaceSelector) say whose queues it takes; none: everyone's."""
+    from controlplane.quotas.models import ClusterQueue, LocalQueue
+
+    created = api("ops").post("/api/v1/cluster-queues/", {"name": "prod", "teams": ["alpha"], "quotas": [
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8}]}, format="json")
+    assert created.status_code == 201 and created.json()["teams"] == ["alpha"], created.json()
+    refused = api("beta", "admin").post("/api/v1/local-queues/", {"name": "sneak", "cluster_queue": "prod"},
+                                        format="json")
+    assert refused.status_code == 400, refused.json()
+    assert "takes local queues of alpha only, not of beta" in " ".join(refused.json()["cluster_queue"])
+    assert not LocalQueue.objects.filter(name="sneak").exists()
+    mine = api("alpha", "admin").post("/api/v1/local-queues/", {"name": "prod", "cluster_queue": "prod"},
+                                      format="json")
+    assert mine.status_code == 201, mine.json()
+    # leaving alpha out while its queue points here is refused, and nothing changes
+    moved = api("ops").patch("/api/v1/cluster-queues/prod/", {"teams": ["beta"]}, format="json")
+    assert moved.status_code == 409 and "alpha/prod" in str(moved.json()), moved.json()
+    assert list(ClusterQueue.objects.get(name="prod").teams.values_list("name", flat=True)) == ["alpha"]
+    widened = api("ops").patch("/api/v1/cluster-queues/prod/", {"teams": ["alpha", "beta"]}, format="json")
+    assert widened.status_code == 200 and widened.json()["teams"] == ["alpha", "beta"]
+    opened = api("ops").patch("/api/v1/cluster-queues/prod/", {"teams": []}, format="json")
+    assert opened.status_code == 200 and opened.json()["teams"] == []
+    unknown = api("ops").patch("/api/v1/cluster-queues/prod/", {"teams": ["nobody"]}, format="json")
+    assert unknown.status_code == 400 and "teams" in unknown.json()
+    assert api("alpha", "admin").patch("/api/v1/cluster-queues/prod/", {"teams": ["alpha"]},
+                                       format="json").status_code == 403
+    # an open cluster queue (the demo's and the fixture's) still takes every team's queues
+    assert api("beta", "admin").post("/api/v1/local-queues/", {"name": "open", "cluster_queue": "shared"},
+                                     format="json").status_code == 201

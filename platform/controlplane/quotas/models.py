@@ -1,7 +1,8 @@
 """ClusterQueues, their per-accelerator quotas, LocalQueues and priority classes (Kueue's vocabulary).
 
 - ClusterQueue: a pool of quota, cluster-wide, managed by operators; queues in the same `cohort`
-  lend each other idle quota within `borrowing_limit` / `lending_limit`.
+  lend each other idle quota within `borrowing_limit` / `lending_limit`. Its `teams` (Kueue's namespaceSelector)
+  say whose local queues may point at it; none: every team's.
 - ResourceQuota: one ClusterQueue's `nominal_quota` of one accelerator type (in devices; for the
   "cpu" type, in CPU cores).
 - LocalQueue: a team's entry point into a ClusterQueue; workloads are submitted to LocalQueues.
@@ -42,6 +43,8 @@ class ClusterQueue(models.Model):
     preemption_within_queue = models.CharField(max_length=16, choices=PreemptionPolicy.choices,
                                                default=PreemptionPolicy.LOWER_PRIORITY)
     reclaim_within_cohort = models.CharField(max_length=16, choices=ReclaimPolicy.choices, default=ReclaimPolicy.ANY)
+    teams = models.ManyToManyField(Team, blank=True, related_name="cluster_queues",
+                                   help_text="the teams whose local queues may use it; none: every team")
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -8,7 +8,7 @@ from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass
 
 
 def cluster_queue_list() -> QuerySet[ClusterQueue]:
-    return ClusterQueue.objects.prefetch_related("quotas__accelerator_type")
+    return ClusterQueue.objects.prefetch_related("quotas__accelerator_type", "teams")
 
 
 def local_queue_list(*, team_ids: list[int]) -> QuerySet[LocalQueue]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.cluster.models import AcceleratorType
-from controlplane.common.errors import ValidationFailed
+from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.quotas.models import (
     ClusterQueue,
     LocalQueue,
@@ -28,8 +28,9 @@ def lock_cluster_queues() -> None:
 @transaction.atomic
 def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str = "",
                          quotas: list[dict] = (), preemption_within_queue: str = PreemptionPolicy.LOWER_PRIORITY,
-                         reclaim_within_cohort: str = ReclaimPolicy.ANY) -> ClusterQueue:
-    """`quotas`: [{"accelerator_type": slug, "nominal_quota": n, "borrowing_limit": n|None, ...}]."""
+                         reclaim_within_cohort: str = ReclaimPolicy.ANY, teams=()) -> ClusterQueue:
+    """`quotas`: [{"accelerator_type": slug, "nominal_quota": n, "borrowing_limit": n|None, ...}]; `teams`: the
+    teams whose local queues may use it (none: every team)."""
     if ClusterQueue.objects.filter(name=name).exists():
         raise ValidationFailed(f"a cluster queue named {name!r} already exists", field="name")
     queue = ClusterQueue(name=name, cohort=cohort, description=description,
@@ -37,10 +38,12 @@ def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str
     queue.full_clean()
     queue.save()
     _quotas_replace(queue=queue, quotas=quotas)
+    queue.teams.set(teams)
     audit_record(actor=actor, team=None, action="cluster_queue.create", target=queue,
                  data={"name": name, "cohort": cohort, "quotas": list(quotas),
                        "preemption_within_queue": preemption_within_queue,
-                       "reclaim_within_cohort": reclaim_within_cohort})
+                       "reclaim_within_cohort": reclaim_within_cohort,
+                       "teams": sorted(team.name for team in teams)})
     return queue
 
 
@@ -48,10 +51,19 @@ def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str
 def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = None,
                          description: str | None = None, quotas: list[dict] | None = None,
                          preemption_within_queue: str | None = None,
-                         reclaim_within_cohort: str | None = None) -> ClusterQueue:
-    """Change what is given; `quotas` replaces the whole list (a type left out has no quota afterwards)."""
+                         reclaim_within_cohort: str | None = None, teams=None) -> ClusterQueue:
+    """Change what is given; `quotas` replaces the whole list (a type left out has no quota afterwards), `teams`
+    the teams whose local queues may use it (empty: every team). Teams that still have local queues on it cannot be
+    left out: 409 naming those queues, nothing changed."""
     queue = ClusterQueue.objects.select_for_update().get(pk=queue.pk)
     changes = {}
+    if teams:
+        kept = {team.pk for team in teams}
+        stranded = sorted(f"{q.team.name}/{q.name}" for q in queue.local_queues.select_related("team")
+                          if q.team_id not in kept)
+        if stranded:
+            raise ConflictError(f"local queues of other teams use cluster queue {queue.name}: {', '.join(stranded)}; "
+                                "point them at another cluster queue, or delete them, first")
     if cohort is not None:
         queue.cohort = changes["cohort"] = cohort
     if description is not None:
@@ -65,6 +77,9 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
     if quotas is not None:
         _quotas_replace(queue=queue, quotas=quotas)
         changes["quotas"] = list(quotas)
+    if teams is not None:
+        queue.teams.set(teams)
+        changes["teams"] = sorted(team.name for team in teams)
     audit_record(actor=actor, team=None, action="cluster_queue.update", target=queue, data=changes)
     return queue
 
@@ -101,8 +116,14 @@ def _first_message(exc) -> str:
 
 @transaction.atomic
 def local_queue_create(*, actor, team: Team, name: str, cluster_queue: ClusterQueue) -> LocalQueue:
+    """A team's queue into `cluster_queue`, if the cluster queue takes that team's (found by QA: any team admin could
+    point a queue at any cluster queue and so use its quota, `production` included)."""
     if LocalQueue.objects.filter(team=team, name=name).exists():
         raise ValidationFailed(f"team {team.name} already has a queue named {name!r}", field="name")
+    allowed = sorted(cluster_queue.teams.values_list("name", flat=True))
+    if allowed and team.name not in allowed:
+        raise ValidationFailed(f"cluster queue {cluster_queue.name} takes local queues of {', '.join(allowed)} only, "
+                               f"not of {team.name} (an operator sets its teams)", field="cluster_queue")
     queue = LocalQueue(team=team, name=name, cluster_queue=cluster_queue)
     queue.full_clean()
     queue.save()

@@ -13,6 +13,7 @@ from controlplane.quotas.models import (
     ReclaimPolicy,
     ResourceQuota,
 )
+from controlplane.tenancy.models import Team
 
 
 class ResourceQuotaSerializer(serializers.ModelSerializer):
@@ -30,12 +31,16 @@ class ResourceQuotaInputSerializer(StrictInputSerializer):
     lending_limit = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
 
 
+_TEAMS_HELP = "the teams whose local queues may use it (names); empty: every team"
+
+
 class ClusterQueueSerializer(serializers.ModelSerializer):
     quotas = ResourceQuotaSerializer(many=True, read_only=True)
+    teams = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True, help_text=_TEAMS_HELP)
 
     class Meta:
         model = ClusterQueue
-        fields = ["id", "name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "description",
+        fields = ["id", "name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "teams", "description",
                   "quotas", "created_at"]
 
 
@@ -54,6 +59,8 @@ class ClusterQueueWriteSerializer(StrictInputSerializer):
                                                       default=PreemptionPolicy.LOWER_PRIORITY, help_text=_WITHIN_HELP)
     reclaim_within_cohort = serializers.ChoiceField(choices=ReclaimPolicy.choices, required=False,
                                                     default=ReclaimPolicy.ANY, help_text=_RECLAIM_HELP)
+    teams = serializers.SlugRelatedField(slug_field="name", many=True, queryset=Team.objects.all(), required=False,
+                                         default=list, help_text=_TEAMS_HELP)
 
 
 class ClusterQueueUpdateSerializer(StrictInputSerializer):
@@ -66,6 +73,8 @@ class ClusterQueueUpdateSerializer(StrictInputSerializer):
                                                       help_text=_WITHIN_HELP)
     reclaim_within_cohort = serializers.ChoiceField(choices=ReclaimPolicy.choices, required=False,
                                                     help_text=_RECLAIM_HELP)
+    teams = serializers.SlugRelatedField(slug_field="name", many=True, queryset=Team.objects.all(), required=False,
+                                         help_text=_TEAMS_HELP)
 
 
 class LocalQueueSerializer(serializers.ModelSerializer):
