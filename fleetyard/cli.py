@@ -5,7 +5,7 @@
     fleetyard jobs launch train.yaml -y -d      # no prompt, detach: print the job id and return
     fleetyard jobs launch train.yaml --dry-run  # only the plan: type, cost, quota, queue position
     fleetyard jobs queue | jobs status [ID] | jobs logs ID -f | jobs cancel ID
-    fleetyard deploy serve.yaml | endpoints | datasets upload NAME FILE | datasets list | quota
+    fleetyard deploy serve.yaml | endpoints | scale ID --min N | undeploy ID | datasets upload NAME FILE | quota
     fleetyard plan llama2-70b --batch 512 --devices nvidia-h100:64 --devices nvidia-a100:64 --compare
 
 Every command takes --json (one JSON document on stdout, for scripts). Exit codes scripts can trust:
@@ -321,6 +321,37 @@ class _Cli:
         self.out.print(table if deployments else "No deployments.")
         return EXIT_OK
 
+    def scale(self) -> int:
+        """`fleetyard scale ID --min N [--max M]`: the SDK's scale_deployment (before 2026-11-29 only the SDK, the
+        API and the console could)."""
+        deployment = self.client.scale_deployment(self.args.deployment_id, replicas_min=self.args.min,
+                                                  replicas_max=self.args.max)
+        if self.json:
+            self.emit(deployment.raw)
+        else:
+            spec = deployment.raw.get("spec", {})
+            self.out.print(f"Deployment {deployment.id} ({escape(deployment.name)}) {deployment.state}: replicas "
+                           f"{spec.get('replicas_min')}-{spec.get('replicas_max')}")
+        return EXIT_OK
+
+    def undeploy(self) -> int:
+        """`fleetyard undeploy ID`: delete a deployment (asks first on a terminal; -y does not)."""
+        deployment = self.client.deployment(self.args.deployment_id)
+        if not self.args.yes:
+            if not sys.stdin.isatty():
+                raise UsageError("not on a terminal: pass -y to delete the deployment without confirming")
+            answer = input(f"Delete deployment {deployment.id} ({deployment.name}, {deployment.state})? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                self.info("Not deleted.")
+                return EXIT_OK
+        self.client.delete_deployment(deployment.id)
+        after = self.client.deployment(deployment.id)
+        if self.json:
+            self.emit(after.raw)
+        else:
+            self.out.print(f"Deployment {after.id} ({escape(after.name)}) {after.state}: {escape(after.reason)}")
+        return EXIT_OK
+
     # ---------------------------------------------------------------------------- datasets
 
     def datasets_upload(self) -> int:
@@ -556,6 +587,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _replicas(text: str) -> int:
+    """scale --min N: a whole number from 0 (a deployment may scale to zero)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0, got {text!r}")
+    return value
+
+
 def _ask(prompt: str, default: str) -> str:
     if not sys.stdin.isatty():
         return default
@@ -643,6 +685,16 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.set_defaults(run=_Cli.deploy)
     endpoints = commands.add_parser("endpoints", parents=[common], help="deployments and their endpoints")
     endpoints.set_defaults(run=_Cli.endpoints)
+    scale = commands.add_parser("scale", parents=[common], help="set a deployment's replica range")
+    scale.add_argument("deployment_id", type=int)
+    scale.add_argument("--min", type=_replicas, required=True, metavar="N", help="replicas it keeps at least (0: none)")
+    scale.add_argument("--max", type=_positive_int, default=None, metavar="M",
+                       help="replicas it may scale out to (default: as many as --min)")
+    scale.set_defaults(run=_Cli.scale)
+    undeploy = commands.add_parser("undeploy", parents=[common], help="delete a deployment")
+    undeploy.add_argument("deployment_id", type=int)
+    undeploy.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    undeploy.set_defaults(run=_Cli.undeploy)
 
     datasets = commands.add_parser("datasets", help="datasets").add_subparsers(dest="datasets_command",
                                                                                metavar="ACTION", required=True)

@@ -174,6 +174,28 @@ def test_deploy_and_endpoints(cli, tmp_path):
     assert "chat" in out and "500 / 50 ms" in out
 
 
+def test_scale_and_undeploy_a_deployment(cli, tmp_path, monkeypatch):
+    """The SDK, the API and the console could scale and delete a deployment; the CLI could not (QA, 2026-11-29)."""
+    from tests.conftest import write_model_folder
+
+    spec = SERVE_SPEC.replace("file:///checkpoints/lm/step-100", f"file://{write_model_folder(tmp_path)}")
+    assert cli("deploy", write(tmp_path, "serve.yaml", spec), "-y")[0] == 0
+    deployment = Deployment.objects.get(name="chat")
+    code, out, err = cli("scale", str(deployment.pk), "--min", "2", "--max", "3")
+    assert code == 0 and "replicas 2-3" in out, (out, err)
+    code, out, _ = cli("scale", str(deployment.pk), "--min", "1", "--json")
+    assert code == 0 and (json.loads(out)["spec"]["replicas_min"], json.loads(out)["spec"]["replicas_max"]) == (1, 1)
+    code, _, err = cli("scale", str(deployment.pk), "--min", "-1")
+    assert code == 2 and "whole number from 0" in err
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    code, _, err = cli("undeploy", str(deployment.pk))  # not on a terminal and no -y: nothing deleted
+    assert code == 2 and "pass -y" in err
+    assert Deployment.objects.get(pk=deployment.pk).state != "DELETED"
+    code, out, _ = cli("undeploy", str(deployment.pk), "-y", "--json")
+    assert code == 0 and json.loads(out)["status"]["state"] in ("DELETING", "DELETED"), out
+    assert cli("undeploy", "999999", "-y")[0] == 3  # no such deployment: an API error, not a traceback
+
+
 def test_datasets_upload_list_and_quota(cli, tmp_path):
     data = tmp_path / "corpus.txt"
     data.write_text("hello world\n" * 1000)
