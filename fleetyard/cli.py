@@ -587,6 +587,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _given(text: str) -> str:
+    """--url / --token: an empty value is refused (before, `--token ''` quietly fell back to FLEETYARD_TOKEN or the
+    saved token: QA)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a value, or leave the option out to use the environment or "
+                                         "the login config")
+    return text
+
+
 def _replicas(text: str) -> int:
     """scale --min N: a whole number from 0 (a deployment may scale to zero)."""
     try:
@@ -635,9 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
         options = argparse.ArgumentParser(add_help=False)
         options.add_argument("--json", action="store_true", default=default_json,
                              help="print one JSON document (for scripts)")
-        options.add_argument("--url", default=default_none,
+        options.add_argument("--url", default=default_none, type=_given,
                              help="server URL (default: FLEETYARD_URL or the login config)")
-        options.add_argument("--token", default=default_none,
+        options.add_argument("--token", default=default_none, type=_given,
                              help="API token (default: FLEETYARD_TOKEN or the login config)")
         return options
 

@@ -62,3 +62,11 @@ def test_end_of_input_at_a_prompt_changes_nothing_and_says_so(monkeypatch, capsy
     assert main(["login", "--url", "http://127.0.0.1:8000"]) == 2
     err = capsys.readouterr().err
     assert "no answer (end of input); nothing was changed" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("option", ["--url", "--token"])
+def test_an_empty_url_or_token_is_a_usage_error_not_a_quiet_fallback(monkeypatch, capsys, option):
+    monkeypatch.setenv("FLEETYARD_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("FLEETYARD_TOKEN", "fy_from_the_environment")
+    assert main(["quota", option, " "]) == 2
+    assert f"{option}: is empty" in capsys.readouterr().err
