@@ -67,6 +67,21 @@ def test_cordon_is_for_operators_and_audited(api, world, accel):
     assert api("ops").post(f"/api/v1/nodes/{node.pk}/uncordon/").json()["cordoned"] is False
 
 
+def test_a_pools_free_devices_leave_out_cordoned_nodes(api, demo_cluster):
+    """QA (2026-11-29): a pool counted a cordoned node's free devices, while the scheduler and the plans left them
+    out."""
+    def h100():
+        pools = api("alpha", "viewer").get("/api/v1/node-pools/").json()["results"]
+        return next(p for p in pools if p["name"] == "h100-pool")
+
+    before = h100()
+    assert (before["capacity_devices"], before["free_devices"]) == (16, 16)
+    node = Node.objects.filter(pool__name="h100-pool").order_by("name").first()
+    assert api("ops").post(f"/api/v1/nodes/{node.pk}/cordon/").status_code == 200
+    after = h100()
+    assert (after["capacity_devices"], after["free_devices"]) == (16, 8)
+
+
 def test_cluster_queues(api):
     body = {"name": "team-x", "cohort": "all", "quotas": [
         {"accelerator_type": "nvidia-h100", "nominal_quota": 8, "borrowing_limit": 8, "lending_limit": 4}]}

@@ -14,12 +14,15 @@ def accelerator_type_list() -> QuerySet[AcceleratorType]:
 
 
 def node_pool_list() -> QuerySet[NodePool]:
+    """Pools with their node counts and devices: capacity on healthy nodes; free devices on healthy nodes that are
+    not cordoned, where work can start (a cordoned node's free devices counted too before 2026-11-29, while the
+    dry-run plan and the scheduler left them out: QA)."""
     healthy = Q(nodes__health=NodeHealth.HEALTHY)
     return NodePool.objects.select_related("accelerator_type").annotate(
         node_count=Count("nodes"),
         healthy_node_count=Count("nodes", filter=healthy),
         capacity_devices=Sum("nodes__capacity_devices", filter=healthy, default=0.0),
-        free_devices=Sum("nodes__free_devices", filter=healthy, default=0.0),
+        free_devices=Sum("nodes__free_devices", filter=healthy & Q(nodes__cordoned=False), default=0.0),
     ).order_by("name")
 
 

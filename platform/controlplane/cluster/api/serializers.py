@@ -23,8 +23,9 @@ class NodePoolSerializer(StrictInputMixin, serializers.ModelSerializer):
     accelerator_type = serializers.SlugRelatedField(slug_field="slug", queryset=AcceleratorType.objects.all())
     node_count = serializers.IntegerField(read_only=True)
     healthy_node_count = serializers.IntegerField(read_only=True)
-    capacity_devices = serializers.FloatField(read_only=True)
-    free_devices = serializers.FloatField(read_only=True)
+    capacity_devices = serializers.FloatField(read_only=True, help_text="devices of its healthy nodes")
+    free_devices = serializers.FloatField(read_only=True,
+                                          help_text="free devices of its healthy nodes that are not cordoned")
     effective_intra_node_gbps = serializers.FloatField(
         source="link_bandwidth.intra_node_gbps", read_only=True, allow_null=True,
         help_text="what the planner uses: the pool's own figure, else the type's assumed default, else null")
