@@ -131,6 +131,16 @@ def test_every_write_is_audited(api, world):
     assert listed and listed[0]["data"]["name"] == "d1"
 
 
+def test_operators_see_cluster_wide_events_and_teams_do_not(api, world):
+    """QA (2026-11-29): events of no team (cluster queues, node pools, cordons) were only in the Django admin."""
+    created = api("ops").post("/api/v1/priority-classes/", {"name": "urgent", "value": 900}, format="json")
+    assert created.status_code == 201
+    assert AuditEvent.objects.filter(action="priority_class.create", team__isnull=True).exists()
+    seen = api("ops").get("/api/v1/audit-events/?action=priority_class.create").json()["results"]
+    assert "urgent" in [e["data"]["name"] for e in seen]
+    assert api("alpha", "admin").get("/api/v1/audit-events/?action=priority_class.create").json()["results"] == []
+
+
 def test_session_auth_works_for_the_console(world):
     client = APIClient()
     assert client.login(username="alpha-admin", password="pw-123456789")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
 from controlplane.tenancy.models import ROLE_RANK, ApiToken, AuditEvent, LoginThrottle, Membership, Role, Team
@@ -44,8 +44,13 @@ def api_token_list(*, team_ids: list[int]) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(team_id__in=team_ids).select_related("team", "user")
 
 
-def audit_event_list(*, team_ids: list[int]) -> QuerySet[AuditEvent]:
-    return AuditEvent.objects.filter(team_id__in=team_ids).select_related("team")
+def audit_event_list(*, team_ids: list[int], cluster_wide: bool = False) -> QuerySet[AuditEvent]:
+    """The events of the given teams, and with `cluster_wide` (operators) those of no team: cluster queues, node
+    pools, cordons, priority classes (before 2026-11-29 those were only in the Django admin: QA)."""
+    scope = Q(team_id__in=team_ids)
+    if cluster_wide:
+        scope |= Q(team__isnull=True)
+    return AuditEvent.objects.filter(scope).select_related("team")
 
 
 def roles_by_team(*, user, team_ids: list[int]) -> dict[int, str]:

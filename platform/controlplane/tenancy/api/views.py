@@ -133,4 +133,4 @@ class AuditEventViewSet(TeamScopedMixin, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at"]
 
     def get_queryset(self):
-        return selectors.audit_event_list(team_ids=self.team_ids)
+        return selectors.audit_event_list(team_ids=self.team_ids, cluster_wide=self.request.user.is_staff)
