@@ -34,6 +34,11 @@ def test_node_pools_are_operator_managed(api):
     unsaid = {k: v for k, v in body.items() if k != "simulated"} | {"name": "unsaid"}
     missing = api("ops").post("/api/v1/node-pools/", unsaid, format="json")
     assert missing.status_code == 400 and "simulated" in missing.json()
+    # a GPU pool of nodes without devices (accepted before 2026-11-29: QA); a CPU pool counts cores, not devices
+    empty = api("ops").post("/api/v1/node-pools/", {**body, "name": "empty", "devices_per_node": 0}, format="json")
+    assert empty.status_code == 400 and "at least 1 device per node" in " ".join(empty.json()["devices_per_node"])
+    cpu = {**body, "name": "cpus", "accelerator_type": "cpu", "devices_per_node": 0, "simulated": False}
+    assert api("ops").post("/api/v1/node-pools/", cpu, format="json").status_code == 201
 
 
 def test_nodes_observed_from_the_backend_show_capacity_and_simulation(api, world, accel):

@@ -43,6 +43,9 @@ def node_pool_create(*, actor, name: str, accelerator_type: AcceleratorType, dev
     """``intra_node_gbps`` / ``inter_node_gbps`` left None mean the accelerator type's assumed defaults."""
     if NodePool.objects.filter(name=name).exists():
         raise ValidationFailed(f"a node pool named {name!r} already exists", field="name")
+    if accelerator_type.slug != "cpu" and devices_per_node < 1:  # (accepted before 2026-11-29: QA)
+        raise ValidationFailed(f"a pool of {accelerator_type.slug} needs at least 1 device per node",
+                               field="devices_per_node")
     pool = NodePool(name=name, accelerator_type=accelerator_type, devices_per_node=devices_per_node,
                     simulated=simulated, description=description, intra_node_gbps=intra_node_gbps,
                     inter_node_gbps=inter_node_gbps)
