@@ -29,7 +29,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from rich.table import Table
 
 from fleetyard.client import Client, check_upload_file, plan_devices, plan_pool, save_config
-from fleetyard.errors import ApiError, ConfigError, FleetyardError, SpecError, TimeoutExpired
+from fleetyard.errors import ApiError, ConfigError, FleetyardError, NotFound, SpecError, TimeoutExpired
 from fleetyard.spec import DEPLOYMENT, JOB, parse_spec
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -324,6 +324,9 @@ class _Cli:
     def scale(self) -> int:
         """`fleetyard scale ID --min N [--max M]`: the SDK's scale_deployment (before 2026-11-29 only the SDK, the
         API and the console could)."""
+        if self.args.min == 0 and self.args.max is None:  # (the API then got max 0 and refused it: review)
+            raise UsageError("--min 0 scales to zero when idle: give --max too (at least 1), the most it may scale "
+                             "out to")
         deployment = self.client.scale_deployment(self.args.deployment_id, replicas_min=self.args.min,
                                                   replicas_max=self.args.max)
         if self.json:
@@ -345,7 +348,14 @@ class _Cli:
                 self.info("Not deleted.")
                 return EXIT_OK
         self.client.delete_deployment(deployment.id)
-        after = self.client.deployment(deployment.id)
+        try:
+            after = self.client.deployment(deployment.id)
+        except NotFound:  # a deployment that never served (e.g. FAILED) is removed at once
+            if self.json:
+                self.emit({**deployment.raw, "status": {**deployment.raw.get("status", {}), "state": "DELETED"}})
+            else:
+                self.out.print(f"Deployment {deployment.id} ({escape(deployment.name)}) DELETED")
+            return EXIT_OK
         if self.json:
             self.emit(after.raw)
         else:
@@ -696,7 +706,8 @@ def build_parser() -> argparse.ArgumentParser:
     endpoints.set_defaults(run=_Cli.endpoints)
     scale = commands.add_parser("scale", parents=[common], help="set a deployment's replica range")
     scale.add_argument("deployment_id", type=int)
-    scale.add_argument("--min", type=_replicas, required=True, metavar="N", help="replicas it keeps at least (0: none)")
+    scale.add_argument("--min", type=_replicas, required=True, metavar="N",
+                       help="replicas it keeps at least (0: none when idle, with --max)")
     scale.add_argument("--max", type=_positive_int, default=None, metavar="M",
                        help="replicas it may scale out to (default: as many as --min)")
     scale.set_defaults(run=_Cli.scale)

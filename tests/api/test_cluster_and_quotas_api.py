@@ -169,7 +169,11 @@ def test_a_cluster_queue_for_some_teams_takes_only_their_local_queues(api):
     refused = api("beta", "admin").post("/api/v1/local-queues/", {"name": "sneak", "cluster_queue": "prod"},
                                         format="json")
     assert refused.status_code == 400, refused.json()
-    assert "takes local queues of alpha only, not of beta" in " ".join(refused.json()["cluster_queue"])
+    assert "is not open to team beta" in " ".join(refused.json()["cluster_queue"])
+    assert "alpha" not in str(refused.json())  # other teams' names are not beta's to see (review)
+    seen_by_beta = api("beta", "viewer").get("/api/v1/cluster-queues/prod/").json()
+    assert (seen_by_beta["teams"], seen_by_beta["open_to_all_teams"]) == ([], False)
+    assert api("alpha", "viewer").get("/api/v1/cluster-queues/prod/").json()["teams"] == ["alpha"]
     assert not LocalQueue.objects.filter(name="sneak").exists()
     mine = api("alpha", "admin").post("/api/v1/local-queues/", {"name": "prod", "cluster_queue": "prod"},
                                       format="json")

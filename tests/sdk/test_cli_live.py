@@ -194,6 +194,19 @@ def test_scale_and_undeploy_a_deployment(cli, tmp_path, monkeypatch):
     code, out, _ = cli("undeploy", str(deployment.pk), "-y", "--json")
     assert code == 0 and json.loads(out)["status"]["state"] in ("DELETING", "DELETED"), out
     assert cli("undeploy", "999999", "-y")[0] == 3  # no such deployment: an API error, not a traceback
+    code, _, err = cli("scale", str(deployment.pk), "--min", "0")  # to zero needs a most (the API refused max 0)
+    assert code == 2 and "give --max too" in err
+
+
+def test_undeploy_a_failed_deployment_says_deleted_and_exits_0(cli, tmp_path):
+    """A deployment that never served is removed at once: the read after the delete got a 404 and the command exited
+    3 although the delete had worked (review, 2026-11-29)."""
+    assert cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC), "-y")[0] == 0
+    deployment = Deployment.objects.get(name="chat")
+    Deployment.objects.filter(pk=deployment.pk).update(state="FAILED")
+    code, out, err = cli("undeploy", str(deployment.pk), "-y")
+    assert code == 0 and f"Deployment {deployment.pk} (chat) DELETED" in out, (out, err)
+    assert not Deployment.objects.filter(pk=deployment.pk).exists()
 
 
 def test_datasets_upload_list_and_quota(cli, tmp_path):

@@ -120,10 +120,13 @@ def local_queue_create(*, actor, team: Team, name: str, cluster_queue: ClusterQu
     point a queue at any cluster queue and so use its quota, `production` included)."""
     if LocalQueue.objects.filter(team=team, name=name).exists():
         raise ValidationFailed(f"team {team.name} already has a queue named {name!r}", field="name")
-    allowed = sorted(cluster_queue.teams.values_list("name", flat=True))
+    # Locked as cluster_queue_update locks it, so a change of its teams cannot pass between this check and the
+    # insert (review: a create beside a PATCH could pass both checks).
+    cluster_queue = ClusterQueue.objects.select_for_update().get(pk=cluster_queue.pk)
+    allowed = set(cluster_queue.teams.values_list("name", flat=True))
     if allowed and team.name not in allowed:
-        raise ValidationFailed(f"cluster queue {cluster_queue.name} takes local queues of {', '.join(allowed)} only, "
-                               f"not of {team.name} (an operator sets its teams)", field="cluster_queue")
+        raise ValidationFailed(f"cluster queue {cluster_queue.name} is not open to team {team.name} (an operator sets "
+                               "the teams it takes)", field="cluster_queue")
     queue = LocalQueue(team=team, name=name, cluster_queue=cluster_queue)
     queue.full_clean()
     queue.save()

@@ -36,12 +36,37 @@ _TEAMS_HELP = "the teams whose local queues may use it (names); empty: every tea
 
 class ClusterQueueSerializer(serializers.ModelSerializer):
     quotas = ResourceQuotaSerializer(many=True, read_only=True)
-    teams = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True, help_text=_TEAMS_HELP)
+    teams = serializers.SerializerMethodField(help_text=_TEAMS_HELP + " (to operators; others see only their own "
+                                                                      "teams among them)")
+    open_to_all_teams = serializers.SerializerMethodField(help_text="true when it names no teams")
 
     class Meta:
         model = ClusterQueue
-        fields = ["id", "name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "teams", "description",
-                  "quotas", "created_at"]
+        fields = ["id", "name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "teams",
+                  "open_to_all_teams", "description", "quotas", "created_at"]
+
+    def get_teams(self, queue: ClusterQueue) -> list[str]:
+        """Operators see every team it names; anyone else only their own teams among them (other teams' names are
+        not theirs to see: review, 2026-11-29)."""
+        names = sorted(team.name for team in queue.teams.all())
+        mine = self._teams_seen()
+        return names if mine is None else [name for name in names if name in mine]
+
+    def _teams_seen(self) -> set[str] | None:
+        """None (all) for an operator, else the caller's teams; read once per response (one child serializes every
+        row of a list)."""
+        if not hasattr(self, "_seen"):
+            user = getattr(self.context.get("request"), "user", None)
+            if user is not None and user.is_staff:
+                self._seen = None
+            elif user is not None and user.is_authenticated:
+                self._seen = set(user.memberships.values_list("team__name", flat=True))
+            else:
+                self._seen = set()
+        return self._seen
+
+    def get_open_to_all_teams(self, queue: ClusterQueue) -> bool:
+        return not queue.teams.all()
 
 
 _WITHIN_HELP = "may a workload preempt lower-priority ones of its own cluster queue (LowerPriority) or not (Never)"

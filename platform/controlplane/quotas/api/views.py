@@ -27,7 +27,8 @@ class ClusterQueueViewSet(viewsets.ReadOnlyModelViewSet):
         data = s.ClusterQueueWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         queue = services.cluster_queue_create(actor=request.user, **data.validated_data)
-        return Response(s.ClusterQueueSerializer(self.get_queryset().get(pk=queue.pk)).data,
+        return Response(s.ClusterQueueSerializer(self.get_queryset().get(pk=queue.pk),
+                                                 context=self.get_serializer_context()).data,
                         status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.ClusterQueueUpdateSerializer, responses=s.ClusterQueueSerializer)
@@ -36,7 +37,8 @@ class ClusterQueueViewSet(viewsets.ReadOnlyModelViewSet):
         data = s.ClusterQueueUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         queue = services.cluster_queue_update(actor=request.user, queue=queue, **data.validated_data)
-        return Response(s.ClusterQueueSerializer(self.get_queryset().get(pk=queue.pk)).data)
+        return Response(s.ClusterQueueSerializer(self.get_queryset().get(pk=queue.pk),
+                                                 context=self.get_serializer_context()).data)
 
 
 class LocalQueueViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
