@@ -6,7 +6,7 @@ from tests.families import family_of
 def test_process_and_browser_tests_form_families_and_the_rest_run_alone():
     assert family_of("tests/integration/test_ray_backend.py::test_x") == "processes"
     assert family_of("tests/reliability/test_outbox.py::test_y[redis]") == "processes"
-    assert family_of("tests/e2e/test_jobs_console.py::test_z") == "browser"
+    assert family_of("tests/e2e/test_jobs_console.py::test_z") == "processes"
     unit = "tests/unit/test_scheduler.py::test_a"
     assert family_of(unit) == unit
 
