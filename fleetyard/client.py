@@ -188,6 +188,11 @@ class Client:
 
     def _url(self, path: str) -> str:
         if path.startswith("http://") or path.startswith("https://"):
+            link, own = urllib.parse.urlsplit(path), urllib.parse.urlsplit(self.url)
+            if (link.scheme, link.netloc) != (own.scheme, own.netloc):
+                # A link the server built for another address (a `next` page behind a proxy, say): followed here,
+                # on this client's own server, so the token is never sent anywhere else (review, 2026-11-29).
+                return urllib.parse.urlunsplit((own.scheme, own.netloc, link.path, link.query, ""))
             return path
         return f"{self.url}/api/v1/{path.lstrip('/')}"
 

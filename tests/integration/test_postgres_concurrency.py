@@ -122,3 +122,39 @@ def test_concurrent_submissions_cycles_and_cancels_never_over_admit(world, setti
     assert holding.exists()
     assert usage["nvidia-h100"] <= 16 and usage["nvidia-a100"] <= 16, usage  # the shared queue's nominal
     assert all(total <= 1.0 + 1e-9 for total in devices.values()), devices
+
+
+def test_a_token_created_while_its_member_is_removed_ends_revoked(world, monkeypatch):
+    """The token's insert waits (up to 1 s) for the removal to finish. Before the membership row was locked, the
+    removal finished first, revoked nothing, and the token committed afterwards active for a removed member (review,
+    2026-11-29); now the removal waits for the token and revokes it."""
+    import secrets as real_secrets
+
+    from controlplane.tenancy import services
+    from controlplane.tenancy.models import ApiToken
+    from controlplane.tenancy.services import api_token_create, membership_delete
+
+    alpha = world["alpha"]
+    membership = Membership.objects.get(team=alpha["team"], user=alpha["member"])
+    removed = threading.Event()
+
+    class SlowSecrets:
+        @staticmethod
+        def token_urlsafe(n):
+            removed.wait(1.0)  # (past the membership check, inside the transaction)
+            return real_secrets.token_urlsafe(n)
+
+    monkeypatch.setattr(services, "secrets", SlowSecrets)
+
+    def act(index: int):
+        if index == 0:
+            return api_token_create(actor=alpha["member"], team=alpha["team"], user=alpha["member"], name="racy")
+        import time
+        time.sleep(0.2)  # the create is past its membership check by now
+        membership_delete(actor=alpha["admin"], membership=membership)
+        removed.set()
+
+    results = race(2, act)
+    assert not any(isinstance(r, Exception) for r in results), results
+    assert not Membership.objects.filter(pk=membership.pk).exists()
+    assert not ApiToken.objects.filter(team=alpha["team"], user=alpha["member"], revoked_at__isnull=True).exists()

@@ -25,10 +25,16 @@ PAGES = {  # path -> (status, content type, body)
 }
 
 
+SEEN: list[tuple[str, str]] = []  # (path, Authorization header) of every request the stub server got
+
+
 @pytest.fixture
 def server():
+    SEEN.clear()
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            SEEN.append((self.path, self.headers.get("Authorization", "")))
             path = self.path.split("?")[0]
             status, kind, body = PAGES.get(path, (404, "text/html", "<html><title>Not Found</title>nothing</html>"))
             data = body.encode()
@@ -168,4 +174,15 @@ def test_the_saved_token_is_not_sent_to_another_server(server):
     assert "the saved API token is for http://127.0.0.1:1" in str(caught.value) and server in str(caught.value)
     assert Client(url="http://127.0.0.1:1/").token == "fy_saved"  # the server it was saved for (a trailing / alike)
     assert Client(url=server, token="fy_other").token == "fy_other"  # a token given for the other server
-    assert main(["jobs", "status", "--url", server]) == 3  # the CLI: a one-line error, exit 3, nothing sent
+    assert main(["jobs", "status", "--url", server]) == 3  # the CLI: a one-line error, exit 3
+    assert SEEN == []  # nothing reached the other server, the saved token least of all (review: the 404 it answers
+    # for every path gave exit 3 too, so the exit code alone could not tell)
+
+
+def test_a_next_link_to_another_address_is_followed_on_the_clients_own_server(server):
+    """A `next` page link naming another host (a proxy's, say) is followed on this client's own server: the token
+    is never sent elsewhere (review, 2026-11-29)."""
+    client = Client(url=server, token="fy_x")
+    assert client._url("http://elsewhere.example:9/api/v1/training-jobs/?page=2") == \
+        f"{server}/api/v1/training-jobs/?page=2"
+    assert client._url(f"{server}/api/v1/x/?page=3") == f"{server}/api/v1/x/?page=3"

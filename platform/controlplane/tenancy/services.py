@@ -119,7 +119,9 @@ def api_token_create(*, actor, team: Team, user, name: str, expires_at: datetime
         raise ValidationFailed(f"this request is signed with a token that expires at {limit.isoformat()}: a token it "
                                "creates must expire by then (give expires_at no later, or sign in to the console)",
                                field="expires_at")
-    if not Membership.objects.filter(team=team, user=user).exists():
+    # The membership row stays locked until the token is written: a removal running beside this (membership_delete
+    # revokes the member's tokens) cannot miss a token committed after it (review, 2026-11-29).
+    if not Membership.objects.select_for_update().filter(team=team, user=user).exists():
         raise ValidationFailed(f"{user.get_username()} is not a member of {team.name}", field="team")
     for _ in range(3):
         raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
