@@ -17,6 +17,7 @@ pagination iterators, a log-streaming generator, wait-for-state helpers and type
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -424,7 +425,10 @@ class Client:
                                description: str = "", progress: Callable[[int, int], None] | None = None) -> dict:
         """Upload a file as the dataset's next version, streamed (never read whole into memory);
         `progress(sent_bytes, total_bytes)` is called as it goes."""
-        fields = {"format": fmt, "description": description}
+        size, digest = _size_and_sha256(Path(path))
+        # The server checks both against what it received: a file cut short or changed on the way is refused, not
+        # stored as good (review, 2026-11-29: only raw API calls sent them).
+        fields = {"format": fmt, "description": description, "size_bytes": str(size), "checksum_sha256": digest}
         body = _MultipartFile(Path(path), fields, progress)
         response = self.request("POST", f"datasets/{int(dataset_id)}/versions/", data=body,
                                 headers={"Content-Type": body.content_type}, timeout=max(self.timeout, 600))
@@ -585,6 +589,16 @@ def _rewindable(kwargs: dict) -> bool:
     if isinstance(data, _MultipartFile):
         data.rewind()
     return True
+
+
+def _size_and_sha256(path: Path) -> tuple[int, str]:
+    """The file's size and SHA-256, read in chunks (never whole into memory)."""
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(_MultipartFile.CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 class _MultipartFile:

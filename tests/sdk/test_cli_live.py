@@ -209,6 +209,27 @@ def test_undeploy_a_failed_deployment_says_deleted_and_exits_0(cli, tmp_path):
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
 
 
+def test_an_upload_sends_its_size_and_sha256_for_the_server_to_check(cli, tmp_path, monkeypatch):
+    """The API refuses an upload whose bytes do not match the size and SHA-256 sent with it; the SDK and the CLI
+    sent neither, so their uploads went unchecked (review, 2026-11-29)."""
+    import hashlib
+
+    import fleetyard.client as sdk
+
+    data = tmp_path / "corpus.txt"
+    data.write_text("hello world\n" * 1000)
+    assert cli("datasets", "upload", "stories", str(data))[0] == 0
+    from controlplane.datasets.models import DatasetVersion
+
+    version = DatasetVersion.objects.get(dataset__name="stories", version=1)
+    assert version.checksum_sha256 == hashlib.sha256(data.read_bytes()).hexdigest()
+    # bytes that change after the SDK hashed them (a file rewritten during the upload) are refused, nothing stored
+    monkeypatch.setattr(sdk, "_size_and_sha256", lambda path: (12000, "0" * 64))
+    code, _, err = cli("datasets", "upload", "stories", str(data))
+    assert code == 3 and "checksum_sha256" in err, err
+    assert not DatasetVersion.objects.filter(dataset__name="stories", version=2).exists()
+
+
 def test_datasets_upload_list_and_quota(cli, tmp_path):
     data = tmp_path / "corpus.txt"
     data.write_text("hello world\n" * 1000)
