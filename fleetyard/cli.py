@@ -8,7 +8,7 @@
     fleetyard deploy serve.yaml | endpoints | scale ID --min N | undeploy ID | datasets upload NAME FILE | quota
     fleetyard plan llama2-70b --batch 512 --devices nvidia-h100:64 --devices nvidia-a100:64 --compare
 
-Every command takes --json (one JSON document on stdout, for scripts). Exit codes scripts can trust:
+Every command takes --json (one JSON document on stdout, for scripts; `jobs logs` one per log line). Exit codes:
 0 ok; 1 the job ended FAILED or CANCELLED (or a waited-for deployment failed); 2 usage or spec error
 (nothing was submitted); 3 API error (unreachable, auth, rejected by the server, conflict); 130 interrupted.
 """
@@ -653,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     def shared(default_json, default_none) -> argparse.ArgumentParser:
         options = argparse.ArgumentParser(add_help=False)
         options.add_argument("--json", action="store_true", default=default_json,
-                             help="print one JSON document (for scripts)")
+                             help="print JSON for scripts: one document (`jobs logs` prints one per log line)")
         options.add_argument("--url", default=default_none, type=_given,
                              help="server URL (default: FLEETYARD_URL or the login config)")
         options.add_argument("--token", default=default_none, type=_given,
@@ -721,7 +721,8 @@ def build_parser() -> argparse.ArgumentParser:
     upload = datasets.add_parser("upload", parents=[common], help="upload a file as a dataset's next version")
     upload.add_argument("name", help="the dataset (created if it does not exist)")
     upload.add_argument("file")
-    upload.add_argument("--format", default="")
+    upload.add_argument("--format", default="",
+                        help="text, jsonl, csv, parquet, arrow, tar or other (default: the server's, other)")
     upload.add_argument("--description", default="")
     upload.set_defaults(run=_Cli.datasets_upload)
     dlist = datasets.add_parser("list", parents=[common], help="datasets of your teams")

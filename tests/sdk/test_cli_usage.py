@@ -70,3 +70,12 @@ def test_an_empty_url_or_token_is_a_usage_error_not_a_quiet_fallback(monkeypatch
     monkeypatch.setenv("FLEETYARD_TOKEN", "fy_from_the_environment")
     assert main(["quota", option, " "]) == 2
     assert f"{option}: is empty" in capsys.readouterr().err
+
+
+def test_upload_format_help_lists_every_format_the_server_takes(capsys):
+    from controlplane.datasets.models import DatasetFormat
+
+    with pytest.raises(SystemExit):
+        main(["datasets", "upload", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert all(value in help_text for value in DatasetFormat.values), help_text
