@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from fleetyard.client import Client, check_upload_file, plan_devices, plan_pool, save_config
+from fleetyard.client import Client, Deployment, check_upload_file, plan_devices, plan_pool, save_config
 from fleetyard.errors import ApiError, ConfigError, FleetyardError, NotFound, SpecError, TimeoutExpired
 from fleetyard.spec import DEPLOYMENT, JOB, parse_spec
 
@@ -351,11 +351,7 @@ class _Cli:
         try:
             after = self.client.deployment(deployment.id)
         except NotFound:  # a deployment that never served (e.g. FAILED) is removed at once
-            if self.json:
-                self.emit({**deployment.raw, "status": {**deployment.raw.get("status", {}), "state": "DELETED"}})
-            else:
-                self.out.print(f"Deployment {deployment.id} ({escape(deployment.name)}) DELETED")
-            return EXIT_OK
+            after = Deployment.from_dict({**deployment.raw, "status": {"state": "DELETED", "reason": "removed"}})
         if self.json:
             self.emit(after.raw)
         else:
@@ -585,16 +581,24 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    """--limit N: a whole number from 1 (before, 0 or -1 went to the server and came back as a 400 about
-    `page_size`, a parameter the user never wrote; QA)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1, got {text!r}")
-    return value
+def _whole_number(minimum: int):
+    """An argparse type: a whole number from `minimum` (--limit N from 1: before, 0 or -1 went to the server and came
+    back as a 400 about `page_size`, a parameter the user never wrote; QA. scale --min N from 0: a deployment may
+    scale to zero)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _whole_number(1)
+_replicas = _whole_number(0)
 
 
 def _given(text: str) -> str:
@@ -604,17 +608,6 @@ def _given(text: str) -> str:
         raise argparse.ArgumentTypeError("is empty: give a value, or leave the option out to use the environment or "
                                          "the login config")
     return text
-
-
-def _replicas(text: str) -> int:
-    """scale --min N: a whole number from 0 (a deployment may scale to zero)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0, got {text!r}")
-    return value
 
 
 def _ask(prompt: str, default: str) -> str:
