@@ -193,3 +193,35 @@ def test_a_cluster_queue_for_some_teams_takes_only_their_local_queues(api):
     # an open cluster queue (the demo's and the fixture's) still takes every team's queues
     assert api("beta", "admin").post("/api/v1/local-queues/", {"name": "open", "cluster_queue": "shared"},
                                      format="json").status_code == 201
+
+
+def test_a_cluster_queue_whose_only_team_is_deleted_stays_closed_to_other_teams(api, world):
+    """Review (2026-11-29): "open to every team" was read as "names no teams", so deleting the one team a queue was
+    for (the Django admin cascades its local queues away) opened that queue's quota to every team."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.quotas.models import ClusterQueue, LocalQueue
+    from controlplane.quotas.services import local_queue_create
+    from controlplane.tenancy.models import Team
+    from controlplane.tenancy.services import team_create
+
+    gamma_admin = get_user_model().objects.create_user("gamma-admin", password="pw-123456789")
+    gamma = team_create(actor=world["ops"], name="gamma", admin=gamma_admin)
+    created = api("ops").post("/api/v1/cluster-queues/", {"name": "gamma-only", "teams": ["gamma"]}, format="json")
+    assert created.status_code == 201 and created.json()["open_to_all_teams"] is False
+    local_queue_create(actor=gamma_admin, team=gamma, name="mine",
+                       cluster_queue=ClusterQueue.objects.get(name="gamma-only"))
+    Team.objects.filter(pk=gamma.pk).delete()  # as the Django admin deletes it
+    assert not LocalQueue.objects.filter(name="mine").exists()
+
+    seen = api("ops").get("/api/v1/cluster-queues/gamma-only/").json()
+    assert (seen["teams"], seen["open_to_all_teams"]) == ([], False)
+    refused = api("beta", "admin").post("/api/v1/local-queues/", {"name": "grab", "cluster_queue": "gamma-only"},
+                                        format="json")
+    assert refused.status_code == 400 and "is not open to team beta" in str(refused.json()), refused.json()
+    assert not LocalQueue.objects.filter(name="grab").exists()
+    # an operator opens it on purpose: teams [] (as at creation without teams)
+    opened = api("ops").patch("/api/v1/cluster-queues/gamma-only/", {"teams": []}, format="json")
+    assert opened.status_code == 200 and opened.json()["open_to_all_teams"] is True
+    assert api("beta", "admin").post("/api/v1/local-queues/", {"name": "grab", "cluster_queue": "gamma-only"},
+                                     format="json").status_code == 201

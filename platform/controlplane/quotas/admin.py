@@ -12,7 +12,8 @@ class ResourceQuotaInline(admin.TabularInline):
 
 @admin.register(ClusterQueue)
 class ClusterQueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "cohort", "preemption_within_queue", "reclaim_within_cohort"]
+    list_display = ["name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "open_to_all_teams"]
+    filter_horizontal = ["teams"]
     inlines = [ResourceQuotaInline]
 
 

@@ -44,7 +44,11 @@ class ClusterQueue(models.Model):
                                                default=PreemptionPolicy.LOWER_PRIORITY)
     reclaim_within_cohort = models.CharField(max_length=16, choices=ReclaimPolicy.choices, default=ReclaimPolicy.ANY)
     teams = models.ManyToManyField(Team, blank=True, related_name="cluster_queues",
-                                   help_text="the teams whose local queues may use it; none: every team")
+                                   help_text="the teams whose local queues may use it (when not open to all teams)")
+    # Set when it is created or its teams are changed (named none: open). Its own field, not "names no teams": a
+    # queue for one team whose team is deleted must not open to every team (found by review, 2026-11-29).
+    open_to_all_teams = models.BooleanField(default=True, help_text="every team's local queues may use it; when "
+                                                                     "false, only those of its teams")
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 

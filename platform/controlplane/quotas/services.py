@@ -34,7 +34,8 @@ def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str
     if ClusterQueue.objects.filter(name=name).exists():
         raise ValidationFailed(f"a cluster queue named {name!r} already exists", field="name")
     queue = ClusterQueue(name=name, cohort=cohort, description=description,
-                         preemption_within_queue=preemption_within_queue, reclaim_within_cohort=reclaim_within_cohort)
+                         preemption_within_queue=preemption_within_queue, reclaim_within_cohort=reclaim_within_cohort,
+                         open_to_all_teams=not teams)
     queue.full_clean()
     queue.save()
     _quotas_replace(queue=queue, quotas=quotas)
@@ -72,6 +73,8 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
         queue.preemption_within_queue = changes["preemption_within_queue"] = preemption_within_queue
     if reclaim_within_cohort is not None:
         queue.reclaim_within_cohort = changes["reclaim_within_cohort"] = reclaim_within_cohort
+    if teams is not None:
+        queue.open_to_all_teams = not teams
     queue.full_clean()
     queue.save()
     if quotas is not None:
@@ -123,8 +126,8 @@ def local_queue_create(*, actor, team: Team, name: str, cluster_queue: ClusterQu
     # Locked as cluster_queue_update locks it, so a change of its teams cannot pass between this check and the
     # insert (review: a create beside a PATCH could pass both checks).
     cluster_queue = ClusterQueue.objects.select_for_update().get(pk=cluster_queue.pk)
-    allowed = set(cluster_queue.teams.values_list("name", flat=True))
-    if allowed and team.name not in allowed:
+    if not cluster_queue.open_to_all_teams \
+            and not cluster_queue.teams.filter(pk=team.pk).exists():
         raise ValidationFailed(f"cluster queue {cluster_queue.name} is not open to team {team.name} (an operator sets "
                                "the teams it takes)", field="cluster_queue")
     queue = LocalQueue(team=team, name=name, cluster_queue=cluster_queue)

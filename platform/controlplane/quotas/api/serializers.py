@@ -38,12 +38,12 @@ class ClusterQueueSerializer(serializers.ModelSerializer):
     quotas = ResourceQuotaSerializer(many=True, read_only=True)
     teams = serializers.SerializerMethodField(help_text=_TEAMS_HELP + " (to operators; others see only their own "
                                                                       "teams among them)")
-    open_to_all_teams = serializers.SerializerMethodField(help_text="true when it names no teams")
 
     class Meta:
         model = ClusterQueue
         fields = ["id", "name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "teams",
                   "open_to_all_teams", "description", "quotas", "created_at"]
+        read_only_fields = fields
 
     def get_teams(self, queue: ClusterQueue) -> list[str]:
         """Operators see every team it names; anyone else only their own teams among them (other teams' names are
@@ -64,9 +64,6 @@ class ClusterQueueSerializer(serializers.ModelSerializer):
             else:
                 self._seen = set()
         return self._seen
-
-    def get_open_to_all_teams(self, queue: ClusterQueue) -> bool:
-        return not queue.teams.all()
 
 
 _WITHIN_HELP = "may a workload preempt lower-priority ones of its own cluster queue (LowerPriority) or not (Never)"

@@ -1,0 +1,27 @@
+"""Data migrations of the quotas app, run backwards and forwards on the test database."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+BEFORE = ("quotas", "0003_cluster_queue_teams")
+AFTER = ("quotas", "0004_cluster_queue_open_to_all_teams")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cluster_queues_that_named_teams_are_restricted_after_the_open_flag_arrives():
+    """Before 0004 a queue naming teams took only theirs and one naming none every team's: the new flag keeps that."""
+    executor = MigrationExecutor(connection)
+    executor.migrate([BEFORE])
+    old = executor.loader.project_state([BEFORE]).apps
+    team = old.get_model("tenancy", "Team").objects.create(name="gamma")
+    queue_model = old.get_model("quotas", "ClusterQueue")
+    queue_model.objects.create(name="gamma-only").teams.add(team)
+    queue_model.objects.create(name="everyone")
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([AFTER])
+    new = executor.loader.project_state([AFTER]).apps.get_model("quotas", "ClusterQueue")
+    assert dict(new.objects.values_list("name", "open_to_all_teams")) == {"gamma-only": False, "everyone": True}
