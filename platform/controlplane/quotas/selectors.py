@@ -11,6 +11,16 @@ def cluster_queue_list() -> QuerySet[ClusterQueue]:
     return ClusterQueue.objects.prefetch_related("quotas__accelerator_type", "teams")
 
 
+def team_names_seen_by(*, user) -> set[str] | None:
+    """The team names a ClusterQueue's `teams` may show `user`: None (all of them) for an operator, else the user's
+    own teams (other teams' names are not theirs to see)."""
+    if user is not None and user.is_staff:
+        return None
+    if user is None or not user.is_authenticated:
+        return set()
+    return set(user.memberships.values_list("team__name", flat=True))
+
+
 def local_queue_list(*, team_ids: list[int]) -> QuerySet[LocalQueue]:
     return LocalQueue.objects.filter(team_id__in=team_ids).select_related("team", "cluster_queue")
 

@@ -46,24 +46,11 @@ class ClusterQueueSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_teams(self, queue: ClusterQueue) -> list[str]:
-        """Operators see every team it names; anyone else only their own teams among them (other teams' names are
-        not theirs to see: review, 2026-11-29)."""
+        """Operators see every team it names; anyone else only their own teams among them (review, 2026-11-29). The
+        view puts the names the caller may see in the context (`teams_seen`; None: all)."""
         names = sorted(team.name for team in queue.teams.all())
-        mine = self._teams_seen()
-        return names if mine is None else [name for name in names if name in mine]
-
-    def _teams_seen(self) -> set[str] | None:
-        """None (all) for an operator, else the caller's teams; read once per response (one child serializes every
-        row of a list)."""
-        if not hasattr(self, "_seen"):
-            user = getattr(self.context.get("request"), "user", None)
-            if user is not None and user.is_staff:
-                self._seen = None
-            elif user is not None and user.is_authenticated:
-                self._seen = set(user.memberships.values_list("team__name", flat=True))
-            else:
-                self._seen = set()
-        return self._seen
+        seen = self.context.get("teams_seen", set())
+        return names if seen is None else [name for name in names if name in seen]
 
 
 _WITHIN_HELP = "may a workload preempt lower-priority ones of its own cluster queue (LowerPriority) or not (Never)"

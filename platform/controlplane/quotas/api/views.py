@@ -22,6 +22,10 @@ class ClusterQueueViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         return selectors.cluster_queue_list()
 
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(),
+                "teams_seen": selectors.team_names_seen_by(user=getattr(self.request, "user", None))}
+
     @extend_schema(request=s.ClusterQueueWriteSerializer, responses={201: s.ClusterQueueSerializer})
     def create(self, request):
         data = s.ClusterQueueWriteSerializer(data=request.data)
