@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import json
 import os
 import signal
@@ -108,12 +109,39 @@ def wait_for_http(url: str, timeout: float, child: Child) -> bool:
     return False
 
 
+def port_refusal(host: str, port: int) -> str:
+    """Why the web server could not listen on host:port, or "": checked before anything starts (before, a port in
+    use migrated, started the worker and beat, and after 15 s said only "the web server did not start")."""
+    import socket
+
+    if not 1 <= port <= 65535:
+        return f"--port must be between 1 and 65535, not {port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--host {host!r} is not an address of this machine ({exc.strerror or exc})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds: TIME_WAIT does not count
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use by another program; choose another with --port"
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return ""
+
+
 def run(*, host: str, port: int, with_ray: bool) -> int:
     data_dir = Path(settings.DATA_DIR)
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     say = lambda text: print(f"[fleetyard] {text}", flush=True)  # noqa: E731
 
+    refusal = port_refusal(host, port)
+    if refusal:
+        say(refusal)
+        return 2
     say(f"data folder: {data_dir}")
     call_command("migrate", interactive=False, verbosity=0)
     call_command("collectstatic", interactive=False, verbosity=0)
