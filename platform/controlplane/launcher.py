@@ -132,6 +132,28 @@ def port_refusal(host: str, port: int) -> str:
     return ""
 
 
+def hold_data_folder(data_dir: Path):
+    """Lock the data folder for this run: the open lock file (keep it open while running; the lock goes with the
+    process, however it ends), or a string saying why not. Before, a second `up` on the same folder started a second
+    worker and beat on the same database and Ray state and removed the first run's processes.json when it stopped."""
+    import fcntl
+
+    lock = open(data_dir / "up.lock", "a+")  # noqa: SIM115 (held for the whole run)
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        return (f"Fleetyard is already running from {data_dir} (launcher pid {holder}): stop it first (Ctrl-C where it "
+                "runs), or start this one with another FLEETYARD_DATA_DIR")
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
 def run(*, host: str, port: int, with_ray: bool) -> int:
     data_dir = Path(settings.DATA_DIR)
     log_dir = data_dir / "logs"
@@ -139,8 +161,9 @@ def run(*, host: str, port: int, with_ray: bool) -> int:
     say = lambda text: print(f"[fleetyard] {text}", flush=True)  # noqa: E731
 
     refusal = port_refusal(host, port)
-    if refusal:
-        say(refusal)
+    held = refusal or hold_data_folder(data_dir)
+    if isinstance(held, str):
+        say(held)
         return 2
     say(f"data folder: {data_dir}")
     call_command("migrate", interactive=False, verbosity=0)
