@@ -21,7 +21,7 @@ from controlplane.compute.base import ROUTERS
 from controlplane.quotas.selectors import local_queue_list, priority_class_list
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role, visible_team_ids
-from frontend.views import _base_context, _state_counts, _writable_team_ids
+from frontend.views import _base_context, _id_param, _state_counts, _writable_team_ids
 from inference.gateway import services as gateway
 from inference.gateway.openai_schema import CHAT_COMPLETIONS, GatewayError, parse_json_body, parse_request
 from inference.gateway.views import error_response, stream_response
@@ -65,8 +65,9 @@ def deployment_new(request):
     jobs = list(deployable_jobs(team_ids=writable))
     chosen_job = None
     wanted = request.GET.get("job", "")
-    if wanted.isdigit():
-        chosen_job = next((job for job in jobs if job.pk == int(wanted)), None)
+    wanted_id = _id_param(wanted)
+    if wanted_id is not None:
+        chosen_job = next((job for job in jobs if job.pk == wanted_id), None)
     pools = list(node_pool_list())
     types: dict[str, dict] = {}
     for pool in pools:

@@ -18,7 +18,7 @@ from controlplane.datasets.selectors import dataset_version_list
 from controlplane.quotas.selectors import local_queue_list, priority_class_list, quota_types_for_local_queue
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role
-from frontend.views import _base_context, _state_counts, _writable_team_ids
+from frontend.views import _base_context, _id_param, _state_counts, _writable_team_ids
 from inference.selectors import deployment_list
 from jobs.models import Trainer
 from jobs.runtime.lm_config import TrainHyperparameters
@@ -137,8 +137,7 @@ def job_new(request):
     clone = None
     clone_id = request.GET.get("clone", "")
     if clone_id:
-        clone = get_object_or_404(training_job_list(team_ids=team_ids),
-                                  pk=int(clone_id) if clone_id.isdigit() else 0)
+        clone = get_object_or_404(training_job_list(team_ids=team_ids), pk=_id_param(clone_id) or 0)
         initial = _clone_initial(clone)
     # The chosen types first, in their preference order, then the rest.
     chosen = initial["accelerator_types"]

@@ -79,6 +79,12 @@ def _writable_team_ids(user, team_ids: list[int]) -> list[int]:
     return [team_id for team_id in team_ids if roles.get(team_id) in (Role.ADMIN, Role.MEMBER)]
 
 
+def _id_param(value: str) -> int | None:
+    """A positive object id from a query-string value, or None ("abc", "", "-1", and digits outside ASCII such as
+    "²", which str.isdigit accepts but int refuses)."""
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
 def _pct(fraction) -> float | None:
     return round(fraction * 100, 1) if fraction is not None else None
 

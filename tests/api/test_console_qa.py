@@ -1,0 +1,40 @@
+"""The console as each role uses it, with odd input (found by a QA pass of the console, 2026-11-29). Each test failed
+on the code before its fix."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from jobs.models import TrainingJob
+from jobs.services import training_job_create
+
+
+def session(user) -> Client:
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    return client
+
+
+def make_job(team_world, name: str, **extra) -> TrainingJob:
+    return training_job_create(actor=team_world["admin"], team=team_world["team"], name=name,
+                               local_queue=team_world["queue"], **{"accelerator_types": ["nvidia-h100"], **extra})
+
+
+@pytest.mark.parametrize("value", ["²", "¹²", "٣"])
+def test_ids_in_the_query_string_that_are_not_ascii_digits_are_unknown_ids(world, value):
+    """/jobs/new/?clone=² and /deployments/new/?job=² were a 500 (ValueError: "²".isdigit() is true, int("²")
+    raises); "٣" (an Arabic-Indic 3) opened job 3. Now they are an unknown id: a 404 for the clone, the "not one of
+    your teams' jobs" note on the deployment form."""
+    alpha = world["alpha"]
+    for i in range(3):
+        job = make_job(alpha, f"trained-{i}")
+    TrainingJob.objects.filter(team=alpha["team"]).update(state="SUCCEEDED", last_checkpoint_step=10)
+    client = session(alpha["member"])
+    assert client.get(f"/jobs/new/?clone={job.pk}").status_code == 200
+    assert client.get(f"/jobs/new/?clone={value}").status_code == 404
+    page = client.get(f"/deployments/new/?job={value}")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f"Training job {value} is not one of your teams" in html
+    assert " selected>" not in html.split('id="dep-job"')[1].split("</select>")[0]
