@@ -56,7 +56,8 @@ def job_list(request):
     accelerator = request.GET.get("accelerator", "")
     if accelerator not in types:
         accelerator = ""
-    search = request.GET.get("q", "").strip()[:100]
+    # NUL cannot be in a PostgreSQL text value (the query raised, a 500); no job name holds one.
+    search = request.GET.get("q", "").replace("\x00", "").strip()[:100]
     if queue:
         jobs = jobs.filter(local_queue__name=queue)
     if accelerator:  # the JSON list of accepted types holds the quoted slug (slugs never contain quotes)

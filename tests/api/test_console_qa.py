@@ -38,3 +38,15 @@ def test_ids_in_the_query_string_that_are_not_ascii_digits_are_unknown_ids(world
     html = page.content.decode()
     assert f"Training job {value} is not one of your teams" in html
     assert " selected>" not in html.split('id="dep-job"')[1].split("</select>")[0]
+
+
+def test_a_nul_in_the_job_search_is_dropped_not_a_500(world):
+    """/jobs/?q=a%00b was a 500 on PostgreSQL ("PostgreSQL text fields cannot contain NUL (0x00) bytes"), the
+    database the compose stack runs; on SQLite the NUL was echoed into the search box. It is dropped now."""
+    make_job(world["alpha"], "ab-job")
+    make_job(world["alpha"], "other")
+    response = session(world["alpha"]["member"]).get("/jobs/?q=a%00b")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "\x00" not in html
+    assert 'name="q" value="ab"' in html and "ab-job" in html and ">other<" not in html
