@@ -50,3 +50,25 @@ def test_a_nul_in_the_job_search_is_dropped_not_a_500(world):
     html = response.content.decode()
     assert "\x00" not in html
     assert 'name="q" value="ab"' in html and "ab-job" in html and ">other<" not in html
+
+
+def test_the_deployment_form_names_the_team_of_a_member_who_is_a_viewer_elsewhere(world, model_dir):
+    """A member of alpha who is a viewer in beta may create deployments only in alpha, so the form showed no team
+    field, and the API refused what it sent: 400 {"team": ["name the team (you belong to several)"]}, under a field
+    the form does not have. The form now names its one team (a hidden field) and the API creates the deployment."""
+    from controlplane.tenancy.models import Role
+    from controlplane.tenancy.services import membership_set
+    from inference.models import Deployment
+
+    alpha, beta = world["alpha"], world["beta"]
+    membership_set(actor=beta["admin"], team=beta["team"], username=alpha["member"].username, role=Role.VIEWER)
+    client = session(alpha["member"])
+    html = client.get("/deployments/new/").content.decode()
+    assert 'id="dep-team"' not in html  # one team to choose from: no select
+    assert '<input type="hidden" name="team" value="alpha">' in html
+    body = {"team": "alpha", "name": "from-form", "queue": "default", "model_uri": f"file://{model_dir}",
+            "accelerator_types": ["cpu"], "devices_per_replica": 1, "replicas_min": 1, "replicas_max": 1,
+            "sla": {"ttft_p95_ms": 500, "tpot_p95_ms": 50}}  # what console.js sends from the form's fields
+    response = client.post("/api/v1/deployments/", body, content_type="application/json")
+    assert response.status_code == 201, response.content
+    assert Deployment.objects.get(name="from-form").team == alpha["team"]
