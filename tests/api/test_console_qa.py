@@ -3,6 +3,8 @@ on the code before its fix."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -72,3 +74,20 @@ def test_the_deployment_form_names_the_team_of_a_member_who_is_a_viewer_elsewher
     response = client.post("/api/v1/deployments/", body, content_type="application/json")
     assert response.status_code == 201, response.content
     assert Deployment.objects.get(name="from-form").team == alpha["team"]
+
+
+def test_a_cpu_jobs_page_says_its_workers_cores_not_zero_devices(world):
+    """Job page, Spec, Workers: a CPU job of 2 workers x 0.5 core read "2 × 0 devices, 0.5 CPU each" (its
+    devices_per_worker is 0); the jobs list says "2 × 0.5 CPU". A job on devices still says both."""
+    alpha = world["alpha"]
+    cpu = make_job(alpha, "cpu-job", accelerator_types=["cpu"], devices_per_worker=0, cpus_per_worker=0.5,
+                   workers_min=2, workers_max=2)
+    gpu = make_job(alpha, "gpu-job", devices_per_worker=2, cpus_per_worker=4)
+    client = session(alpha["member"])
+
+    def workers(job):
+        html = client.get(f"/jobs/{job.pk}/").content.decode()
+        return re.search(r"<dt>Workers</dt><dd>([^<]*)</dd>", html).group(1)
+
+    assert workers(cpu) == "2 × 0.5 CPU each"
+    assert workers(gpu) == "1 × 2 devices, 4 CPU each"
