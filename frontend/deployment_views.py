@@ -16,12 +16,12 @@ from django.core.exceptions import RequestDataTooBig
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
-from controlplane.cluster.selectors import node_pool_list, simulated_pool_flags
+from controlplane.cluster.selectors import node_pool_list
 from controlplane.compute.base import ROUTERS
 from controlplane.quotas.selectors import local_queue_list, priority_class_list
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role, visible_team_ids
-from frontend.views import _base_context, _id_param, _state_counts, _writable_team_ids
+from frontend.views import _base_context, _id_param, _mark_simulated_deployments, _state_counts, _writable_team_ids
 from inference.gateway import services as gateway
 from inference.gateway.openai_schema import CHAT_COMPLETIONS, GatewayError, parse_json_body, parse_request
 from inference.gateway.views import error_response, stream_response
@@ -46,12 +46,8 @@ def deployment_list_page(request):
     wanted = request.GET.get("state", "").upper()
     wanted = wanted if wanted in states else ""
     deployments = everything.filter(state=wanted) if wanted else everything
-    by_pool, by_type = simulated_pool_flags()
-    rows = list(deployments)
-    for deployment in rows:
-        deployment.simulated = (by_pool.get(deployment.pool, False) if deployment.pool
-                                else by_type.get(deployment.accelerator_type, False))
-    context.update({"deployments": rows, "state_filter": wanted, "total": everything.count(),
+    context.update({"deployments": _mark_simulated_deployments(deployments), "state_filter": wanted,
+                    "total": everything.count(),
                     "deployment_counts": _state_counts(everything, DeploymentState),
                     "can_create": bool(_writable_team_ids(request.user, team_ids))})
     return render(request, "frontend/deployments.html", context)

@@ -13,12 +13,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, render
 
-from controlplane.cluster.selectors import accelerator_type_list, simulated_pool_flags
+from controlplane.cluster.selectors import accelerator_type_list
 from controlplane.datasets.selectors import dataset_version_list
 from controlplane.quotas.selectors import local_queue_list, priority_class_list, quota_types_for_local_queue
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role
-from frontend.views import _base_context, _id_param, _state_counts, _writable_team_ids
+from frontend.views import _base_context, _id_param, _simulated_types, _state_counts, _writable_team_ids
 from inference.selectors import deployment_list
 from jobs.models import Trainer
 from jobs.runtime.lm_config import TrainHyperparameters
@@ -33,12 +33,6 @@ from jobs.states import JobState
 JOBS_PER_PAGE = 50
 # Live states: the page keeps polling (htmx) and following the logs while the job is in one of them.
 LIVE_STATES = [s.value for s in JobState if s.value not in ("SUCCEEDED", "FAILED", "CANCELLED")]
-
-
-def _simulated_types() -> set[str]:
-    """Accelerator types whose every node pool is SIMULATED (logical chips on a CPU host)."""
-    _, by_type = simulated_pool_flags()
-    return {slug for slug, simulated in by_type.items() if simulated}
 
 
 @login_required

@@ -23,6 +23,7 @@ from controlplane.cluster.selectors import (
     node_list,
     node_pool_list,
     node_utilization,
+    simulated_pool_flags,
 )
 from controlplane.datasets.models import DatasetFormat
 from controlplane.datasets.selectors import dataset_list, dataset_version_list
@@ -65,6 +66,23 @@ def _pools_with_nodes():
         pool.capacity_cpus = sum(node.capacity_cpus for node in healthy)
         pool.free_cpus = sum(node.free_cpus for node in healthy)
     return pools
+
+
+def _simulated_types() -> set[str]:
+    """Accelerator types whose every node pool is SIMULATED (logical chips on a CPU host)."""
+    _, by_type = simulated_pool_flags()
+    return {slug for slug, simulated in by_type.items() if simulated}
+
+
+def _mark_simulated_deployments(deployments) -> list:
+    """The deployments as a list, each with `simulated`: placed on a SIMULATED pool (or, with no pinned pool, on a
+    type whose every pool is SIMULATED)."""
+    by_pool, by_type = simulated_pool_flags()
+    rows = list(deployments)
+    for deployment in rows:
+        deployment.simulated = (by_pool.get(deployment.pool, False) if deployment.pool
+                                else by_type.get(deployment.accelerator_type, False))
+    return rows
 
 
 def _base_context(request, section: str) -> tuple[list[int], dict]:
@@ -113,10 +131,11 @@ def overview(request):
         "deployment_counts": _state_counts(deployments, DeploymentState),
         "running_jobs": jobs.filter(state__in=HOLDING_STATES)[:20],
         "running_job_total": jobs.filter(state__in=HOLDING_STATES).count(),
-        "serving_deployments": deployments.filter(state__in=[DeploymentState.SERVING, DeploymentState.UPDATING,
-                                                              DeploymentState.DEGRADED])[:20],
+        "serving_deployments": _mark_simulated_deployments(deployments.filter(
+            state__in=[DeploymentState.SERVING, DeploymentState.UPDATING, DeploymentState.DEGRADED])[:20]),
         "latest_jobs": jobs[:10],
         "goodput": goodput_overview(team_ids=team_ids),
+        "simulated_types": _simulated_types(),  # the job tables badge a job running on SIMULATED chips
     })
     return render(request, "frontend/overview.html", context)
 

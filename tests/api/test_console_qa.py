@@ -91,3 +91,35 @@ def test_a_cpu_jobs_page_says_its_workers_cores_not_zero_devices(world):
 
     assert workers(cpu) == "2 × 0.5 CPU each"
     assert workers(gpu) == "1 × 2 devices, 4 CPU each"
+
+
+def test_the_overview_badges_work_running_on_simulated_chips(world, accel):
+    """The overview's "Running training jobs", "Serving deployments" and "Latest training jobs" tables named the
+    type a job or deployment runs on with no SIMULATED badge (the overview did not pass the simulated types its
+    job table checks), while the jobs and deployments pages badge the same rows. Work on a real pool stays
+    unbadged."""
+    from inference.models import Deployment
+    from inference.services import deployment_create
+    from tests.api.conftest import small_cluster
+
+    small_cluster(world, accel, h100_free_on_first=6)  # h100-pool is SIMULATED, cpu-pool is real
+    alpha = world["alpha"]
+    on_sim = make_job(alpha, "sim-job")
+    on_cpu = make_job(alpha, "cpu-job", accelerator_types=["cpu"], devices_per_worker=0)
+    TrainingJob.objects.filter(pk=on_sim.pk).update(
+        state="RUNNING", admitted_accelerator_type="nvidia-h100", placement=[{"node": "h100-pool-0", "taken": []}])
+    TrainingJob.objects.filter(pk=on_cpu.pk).update(
+        state="RUNNING", admitted_accelerator_type="cpu", placement=[{"node": "cpu-pool-0", "taken": []}])
+    for name, slug in (("sim-chat", "nvidia-h100"), ("cpu-chat", "cpu")):
+        deployment = deployment_create(actor=alpha["admin"], team=alpha["team"], name=name, local_queue=alpha["queue"],
+                                       accelerator_types=[slug], sla_ttft_p95_ms=500, sla_tpot_p95_ms=50,
+                                       model_uri="file:///m")
+        Deployment.objects.filter(pk=deployment.pk).update(state="SERVING", accelerator_type=slug)
+    html = session(alpha["member"]).get("/").content.decode()
+
+    def rows(name):
+        return re.findall(rf">{name}</a>.*?</tr>", html, re.S)
+
+    assert len(rows("sim-job")) == 2 and all("SIMULATED" in row for row in rows("sim-job"))  # running + latest
+    assert len(rows("cpu-job")) == 2 and not any("SIMULATED" in row for row in rows("cpu-job"))
+    assert "SIMULATED" in rows("sim-chat")[0] and "SIMULATED" not in rows("cpu-chat")[0]
