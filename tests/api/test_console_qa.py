@@ -123,3 +123,20 @@ def test_the_overview_badges_work_running_on_simulated_chips(world, accel):
     assert len(rows("sim-job")) == 2 and all("SIMULATED" in row for row in rows("sim-job"))  # running + latest
     assert len(rows("cpu-job")) == 2 and not any("SIMULATED" in row for row in rows("cpu-job"))
     assert "SIMULATED" in rows("sim-chat")[0] and "SIMULATED" not in rows("cpu-chat")[0]
+
+
+def test_the_cluster_page_counts_devices_per_node_in_words_that_fit(world, accel):
+    """Cluster page, each pool's heading: the CPU pool read "cpu · 0 devices per node" (a CPU pool has no device;
+    its nodes count cores) and a pool of one-device nodes "1 devices per node"."""
+    from controlplane.cluster.services import node_pool_create
+    from tests.api.conftest import small_cluster
+
+    small_cluster(world, accel, h100_free_on_first=8)
+    node_pool_create(actor=world["ops"], name="a100-small", accelerator_type=accel["nvidia-a100"], devices_per_node=1,
+                     simulated=True)
+    html = session(world["alpha"]["member"]).get("/cluster/").content.decode()
+    heads = {name: re.sub(r"\s+", " ", text) for name, text in
+             re.findall(r'<section class="card" id="pool-([\w-]+)">\s*<h2>.*?<span class="muted small">(.*?)</span>',
+                        html, re.S)}
+    assert heads == {"h100-pool": "nvidia-h100 · 8 devices per node", "cpu-pool": "cpu · counted in CPU cores",
+                     "a100-small": "nvidia-a100 · 1 device per node"}, heads
