@@ -140,3 +140,27 @@ def test_the_cluster_page_counts_devices_per_node_in_words_that_fit(world, accel
                         html, re.S)}
     assert heads == {"h100-pool": "nvidia-h100 · 8 devices per node", "cpu-pool": "cpu · counted in CPU cores",
                      "a100-small": "nvidia-a100 · 1 device per node"}, heads
+
+
+def test_the_job_page_says_1_step_not_1_steps(world):
+    """Job page with a checkpoint every step and a fault that redid one step: "every 1 steps, keep last 3", "none
+    yet: one is written every 1 steps", "(1 steps)" and "(1 steps redone)"."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import TrainingFault
+
+    alpha = world["alpha"]
+    job = make_job(alpha, "every-step", checkpoint_interval_steps=1)
+    now = timezone.now()
+    TrainingJob.objects.filter(pk=job.pk).update(state="RUNNING", started_at=now - timedelta(seconds=100), attempt=2,
+                                                 restarts=1, current_step=5, admitted_accelerator_type="nvidia-h100")
+    TrainingFault.objects.create(job=job, kind="worker_crash", node="h100-pool-1", worker=0, step=4, evidence="exit",
+                                 occurred_at=now - timedelta(seconds=30), detected_at=now - timedelta(seconds=28),
+                                 resumed_at=now - timedelta(seconds=20), recomputed_steps=1)
+    html = re.sub(r"\s+", " ", session(alpha["member"]).get(f"/jobs/{job.pk}/").content.decode())
+    assert "every 1 step, keep last 3" in html
+    assert "one is written every 1 step<" in html
+    assert "(1 step redone)" in html
+    assert not re.search(r"\b1 steps\b", html), re.findall(r".{40}\b1 steps\b.{10}", html)
