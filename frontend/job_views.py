@@ -95,10 +95,13 @@ def _clone_initial(job) -> dict:
     }
 
 
-def _example_yaml(queue: str, accelerator: str) -> str:
+def _example_yaml(queue: str, accelerator: str, team: str = "") -> str:
+    """The YAML tab's starting spec; `team` names the team (the API asks for it when the user is in several)."""
     devices = "" if accelerator == "cpu" else ":1"
+    team_line = f"team: {team}\n" if team else ""
     return (f"# A training job spec (the same file `fleetyard apply` takes).\n"
             f"name: my-first-job\n"
+            f"{team_line}"
             f"queue: {queue}\n"
             f"workers: 1\n"
             f"resources:\n"
@@ -139,7 +142,11 @@ def job_new(request):
     type_rows.sort(key=lambda row: (chosen.index(row["slug"]) if row["slug"] in chosen else len(chosen), row["slug"]))
     yaml_text = clone.spec_yaml if clone is not None and clone.spec_yaml else ""
     if not yaml_text and queues:
-        yaml_text = _example_yaml(queues[0]["name"], "cpu" if "cpu" in offered else offered[0] if offered else "cpu")
+        # A queue of a team the user may submit to (the first queue could be a viewer team's).
+        example = next((q for q in queues if q["team"] in {t.name for t in teams if t.pk in writable}), queues[0])
+        types = example["types"] or offered
+        yaml_text = _example_yaml(example["name"], "cpu" if "cpu" in types else types[0] if types else "cpu",
+                                  team=example["team"] if len(teams) > 1 else "")
     context.update({
         "queues": queues, "type_rows": type_rows, "priority_classes": priority_class_list(),
         "dataset_versions": [{"ref": f"dataset://{v.dataset.name}@{v.version}", "team": v.dataset.team.name}

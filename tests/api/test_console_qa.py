@@ -164,3 +164,27 @@ def test_the_job_page_says_1_step_not_1_steps(world):
     assert "one is written every 1 step<" in html
     assert "(1 step redone)" in html
     assert not re.search(r"\b1 steps\b", html), re.findall(r".{40}\b1 steps\b.{10}", html)
+
+
+@pytest.mark.parametrize("role_in_alpha", ["viewer", "member"])
+def test_the_yaml_tabs_example_spec_is_accepted_for_a_user_of_several_teams(world, role_in_alpha):
+    """The YAML tab starts from an example spec. For a user of several teams it named no team, so "Plan (dry run)"
+    of the untouched example answered 400 "team: name the team (you belong to several)"; and it used the first
+    queue in team order, a queue of a team where the user may be only a viewer. It now names a team the user may
+    submit to, with that team's queue."""
+    import html as html_lib
+    import json
+
+    from controlplane.tenancy.models import Role
+    from controlplane.tenancy.services import membership_set
+
+    alpha, beta = world["alpha"], world["beta"]
+    membership_set(actor=alpha["admin"], team=alpha["team"], username=beta["member"].username,
+                   role=Role(role_in_alpha))
+    client = session(beta["member"])
+    page = client.get("/jobs/new/?tab=yaml").content.decode()
+    spec = html_lib.unescape(re.search(r'<textarea id="f-spec"[^>]*>(.*?)</textarea>', page, re.S).group(1))
+    assert f"team: {'alpha' if role_in_alpha == 'member' else 'beta'}\n" in spec, spec
+    response = client.post("/api/v1/specs/apply/?dry_run=1", json.dumps({"spec": spec}),
+                           content_type="application/json")
+    assert response.status_code == 200, response.content
