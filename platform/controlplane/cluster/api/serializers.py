@@ -72,8 +72,8 @@ class NodeCordonSerializer(StrictInputSerializer):
         {"type": "string", "enum": list(PRESET_NAMES), "description": "a named model preset"},
         {"type": "object", "additionalProperties": {},
          "description": "ModelSpec fields (layers, hidden, heads, seq_len, vocab, kv_heads, ffn_hidden, experts, "
-                        "top_k, precision, gated_mlp, bias, tied_embeddings, learned_positions, name) or their "
-                        "Hugging Face names; or {\"preset\": name, ...fields to override}"},
+                        "top_k, precision, gated_mlp, bias, tied_embeddings, learned_positions, dropout, name) or "
+                        "their Hugging Face names; or {\"preset\": name, ...fields to override}"},
     ],
 })
 class PlanModelField(serializers.Field):
@@ -154,6 +154,8 @@ class PlanLayoutSerializer(serializers.Serializer):
     zero = serializers.BooleanField()
     virtual_stages = serializers.IntegerField()
     sequence_parallel = serializers.BooleanField()
+    shard_gradients = serializers.BooleanField(help_text="ZeRO-2: gradients sharded over data parallel as well as "
+                                                         "the optimizer state (zero)")
     stages = PlanStageSerializer(many=True)
     devices = serializers.IntegerField()
     devices_by_pool = serializers.DictField(child=serializers.IntegerField())
@@ -214,6 +216,7 @@ class PlanModelResultSerializer(serializers.Serializer):
     bias = serializers.BooleanField()
     tied_embeddings = serializers.BooleanField()
     learned_positions = serializers.BooleanField()
+    dropout = serializers.BooleanField()
     parameters = serializers.IntegerField()
     active_parameters = serializers.IntegerField()
 
