@@ -4,7 +4,7 @@ accelerator type at the job's size, keep the types that can run the model, and s
 The plan sizes the gang: when the best layout of every accepted type uses fewer devices than the job
 asked for (a small global batch cannot be split over more data-parallel ranks), the gang shrinks to the
 workers those layouts need, so the scheduler does not hold idle devices for it (`sized_by_plan`); a layout
-with tensor or pipeline parallelism needs every one of its devices, so such a job is not elastic
+with tensor, pipeline or expert parallelism needs every one of its devices, so such a job is not elastic
 (workers_min is raised to workers_max); an elastic data-parallel one starts no narrower than the width at
 which its layout fits device memory (`min_workers_by_plan`). The built-in trainer (one rank per worker) takes the plan's
 tensor and pipeline degrees at worker granularity where its small model can (jobs.runtime.lm_config.
@@ -139,7 +139,9 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
         details = "; ".join(f"{slug}: {why}" for slug, why in cannot.items())
         raise ValidationFailed(f"no accepted accelerator type can run this model at {count} devices ({details})",
                                field="parallelism")
-    model_parallel = any(plan["tp"] * plan["pp"] > 1 for plan in by_type.values())
+    # Expert parallelism is model parallelism too: each EP rank holds its share of the experts, so the layout needs its
+    # devices in groups of EP (before, DP32 x EP4 left the gang elastic at 28..32 workers, where 29 run no EP4; QA).
+    model_parallel = any(plan["tp"] * plan["pp"] * plan["ep"] > 1 for plan in by_type.values())
     if not model_parallel:
         spec, _preset = resolve_model(parallelism["model"])
         for slug, summary in by_type.items():
