@@ -224,6 +224,9 @@ def gang_size_from_plan(plan: dict, *, workers_min: int, workers_max: int, devic
         workers_max = needed
         workers_min = min(workers_min, needed)
     if plan["model_parallel"]:
+        if workers_min < workers_max:  # (before, an elastic 1..8 became 8..8 without a word; found by QA)
+            plan["min_workers_by_plan"] = (f"{_model_parallel_layouts(plan)} the model over its devices, so the gang "
+                                           f"is not elastic: it starts at {workers_max} workers, not {workers_min}")
         workers_min = workers_max
     fewest = max((p.get("fewest_devices") or 0) for p in plan["by_type"].values())
     at_least = min(workers_max, math.ceil(fewest / per_worker))
@@ -232,3 +235,18 @@ def gang_size_from_plan(plan: dict, *, workers_min: int, workers_max: int, devic
                                        f"gang starts at {at_least} workers, not {workers_min}")
         workers_min = at_least
     return workers_min, workers_max
+
+
+def _model_parallel_layouts(plan: dict) -> str:
+    """Words like "the best layout on nvidia-h100 (DP2 x TP8 x PP4) splits", naming every accepted type whose best
+    layout splits the model (tensor, pipeline or expert parallel)."""
+    parts = []
+    for slug, summary in plan["by_type"].items():
+        if summary["tp"] * summary["pp"] * summary["ep"] > 1:
+            degrees = f"DP{summary['dp']} x TP{summary['tp']} x PP{summary['pp']}"
+            if summary["ep"] > 1:
+                degrees += f" x EP{summary['ep']}"
+            parts.append(f"{slug} ({degrees})")
+    if len(parts) == 1:
+        return f"the best layout on {parts[0]} splits"
+    return f"the best layouts on {', '.join(parts)} split"

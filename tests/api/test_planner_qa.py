@@ -35,3 +35,30 @@ def test_an_expert_parallel_layout_makes_the_gang_non_elastic(demo_cluster):
     assert (h100["tp"], h100["pp"]) == (1, 1) and h100["ep"] > 1, h100["description"]  # the case in question
     assert plan["model_parallel"] is True
     assert gang_size_from_plan(plan, workers_min=1, workers_max=32, devices_per_worker=1) == (32, 32)
+
+
+def test_a_model_parallel_plan_says_why_it_fixed_an_elastic_gang(api, demo_cluster):
+    """An elastic job (1..8 workers x 8 H100, Llama-2 7B, global batch 8) was planned at 64 devices as DP2 x TP8 x PP4
+    and silently became a fixed gang of 8 workers: the plan said nothing of it (only a data-parallel job's raised
+    minimum was noted), and the dry run answered that it can never run ("it needs 8") with no word of why 8."""
+    from jobs.planning import gang_size_from_plan, plan_job_parallelism
+
+    plan = plan_job_parallelism(parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 8},
+                                accelerator_types=["nvidia-h100"], workers=8, devices_per_worker=8)
+    h100 = plan["by_type"]["nvidia-h100"]
+    assert plan["model_parallel"] and h100["tp"] * h100["pp"] > 1, h100["description"]  # the case in question
+    assert gang_size_from_plan(plan, workers_min=1, workers_max=8, devices_per_worker=8) == (8, 8)
+    assert plan["min_workers_by_plan"] == (
+        f"the best layout on nvidia-h100 (DP{h100['dp']} x TP{h100['tp']} x PP{h100['pp']}) splits the model over its "
+        "devices, so the gang is not elastic: it starts at 8 workers, not 1")
+    fixed = plan_job_parallelism(parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 8},
+                                 accelerator_types=["nvidia-h100"], workers=8, devices_per_worker=8)
+    gang_size_from_plan(fixed, workers_min=8, workers_max=8, devices_per_worker=8)
+    assert "min_workers_by_plan" not in fixed  # asked for a fixed gang: nothing changed, nothing to say
+
+    spec = ("name: planned\nqueue: default\nworkers: 1-8\nresources:\n  accelerators: H100:8\n"
+            "parallelism: {mode: auto, model: llama2-7b, global_batch_size: 8}\n")
+    response = api("alpha", "member").post("/api/v1/specs/apply/?dry_run=1", {"spec": spec}, format="json")
+    assert response.status_code == 200, response.json()
+    shown = response.json()["plan"]
+    assert shown["members"] == 8 and plan["min_workers_by_plan"] in shown["notes"], shown["notes"]

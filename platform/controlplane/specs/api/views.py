@@ -176,6 +176,10 @@ class SpecApplyView(TeamScopedMixin, APIView):
             plan["parallel_plan"] = {slug: {key: summary[key] for key in shown}
                                      for slug, summary in parallel["by_type"].items()}
             plan["parallel_plan_cannot_run"] = parallel["cannot_run"]
+            # why the gang differs from the spec's workers, as the job keeps it (before, the dry run showed only the
+            # changed size, and "it can never run ... it needs 8" for a spec of 1-8 workers; QA)
+            plan["notes"] = [*plan.get("notes", []),
+                             *(parallel[key] for key in ("sized_by_plan", "min_workers_by_plan") if key in parallel)]
         return plan
 
 
