@@ -62,3 +62,27 @@ def test_a_model_parallel_plan_says_why_it_fixed_an_elastic_gang(api, demo_clust
     assert response.status_code == 200, response.json()
     shown = response.json()["plan"]
     assert shown["members"] == 8 and plan["min_workers_by_plan"] in shown["notes"], shown["notes"]
+
+
+def test_a_one_node_pool_alone_needs_no_inter_node_figure(api, world, accel):
+    """A node pool of one L40S node (no assumed inter-node bandwidth) alone in a request was refused ("has no link
+    bandwidth to plan with"), while the same 8 L40S as hypothetical devices planned, and so did a job of one worker on
+    that pool: one node talks to no other node. Beside another entry a pipeline may cross nodes: still refused."""
+    from controlplane.cluster.models import Node
+    from controlplane.cluster.services import node_pool_create
+
+    pool = node_pool_create(actor=world["ops"], name="l40s-pool", accelerator_type=accel["nvidia-l40s"],
+                            devices_per_node=8, simulated=True)
+    Node.objects.create(pool=pool, name="l40s-0", capacity_devices=8, free_devices=8)
+    client = api("alpha", "member")
+    for pools in ([{"pool": "l40s-pool"}], [{"pool": "l40s-pool", "devices": 4}]):
+        response = client.post(PLANS, {"model": "llama2-7b", "global_batch_size": 8, "pools": pools}, format="json")
+        assert response.status_code == 200, response.json()
+        answer = response.json()
+        assert answer["feasible"], answer["reason"]
+        planned = answer["pools"][0]
+        assert planned["nodes"] == 1 and planned["intra_node_gbps"] == planned["inter_node_gbps"] == 32.0, planned
+        assert "one node: no traffic between nodes" in planned["link_bandwidth_note"], planned
+    mixed = client.post(PLANS, {"model": "llama2-7b", "global_batch_size": 8, "pools": [{"pool": "l40s-pool"}],
+                                "devices": [{"accelerator_type": "nvidia-h100", "count": 8}]}, format="json")
+    assert mixed.status_code == 400 and "has no link bandwidth to plan with" in mixed.json()["pools"][0], mixed.json()

@@ -118,14 +118,19 @@ def pool_link_refusal(pool: NodePool, link: LinkBandwidth | None = None) -> str:
             "intra_node_gbps and inter_node_gbps on the pool")
 
 
+def pool_link(pool: NodePool, *, one_node: bool = False) -> LinkBandwidth:
+    """`pool`'s link figures as a plan uses them: planned on one node that talks to no other, a missing inter-node
+    figure is not needed (as for one hypothetical device entry, or a job of one worker; before, a one-node L40S pool
+    alone in a request was refused for want of it, while 8 hypothetical L40S planned; found by QA)."""
+    return one_node_link(pool.link_bandwidth) if one_node else pool.link_bandwidth
+
+
 def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None,
-                    fractions: Fractions | None = None) -> DevicePool:
+                    fractions: Fractions | None = None, alone: bool = False) -> DevicePool:
     """``pool`` as a planner pool of ``nodes`` nodes, or of its first ``devices`` devices. ValueError when
-    the accelerator type or the link bandwidths are unknown, or ``devices`` is not whole nodes."""
+    the accelerator type or the link bandwidths are unknown, or ``devices`` is not whole nodes. ``alone``: the
+    request's only pool or device entry; planned on one node, it needs no inter-node figure."""
     device = device_type_for(pool.accelerator_type, fractions)
-    link = pool.link_bandwidth
-    if not link.known:
-        raise ValueError(pool_link_refusal(pool, link))
     per_node = pool.devices_per_node
     if not per_node:
         raise ValueError(f"node pool {pool.name!r} has no accelerator devices per node")
@@ -136,6 +141,9 @@ def device_pool_for(pool: NodePool, *, nodes: int, devices: int | None = None,
         raise ValueError(f"node pool {pool.name!r} has {available} devices on {nodes} ready node(s), "
                          f"{devices} were asked for")
     nodes, per_node = _shape(devices, per_node)
+    link = pool_link(pool, one_node=alone and nodes == 1)
+    if not link.known:
+        raise ValueError(pool_link_refusal(pool, link))
     return DevicePool(device=device, nodes=nodes, devices_per_node=per_node, intra_node_gbps=link.intra_node_gbps,
                       inter_node_gbps=link.inter_node_gbps, name=pool.name)
 
@@ -158,7 +166,9 @@ def resolve_model(model) -> tuple[ModelSpec, str | None]:
         raise ValidationFailed(str(exc), field="model") from exc
 
 
-def _node_pool_entries(pools: Sequence[Mapping], taken: set[str], fractions: Fractions) -> list[_Entry]:
+def _node_pool_entries(pools: Sequence[Mapping], taken: set[str], fractions: Fractions,
+                       alone: bool = False) -> list[_Entry]:
+    """`alone`: the request's only pool or device entry (then one node of it talks to no other node)."""
     names = [item["pool"] for item in pools]
     found = selectors.node_pools_for_planning(names=names)
     entries = []
@@ -175,11 +185,12 @@ def _node_pool_entries(pools: Sequence[Mapping], taken: set[str], fractions: Fra
                                    f"ask about hypothetical devices instead", field="pools")
         try:
             device_pool = device_pool_for(pool, nodes=pool.ready_node_count, devices=item.get("devices"),
-                                          fractions=fractions)
+                                          fractions=fractions, alone=alone)
         except ValueError as exc:
             raise ValidationFailed(f"{where}: {exc}", field="pools") from exc
         taken.add(name)
-        entries.append(_Entry(device_pool, "node-pool", pool.accelerator_type, pool.link_bandwidth, pool.simulated,
+        link = pool_link(pool, one_node=alone and device_pool.nodes == 1)
+        entries.append(_Entry(device_pool, "node-pool", pool.accelerator_type, link, pool.simulated,
                               _fraction_note(pool.accelerator_type.slug, fractions)))
     return entries
 
@@ -347,8 +358,8 @@ def plan_estimate(*, model: str | Mapping, global_batch_size: int, pools: Sequen
                                   if plan_options.allow_heterogeneous else ""), field="pools" if pools else "devices")
     taken: set[str] = set()
     fractions = fractions or {}
-    entries = _node_pool_entries(pools, taken, fractions) + _hypothetical_entries(
-        devices, taken, fractions, alone=len(devices) == 1 and not pools)
+    entries = (_node_pool_entries(pools, taken, fractions, alone=len(pools) == 1 and not devices)
+               + _hypothetical_entries(devices, taken, fractions, alone=len(devices) == 1 and not pools))
     total = sum(entry.pool.devices for entry in entries)
     if total > MAX_DEVICES:
         raise ValidationFailed(f"{total} devices in all; the planner answers for at most {MAX_DEVICES}",
