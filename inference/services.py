@@ -7,6 +7,7 @@ after the commit.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from django.db import transaction
@@ -36,6 +37,9 @@ S = DeploymentState
 # A deployment serves one model (the spec's "give model or checkpoint, not both"); before, the API took both and
 # served the model_uri.
 NOT_BOTH = "give a model_uri or a source_job whose checkpoint to serve, not both (model_uri is also given)"
+# The longest file or folder name, in bytes, that file systems take (Linux's NAME_MAX): a longer one fails every file
+# system call on the path (ENAMETOOLONG), as a NUL character does.
+NAME_MAX = 255
 
 
 def deployment_spec(deployment: Deployment) -> dict:
@@ -80,6 +84,14 @@ def validate_model_uri(model_uri: str) -> str:
     if path is None:
         raise ValidationFailed("must be an absolute path or a file:// URI of a model directory (config.json + "
                                "model.pt)", field="model_uri")
+    # Before any file system call: a path holding NUL (`file:///m%00`) or a name longer than NAME_MAX made them raise
+    # (ValueError, OSError) and the create or update answered 500.
+    if "\x00" in str(path):
+        raise ValidationFailed("must not contain a NUL character (%00)", field="model_uri")
+    long_name = next((part for part in path.parts if len(os.fsencode(part)) > NAME_MAX), None)
+    if long_name is not None:
+        raise ValidationFailed(f"the name {long_name[:40]}... is {len(os.fsencode(long_name))} bytes long; a folder or "
+                               f"file name takes at most {NAME_MAX}", field="model_uri")
     refusal = model_dir_refusal(path)
     if refusal:
         raise ValidationFailed(refusal, field="model_uri")
