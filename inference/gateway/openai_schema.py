@@ -149,6 +149,7 @@ def parse_request(raw: bytes | str | dict, *, endpoint: str) -> CompletionReques
     if endpoint not in ENDPOINTS:
         raise ValueError(f"unknown endpoint {endpoint!r}")
     body = raw if isinstance(raw, dict) else parse_json_body(raw)
+    _check_text(body)
     allowed = _FIELDS[endpoint]
     for name in body:
         if name not in allowed:
@@ -188,6 +189,47 @@ def parse_request(raw: bytes | str | dict, *, endpoint: str) -> CompletionReques
         stop=_stop(body.get("stop")), seed=seed, stream=stream, include_usage=_stream_options(body, stream),
         ignore_eos=ignore_eos, messages=messages,
     )
+
+
+def _check_text(body: dict) -> None:
+    """Every string of the body must be Unicode text that UTF-8 can spell: JSON's `\\u` escapes can write a lone
+    surrogate (`"\\ud800"`), which Python's json accepts and which then failed the request with a 500 where the
+    prompt became tokens (UTF-8 bytes) or the model name reached the database. A 400 names where it is. (A loop,
+    not recursion: a body nested as deep as json takes must not reach the recursion limit here; a place's name is
+    only spelled out for the string refused.)"""
+    pending: list[tuple[Any, tuple | None]] = [(body, None)]  # (value, (parent's place, key or index))
+    while pending:
+        value, place = pending.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not _is_text(key):
+                    _refuse_text(key, place)
+                pending.append((item, (place, key)))
+        elif isinstance(value, list):
+            pending.extend((item, (place, i)) for i, item in enumerate(value))
+        elif isinstance(value, str) and not _is_text(value):
+            _refuse_text(value, place)
+
+
+def _is_text(value: str) -> bool:
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _refuse_text(value: str, place: tuple | None) -> None:
+    parts = []
+    while place is not None:
+        place, key = place
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    where = "".join(reversed(parts)).removeprefix(".")
+    bad = next(c for c in value if 0xD800 <= ord(c) <= 0xDFFF)
+    raise invalid(where or None, f"{where or 'the request body'}: not valid Unicode text: a lone surrogate "
+                                 f"\\u{ord(bad):04x} (a \\u escape of U+D800-U+DFFF must be one half of a pair)")
 
 
 def render_chat_prompt(messages: tuple[ChatMessage, ...] | list[ChatMessage]) -> str:

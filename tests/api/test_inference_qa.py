@@ -4,8 +4,17 @@
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
-from inference.models import Deployment
+from inference.models import Deployment, InferenceRequest
+from tests.api.test_openai_gateway import (  # noqa: F401 - deploy and client are fixtures
+    CHAT_URL,
+    COMPLETIONS_URL,
+    assert_openai_error,
+    client,
+    deploy,
+    post,
+)
 from tests.conftest import DEPLOYMENT_BODY
 
 # --------------------------------------------------------------------------------------------------- model_uri
@@ -38,11 +47,47 @@ def test_a_model_uri_no_file_system_takes_is_a_400_at_create(api, request, setti
 
 @pytest.mark.parametrize("uri,why", UNUSABLE_MODEL_URIS)
 def test_a_model_uri_no_file_system_takes_is_a_400_at_update(api, tmp_path, uri, why):
-    client = api("alpha", "member")
-    created = client.post("/api/v1/deployments/", DEPLOYMENT_BODY, format="json").json()
-    response = client.patch(f"/api/v1/deployments/{created['id']}/", {"model_uri": uri.format(root=tmp_path)},
+    member = api("alpha", "member")
+    created = member.post("/api/v1/deployments/", DEPLOYMENT_BODY, format="json").json()
+    response = member.patch(f"/api/v1/deployments/{created['id']}/", {"model_uri": uri.format(root=tmp_path)},
                             format="json")
     assert response.status_code == 400, response.content
     assert why in response.json()["model_uri"][0]
     deployment = Deployment.objects.get(pk=created["id"])
     assert deployment.revision == 1 and deployment.model_uri == DEPLOYMENT_BODY["model_uri"]
+
+
+# --------------------------------------------------------------------------------------------------- the gateway
+
+# Before: JSON's \u escapes can spell a lone surrogate ("\ud800"), which json.loads accepts; the model name reached
+# the database and the prompt became UTF-8 tokens, and both raised UnicodeEncodeError: a 500 with a traceback (a
+# stop string reached the backend as it was).
+LONE_SURROGATES = [
+    (COMPLETIONS_URL, '{"model": "\\ud800", "prompt": "hi"}', "model"),
+    (COMPLETIONS_URL, '{"model": "echo", "prompt": "caf\\u00e9 \\udfff"}', "prompt"),
+    (COMPLETIONS_URL, '{"model": "echo", "prompt": ["\\ud83d"]}', "prompt[0]"),
+    (COMPLETIONS_URL, '{"model": "echo", "prompt": "hi", "stop": ["x", "\\udc00"]}', "stop[1]"),
+    (CHAT_URL, '{"model": "echo", "messages": [{"role": "user", "content": "ok"}, '
+               '{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}', "messages[1].content[0].text"),
+]
+
+
+@pytest.mark.parametrize("url,raw,param", LONE_SURROGATES)
+def test_a_lone_surrogate_in_a_gateway_request_is_a_400_naming_where(deploy, client, url, raw, param):  # noqa: F811
+    deploy()
+    response = post(client, url, raw)
+    error = assert_openai_error(response, 400, param)
+    assert error["type"] == "invalid_request_error" and "lone surrogate" in error["message"]
+    assert not InferenceRequest.objects.exists()
+    # a surrogate pair (an emoji, 4 bytes of UTF-8) is text like any other
+    fine = post(client, COMPLETIONS_URL, '{"model": "echo", "prompt": "\\ud83d\\ude00", "max_tokens": 4}')
+    assert fine.status_code == 200 and fine.json()["usage"]["prompt_tokens"] == 4
+
+
+def test_a_lone_surrogate_in_the_playground_is_a_400(world, deploy):  # noqa: F811
+    deployment = deploy()
+    session = Client()
+    session.force_login(world["alpha"]["member"])
+    response = session.post(f"/deployments/{deployment.pk}/playground/", content_type="application/json",
+                            data='{"messages": [{"role": "user", "content": "\\udead"}]}')
+    assert_openai_error(response, 400, "messages[0].content")
