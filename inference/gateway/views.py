@@ -101,6 +101,19 @@ class ModelView(GatewayView):
         return JsonResponse(services.model_card(services.deployment_for_model(team=team, model=model)))
 
 
+class UnknownEndpointView(GatewayView):
+    """Any other URL under /v1/: a 404 in OpenAI's shape naming the endpoints there are (before, Django's HTML page,
+    which OpenAI clients cannot read, e.g. for `/v1/completions/` with a trailing slash)."""
+
+    http_method_names = ["get", "post", "put", "patch", "delete", "head", "options"]
+
+    def dispatch(self, request, *args, **kwargs):
+        return error_response(GatewayError(
+            f"no such endpoint: {request.method} {request.path}; the endpoints are GET /v1/models, "
+            f"GET /v1/models/{{model}}, POST /v1/completions and POST /v1/chat/completions (no trailing slash)",
+            status=404, code="unknown_url"))
+
+
 class _CompletionView(GatewayView):
     endpoint = COMPLETIONS
     id_prefix = "cmpl-"

@@ -91,3 +91,23 @@ def test_a_lone_surrogate_in_the_playground_is_a_400(world, deploy):  # noqa: F8
     response = session.post(f"/deployments/{deployment.pk}/playground/", content_type="application/json",
                             data='{"messages": [{"role": "user", "content": "\\udead"}]}')
     assert_openai_error(response, 400, "messages[0].content")
+
+
+@pytest.mark.parametrize("method,url", [
+    ("post", "/v1/completions/"),  # a trailing slash
+    ("post", "/v1/chat/completions/"),
+    ("get", "/v1/models/"),
+    ("get", "/v1/models/echo/"),
+    ("post", "/v1/embeddings"),
+    ("get", "/v1/"),
+    ("delete", "/v1/files/abc"),
+])
+def test_an_unknown_gateway_url_is_an_openai_shaped_404(deploy, client, method, url):  # noqa: F811
+    """Before: Django's HTML 404 page, which OpenAI clients cannot read (/api/ answers JSON since S7; /v1/ did not)."""
+    deploy()
+    body = {} if method == "get" else {"data": "{}", "content_type": "application/json"}
+    response = getattr(client, method)(url, **body)
+    error = assert_openai_error(response, 404, None)
+    assert error["code"] == "unknown_url" and url in error["message"] and "POST /v1/completions" in error["message"]
+    assert response["Content-Type"] == "application/json"
+    assert not InferenceRequest.objects.exists()
