@@ -65,6 +65,14 @@ class DeploymentScaleSerializer(StrictInputSerializer):
     replicas_max = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, required=False, allow_null=True,
                                             default=None, help_text="defaults to replicas_min")
 
+    def validate(self, attrs):
+        """`{"replicas_min": 0}` alone meant 0-0 replicas, refused as "replicas_max: must be at least 1", a field the
+        client did not send (found by QA; the CLI's scale says the same before it calls)."""
+        if attrs["replicas_min"] == 0 and attrs.get("replicas_max") is None:
+            raise serializers.ValidationError({"replicas_min": [
+                "0 scales to zero when idle: give replicas_max too (at least 1), the most it may scale out to"]})
+        return attrs
+
 
 class MetricsQuerySerializer(StrictInputSerializer):
     window = serializers.IntegerField(min_value=1, max_value=86_400, default=60,

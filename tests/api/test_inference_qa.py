@@ -111,3 +111,23 @@ def test_an_unknown_gateway_url_is_an_openai_shaped_404(deploy, client, method, 
     assert error["code"] == "unknown_url" and url in error["message"] and "POST /v1/completions" in error["message"]
     assert response["Content-Type"] == "application/json"
     assert not InferenceRequest.objects.exists()
+
+
+# --------------------------------------------------------------------------------------------------- scale
+
+
+def test_scaling_to_zero_without_a_maximum_names_replicas_min_and_says_what_to_send(api):
+    """Before: 400 {"replicas_max": ["must be at least 1"]}, a field the request did not hold (replicas_max defaults
+    to replicas_min, 0)."""
+    member = api("alpha", "member")
+    created = member.post("/api/v1/deployments/", DEPLOYMENT_BODY, format="json").json()
+    response = member.post(f"/api/v1/deployments/{created['id']}/scale/", {"replicas_min": 0}, format="json")
+    assert response.status_code == 400
+    body = response.json()
+    assert list(body) == ["replicas_min"] and "give replicas_max too" in body["replicas_min"][0]
+    assert Deployment.objects.get(pk=created["id"]).revision == 1
+    # with a maximum, scaling down to zero is a revision like any other
+    response = member.post(f"/api/v1/deployments/{created['id']}/scale/", {"replicas_min": 0, "replicas_max": 2},
+                           format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["spec"]["replicas_min"] == 0 and response.json()["spec"]["replicas_max"] == 2
