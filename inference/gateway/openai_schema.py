@@ -184,6 +184,8 @@ def parse_request(raw: bytes | str | dict, *, endpoint: str) -> CompletionReques
     seed = _integer(body, "seed", *SEED_RANGE, default=None)
     stream = _boolean(body, "stream", default=False)
     ignore_eos = _boolean(body, "ignore_eos", default=False)
+    if body.get("user") is not None and not isinstance(body["user"], str):  # ignored, but a string (before: anything)
+        raise invalid("user", f"user: must be a string, got {_json_type(body['user'])}")
     return CompletionRequest(
         endpoint=endpoint, model=model, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
         stop=_stop(body.get("stop")), seed=seed, stream=stream, include_usage=_stream_options(body, stream),

@@ -131,3 +131,15 @@ def test_scaling_to_zero_without_a_maximum_names_replicas_min_and_says_what_to_s
                            format="json")
     assert response.status_code == 200, response.json()
     assert response.json()["spec"]["replicas_min"] == 0 and response.json()["spec"]["replicas_max"] == 2
+
+
+@pytest.mark.parametrize("user", [5, True, {"id": 1}, ["a"]])
+def test_user_must_be_a_string(deploy, client, user):  # noqa: F811
+    """`user` is documented as "a string, ignored"; before, any JSON value was accepted and ignored (every other field
+    of the wrong type is a 400 naming it)."""
+    deploy()
+    error = assert_openai_error(post(client, COMPLETIONS_URL, {"model": "echo", "prompt": "hi", "user": user}), 400,
+                                "user")
+    assert "must be a string" in error["message"]
+    assert post(client, COMPLETIONS_URL, {"model": "echo", "prompt": "hi", "user": "bench-1"}).status_code == 200
+    assert post(client, COMPLETIONS_URL, {"model": "echo", "prompt": "hi", "user": None}).status_code == 200
