@@ -56,9 +56,11 @@ def models_list(*, team: Team) -> list[Deployment]:
 
 
 def deployment_for_model(*, team: Team, model: str) -> Deployment:
-    """The live deployment called `model` in the team, or a 404 (another team's deployment is unknown here)."""
-    deployment = (Deployment.objects.filter(team=team, name=model).exclude(state__in=TERMINAL_STATES)
-                  .select_related("team").first())
+    """The live deployment called `model` in the team, or a 404 (another team's deployment is unknown here). A name
+    holding a NUL is no deployment's and is not looked up (PostgreSQL refuses NUL in text: it was a 500; QA)."""
+    deployment = None if "\x00" in model else (
+        Deployment.objects.filter(team=team, name=model).exclude(state__in=TERMINAL_STATES)
+        .select_related("team").first())
     if deployment is None:
         raise GatewayError(f"the model {model!r} does not exist in team {team.name} (see GET /v1/models)",
                            status=404, kind="invalid_request_error", param="model", code="model_not_found")

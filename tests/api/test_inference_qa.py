@@ -143,3 +143,17 @@ def test_user_must_be_a_string(deploy, client, user):  # noqa: F811
     assert "must be a string" in error["message"]
     assert post(client, COMPLETIONS_URL, {"model": "echo", "prompt": "hi", "user": "bench-1"}).status_code == 200
     assert post(client, COMPLETIONS_URL, {"model": "echo", "prompt": "hi", "user": None}).status_code == 200
+
+
+@pytest.mark.parametrize("method,url,raw", [
+    ("get", "/v1/models/echo%00", None),
+    ("post", COMPLETIONS_URL, '{"model": "echo\\u0000", "prompt": "hi"}'),
+    ("post", CHAT_URL, '{"model": "\\u0000", "messages": [{"role": "user", "content": "hi"}]}'),
+])
+def test_a_nul_in_the_model_name_is_an_unknown_model(deploy, client, method, url, raw):  # noqa: F811
+    """QA (2026-11-29): on PostgreSQL a NUL in the name reached the query and Django raised ValueError, a 500."""
+    deploy()
+    response = client.get(url) if method == "get" else post(client, url, raw)
+    error = assert_openai_error(response, 404, "model")
+    assert error["code"] == "model_not_found"
+    assert not InferenceRequest.objects.exists()
