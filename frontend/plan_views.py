@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from controlplane.cluster.link_defaults import resolve_link_bandwidth
-from controlplane.cluster.plans import device_type_for, pool_link_refusal
+from controlplane.cluster.plans import device_type_for, pool_link, pool_link_refusal
 from controlplane.cluster.selectors import accelerator_type_list, node_pools_for_planning
 from controlplane.planning.presets import PRESET_NAMES
 from frontend.views import _base_context
@@ -25,10 +25,13 @@ def plan_page(request):
     types = [t for t in accelerator_type_list() if t.slug != "cpu"]
     missing = {t.slug: _missing_facts(t) for t in types}
     # What a plan can use: the healthy, uncordoned nodes (as POST /api/v1/plans/ counts them).
+    # A pool of one node needs no figure between nodes when planned alone (as the API plans it; QA).
     pools = [{"name": pool.name, "accelerator_type": pool.accelerator_type.slug, "simulated": pool.simulated,
               "devices": pool.ready_node_count * pool.devices_per_node, "devices_per_node": pool.devices_per_node,
               "not_plannable": (missing[pool.accelerator_type.slug] if pool.accelerator_type.slug in missing
-                                else _missing_facts(pool.accelerator_type)) or pool_link_refusal(pool)}
+                                else _missing_facts(pool.accelerator_type))
+              or pool_link_refusal(pool, pool_link(pool, one_node=pool.ready_node_count == 1)),
+              "alone_only": bool(pool_link_refusal(pool))}
              for pool in node_pools_for_planning().values() if pool.accelerator_type.slug != "cpu"]
     # The device rows have no bandwidth inputs: a type with no assumed link figures cannot be planned there (every
     # plan on it was refused; found by QA). The API takes them.

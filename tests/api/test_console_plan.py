@@ -102,3 +102,21 @@ def test_an_l40s_pool_without_links_says_the_operators_fix_and_rows_say_one_node
     assert "At most one node (nvidia-l40s): no assumed bandwidth between nodes" in html
     line = html.split('data-plan-pool="l40s-pool"')[1].split("</label>")[0]
     assert " disabled" in line and "an operator sets intra_node_gbps and inter_node_gbps on the pool" in line, line
+
+
+def test_a_one_node_pool_without_an_inter_node_figure_is_offered_to_plan_alone(world, cluster, accel):
+    """QA (2026-11-29): the API plans a one-node L40S pool alone (one node talks to no other), but the page kept its
+    checkbox disabled for want of the figure between nodes."""
+    from controlplane.cluster.models import Node
+    from controlplane.cluster.services import node_pool_create
+
+    pool = node_pool_create(actor=world["ops"], name="l40s-pool", accelerator_type=accel["nvidia-l40s"],
+                            devices_per_node=8, simulated=True)
+    Node.objects.create(pool=pool, name="l40s-0", capacity_devices=8, free_devices=8)
+    client = Client()
+    client.force_login(world["alpha"]["member"])
+    line = client.get("/plan/").content.decode().split('data-plan-pool="l40s-pool"')[1].split("</label>")[0]
+    assert " disabled" not in line and "one node with no known bandwidth to other nodes: plan it alone" in line, line
+    Node.objects.create(pool=pool, name="l40s-1", capacity_devices=8, free_devices=8)  # two nodes: a figure is needed
+    line = client.get("/plan/").content.decode().split('data-plan-pool="l40s-pool"')[1].split("</label>")[0]
+    assert " disabled" in line and "an operator sets intra_node_gbps and inter_node_gbps on the pool" in line, line
