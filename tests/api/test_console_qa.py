@@ -188,3 +188,21 @@ def test_the_yaml_tabs_example_spec_is_accepted_for_a_user_of_several_teams(worl
     response = client.post("/api/v1/specs/apply/?dry_run=1", json.dumps({"spec": spec}),
                            content_type="application/json")
     assert response.status_code == 200, response.content
+
+
+def test_the_deployment_page_says_1_token_and_1_ongoing_request(world):
+    """QA (2026-11-29): the Measured card read "1 tokens in 15 min" and Autoscaling "1 ongoing request(s)"."""
+    from inference.models import Deployment, InferenceRequest
+    from tests.api.test_console_deployments import make_deployment
+
+    alpha = world["alpha"]
+    deployment = make_deployment(alpha, "tiny")
+    Deployment.objects.filter(pk=deployment.pk).update(
+        autoscaling={"target_ongoing_requests": 1, "min_replicas": 1, "max_replicas": 1, "reason": "test"})
+    InferenceRequest.objects.create(deployment=deployment, endpoint="/v1/completions", status_code=200,
+                                    prompt_tokens=3, output_tokens=1, ttft_ms=10.0, tpot_ms=5.0)
+    html = session(alpha["member"]).get(f"/deployments/{deployment.pk}/").content.decode()
+    assert "1 token in 15 min" in html and "target 1 ongoing request per replica" in html, html
+    InferenceRequest.objects.create(deployment=deployment, endpoint="/v1/completions", status_code=200,
+                                    prompt_tokens=3, output_tokens=2, ttft_ms=10.0, tpot_ms=5.0)
+    assert "3 tokens in 15 min" in session(alpha["member"]).get(f"/deployments/{deployment.pk}/").content.decode()

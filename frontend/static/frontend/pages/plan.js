@@ -125,7 +125,7 @@
   function render(result) {
     const sim = '<span class="badge badge-sim" title="logical chips on a CPU host: figures are the real chip\'s, nothing ran on it">SIMULATED</span>';
     const pools = result.pools.map((p) => `<li><strong>${esc(p.name)}</strong> · ${p.devices} ${esc(p.accelerator_type)}
-      (${p.nodes} node(s) x ${p.devices_per_node})${p.source === "hypothetical" ? ' <span class="badge tone-muted">hypothetical</span>' : ""}${p.simulated ? ` ${sim}` : ""}
+      (${p.nodes} ${p.nodes === 1 ? "node" : "nodes"} x ${p.devices_per_node})${p.source === "hypothetical" ? ' <span class="badge tone-muted">hypothetical</span>' : ""}${p.simulated ? ` ${sim}` : ""}
       <span class="muted small">· ${money(p.price_per_hour_usd)} per device-hour · ${num(p.achievable_fraction, 3)} of peak (${esc(p.achievable_fraction_source)})</span></li>`).join("");
     const model = result.model;
     let html = `<div class="card"><h2>${esc(model.name || model.preset || "model")} <span class="muted small">${num(model.parameters / 1e9, 2)}B parameters ·
