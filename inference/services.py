@@ -15,7 +15,7 @@ from django.db import transaction
 from controlplane.common import references
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
-from controlplane.common.limits import deployment_size_check, submission_rate_check
+from controlplane.common.limits import deployment_size_check, lock_team_submissions, submission_rate_check
 from controlplane.common.tasks import dispatch_on_commit
 from controlplane.compute.base import ROUTERS
 from controlplane.quotas.models import LocalQueue, PriorityClass
@@ -181,6 +181,9 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
     engine = validate_engine(engine)
     _check_model(model_uri, engine, source_job)
     router = validate_router(router)
+    # Checked under the team's lock: two creates of one name at once both found it free, and the second hit the
+    # unique constraint (a 500 on PostgreSQL; QA, 2026-11-29).
+    lock_team_submissions(team=team)
     if Deployment.objects.filter(team=team, name=name).exclude(
         state__in=[DeploymentState.DELETED, DeploymentState.FAILED]
     ).exists():

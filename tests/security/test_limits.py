@@ -460,3 +460,45 @@ def test_concurrent_submitters_cannot_exceed_the_team_rate(world, settings):
     print(f"\n[S6] {threads_n} concurrent submitters x {per_thread} on {connection.vendor}: "
           f"{outcomes.count('accepted')} accepted (limit {limit}), {outcomes.count('refused')} refused, "
           f"{elapsed:.2f} s")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creates_of_one_deployment_name_give_one_deployment_and_clear_refusals(world, settings):
+    """QA (2026-11-29): the live-name check ran before anything was locked, so two creates of one name at once could
+    both pass it; the second then hit the database's unique constraint (a 500 on PostgreSQL, or Django's
+    "Constraint ... is violated" on no field). Each refusal must be the service's 400 on `name`."""
+    from controlplane.common.errors import ValidationFailed
+    from inference.models import Deployment
+    from inference.services import deployment_create
+
+    settings.FLEETYARD_MAX_SUBMISSIONS_PER_TEAM_PER_MINUTE = 0  # no rate limit: its lock must not be what orders them
+    alpha, threads_n = world["alpha"], 6
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads_n)
+
+    def creator() -> None:
+        close_old_connections()
+        try:
+            barrier.wait()
+            try:
+                deployment_create(actor=alpha["admin"], team=alpha["team"], name="chat", local_queue=alpha["queue"],
+                                  accelerator_types=["nvidia-a100"], sla_ttft_p95_ms=450, sla_tpot_p95_ms=40,
+                                  model_uri="file:///models/lm")
+                outcome = "created"
+            except ValidationFailed as exc:
+                outcome = f"refused on {exc.field}"
+            except Exception as exc:  # noqa: BLE001 - what the test is about
+                outcome = f"{type(exc).__name__}: {exc}"
+            with lock:
+                outcomes.append(outcome)
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=creator) for _ in range(threads_n)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert sorted(outcomes) == ["created"] + ["refused on name"] * (threads_n - 1), outcomes
+    assert Deployment.objects.filter(team=alpha["team"], name="chat").count() == 1

@@ -115,19 +115,27 @@ def deployment_size_check(*, replicas_min: int, replicas_max: int) -> None:
                                    "(FLEETYARD_MAX_REPLICAS_PER_DEPLOYMENT)", field=field)
 
 
+def lock_team_submissions(*, team) -> None:
+    """Lock the team's row until the transaction ends, so its submissions are decided one after the other (the rate
+    limit counts them; a deployment's live name is checked free before it is taken). FOR NO KEY UPDATE where the
+    database has it: rows that only reference the team (jobs, audit events) are not blocked by the lock, only other
+    submissions of this team."""
+    from controlplane.tenancy.models import Team
+
+    no_key = connection.features.has_select_for_no_key_update
+    list(Team.objects.select_for_update(no_key=no_key).filter(pk=team.pk).values_list("pk", flat=True))
+
+
 def submission_rate_check(*, team, now=None) -> None:
     """Raise RateLimited (429, Retry-After) when the team has submitted its limit of training jobs and
     deployments in the last minute. Call it inside the transaction that records the submission: it locks the
     team row, so concurrent submissions of one team are counted one after the other."""
-    from controlplane.tenancy.models import AuditEvent, Team
+    from controlplane.tenancy.models import AuditEvent
 
     limit = settings.FLEETYARD_MAX_SUBMISSIONS_PER_TEAM_PER_MINUTE
     if not limit:
         return
-    # FOR NO KEY UPDATE where the database has it: rows that only reference the team (jobs, audit events)
-    # are not blocked by the lock, only other submissions of this team.
-    no_key = connection.features.has_select_for_no_key_update
-    list(Team.objects.select_for_update(no_key=no_key).filter(pk=team.pk).values_list("pk", flat=True))
+    lock_team_submissions(team=team)
     now = now or timezone.now()
     recent = list(AuditEvent.objects.filter(team=team, action__in=SUBMISSION_ACTIONS,
                                             created_at__gt=now - SUBMISSION_WINDOW)
