@@ -534,7 +534,8 @@ def _job(reader: _Reader, data: dict, spec: Spec, count: float) -> None:
             reader.unknown_keys(retry, {"max_restarts"}, "retry")
             value, where = retry.get("max_restarts", 3), "retry.max_restarts"
         if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 1000:
-            reader.error(where, f"max_restarts must be a whole number from 0 to 1000, got {value!r}")
+            what = "must be" if where.endswith("max_restarts") else "max_restarts must be"  # (said once: QA)
+            reader.error(where, f"{what} a whole number from 0 to 1000, got {value!r}")
         else:
             body["max_restarts"] = value
     if "max_duration" in data:

@@ -261,3 +261,12 @@ def test_a_control_character_is_a_spec_error_not_a_crash(char):
         parse_spec(JOB_YAML.replace("name: train-lm", f"name: train-lm{char}"), filename="train.yaml")
     (message,) = caught.value.messages
     assert message.startswith("train.yaml:1: invalid YAML: character U+") and "is not allowed" in message
+
+
+def test_a_bad_max_restarts_names_the_field_once():
+    """QA: it read "retry.max_restarts: max_restarts must be a whole number ..."."""
+    line = JOB_YAML.splitlines().index(next(x for x in JOB_YAML.splitlines() if x.startswith("retry:"))) + 1
+    nested = issues(JOB_YAML.replace("retry: {max_restarts: 5}", "retry: {max_restarts: -1}"))
+    assert nested == [f"spec.yaml:{line}: retry.max_restarts: must be a whole number from 0 to 1000, got -1"]
+    short = issues(JOB_YAML.replace("retry: {max_restarts: 5}", "retry: lots"))
+    assert short == [f"spec.yaml:{line}: retry: max_restarts must be a whole number from 0 to 1000, got 'lots'"]
