@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass
+from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
 
 
 def cluster_queue_list() -> QuerySet[ClusterQueue]:
@@ -27,6 +27,49 @@ def local_queue_list(*, team_ids: list[int]) -> QuerySet[LocalQueue]:
 
 def priority_class_list() -> QuerySet[PriorityClass]:
     return PriorityClass.objects.all()
+
+
+def cluster_queue_over_quota(*, queue: ClusterQueue) -> list[str]:
+    """What admitted work (training jobs holding quota, live deployments) of `queue` uses beyond what its quotas now
+    let it hold: its nominal quota, plus what it may borrow (its borrowing limit, at most what the other queues of
+    its cohort lend; nothing in no cohort). One line per accelerator type over it; empty when all is within. A quota
+    change does not stop running work: this is how an operator is told that some now runs over (QA, 2026-11-29)."""
+    from inference.selectors import serving_quota_usage
+    from jobs.selectors import quota_usage
+
+    usage: dict[str, float] = {}
+    for source in (quota_usage(), serving_quota_usage()):
+        for (queue_name, slug), units in source.items():
+            if queue_name == queue.name and units > 0:
+                usage[slug] = usage.get(slug, 0.0) + units
+    if not usage:
+        return []
+    own = {quota.accelerator_type.slug: quota for quota in queue.quotas.select_related("accelerator_type")}
+    lent: dict[str, float] = {}
+    if queue.cohort:
+        others = ResourceQuota.objects.filter(cluster_queue__cohort=queue.cohort).exclude(
+            cluster_queue=queue).select_related("accelerator_type")
+        for quota in others:
+            lends = quota.nominal_quota if quota.lending_limit is None else min(quota.lending_limit,
+                                                                                  quota.nominal_quota)
+            lent[quota.accelerator_type.slug] = lent.get(quota.accelerator_type.slug, 0.0) + lends
+    lines = []
+    for slug in sorted(usage):
+        quota = own.get(slug)
+        nominal = quota.nominal_quota if quota else 0.0
+        borrow = 0.0
+        if queue.cohort:
+            borrow = lent.get(slug, 0.0)
+            if quota is not None and quota.borrowing_limit is not None:
+                borrow = min(borrow, quota.borrowing_limit)
+        if usage[slug] > nominal + borrow + 1e-9:
+            limit = f"its nominal quota of {nominal:g}" if quota else "no quota (none is set for this type)"
+            if borrow:
+                limit += f" plus the {borrow:g} it may borrow from cohort {queue.cohort}"
+            lines.append(f"{slug}: admitted work of cluster queue {queue.name} uses {usage[slug]:g}, beyond {limit}; "
+                         "it keeps running (nothing is stopped) until it ends or is preempted, and new "
+                         f"{slug} work of the queue waits until its usage is back within quota")
+    return lines
 
 
 def quota_types_for_local_queue(*, local_queue: LocalQueue) -> set[str]:

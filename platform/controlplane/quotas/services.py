@@ -6,6 +6,7 @@ from django.db import transaction
 
 from controlplane.cluster.models import AcceleratorType
 from controlplane.common.errors import ConflictError, ValidationFailed
+from controlplane.quotas import selectors
 from controlplane.quotas.models import (
     ClusterQueue,
     LocalQueue,
@@ -78,11 +79,21 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
     queue.full_clean()
     queue.save()
     if quotas is not None:
+        changes["quotas_before"] = [
+            {"accelerator_type": quota.accelerator_type.slug, "nominal_quota": quota.nominal_quota,
+             "borrowing_limit": quota.borrowing_limit, "lending_limit": quota.lending_limit}
+            for quota in queue.quotas.select_related("accelerator_type")]
         _quotas_replace(queue=queue, quotas=quotas)
         changes["quotas"] = list(quotas)
     if teams is not None:
         queue.teams.set(teams)
         changes["teams"] = sorted(team.name for team in teams)
+    if quotas is not None or cohort is not None:
+        # Running work is not stopped by a smaller quota; the change is kept, and the record says what now runs
+        # over it (before 2026-11-29 nothing said so; the PATCH answer's `warnings` say the same).
+        over = selectors.cluster_queue_over_quota(queue=queue)
+        if over:
+            changes["over_quota"] = over
     audit_record(actor=actor, team=None, action="cluster_queue.update", target=queue, data=changes)
     return queue
 

@@ -53,6 +53,19 @@ class ClusterQueueSerializer(serializers.ModelSerializer):
         return names if seen is None else [name for name in names if name in seen]
 
 
+class ClusterQueueUpdateResultSerializer(ClusterQueueSerializer):
+    warnings = serializers.SerializerMethodField(
+        help_text="what the change leaves over quota: admitted work that now uses more than the queue's quotas let "
+                  "it hold (it keeps running until it ends or is preempted); empty when all is within")
+
+    class Meta(ClusterQueueSerializer.Meta):
+        fields = [*ClusterQueueSerializer.Meta.fields, "warnings"]
+        read_only_fields = fields
+
+    def get_warnings(self, queue: ClusterQueue) -> list[str]:
+        return list(self.context.get("warnings", []))
+
+
 _WITHIN_HELP = "may a workload preempt lower-priority ones of its own cluster queue (LowerPriority) or not (Never)"
 _RECLAIM_HELP = ("may a workload preempt workloads of other cluster queues of its cohort that use more than their "
                  "nominal quota: of any priority while its queue reclaims within its nominal (Any), lower-priority "

@@ -35,14 +35,16 @@ class ClusterQueueViewSet(viewsets.ReadOnlyModelViewSet):
                                                  context=self.get_serializer_context()).data,
                         status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=s.ClusterQueueUpdateSerializer, responses=s.ClusterQueueSerializer)
+    @extend_schema(request=s.ClusterQueueUpdateSerializer, responses=s.ClusterQueueUpdateResultSerializer)
     def partial_update(self, request, name=None):
         queue = self.get_object()
         data = s.ClusterQueueUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         queue = services.cluster_queue_update(actor=request.user, queue=queue, **data.validated_data)
-        return Response(s.ClusterQueueSerializer(self.get_queryset().get(pk=queue.pk),
-                                                 context=self.get_serializer_context()).data)
+        queue = self.get_queryset().get(pk=queue.pk)
+        warnings = selectors.cluster_queue_over_quota(queue=queue)
+        return Response(s.ClusterQueueUpdateResultSerializer(
+            queue, context={**self.get_serializer_context(), "warnings": warnings}).data)
 
 
 class LocalQueueViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
