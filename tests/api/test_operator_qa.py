@@ -70,5 +70,34 @@ def test_a_queue_over_its_nominal_within_what_its_cohort_lends_is_not_over_quota
         {"accelerator_type": "nvidia-h100", "nominal_quota": 8, "borrowing_limit": 4}]}, format="json").json()
     assert capped["warnings"][0].startswith("nvidia-h100: admitted work of cluster queue shared uses 16, beyond its "
                                             "nominal quota of 8 plus the 4 it may borrow from cohort all")
-    alone = api("ops").patch("/api/v1/cluster-queues/shared/", {"cohort": ""}, format="json").json()
+    alone = api("ops").patch("/api/v1/cluster-queues/shared/", {"cohort": "", "quotas": [
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8}]}, format="json").json()
     assert "beyond its nominal quota of 8;" in alone["warnings"][0]
+
+
+def test_borrowing_and_lending_limits_need_a_cohort(api, world):
+    """A borrowing or lending limit on a queue in no cohort was accepted and did nothing (Kueue refuses it): a queue
+    of nominal 0 + borrowing 8 then refused every job with "has no quota for"."""
+    from controlplane.quotas.models import ClusterQueue
+
+    ops = api("ops")
+    for limit in ("borrowing_limit", "lending_limit"):
+        body = {"name": "solo", "quotas": [
+            {"accelerator_type": "nvidia-a100", "nominal_quota": 8},
+            {"accelerator_type": "nvidia-h100", "nominal_quota": 4, limit: 2}]}
+        refused = ops.post("/api/v1/cluster-queues/", body, format="json")
+        assert refused.status_code == 400, refused.json()
+        assert refused.json()["quotas"][0].startswith(f"quotas[1]: nvidia-h100: a {limit} needs a cohort")
+        assert not ClusterQueue.objects.filter(name="solo").exists()
+        assert ops.post("/api/v1/cluster-queues/", {**body, "cohort": "pool"}, format="json").status_code == 201
+        # a PATCH that sets the limit on a queue in no cohort, or leaves the cohort while the limit stays
+        assert ops.patch("/api/v1/cluster-queues/solo/", {"cohort": "", "quotas": body["quotas"]},
+                         format="json").status_code == 400
+        left = ops.patch("/api/v1/cluster-queues/solo/", {"cohort": ""}, format="json")
+        assert left.status_code == 400 and "nvidia-h100" in left.json()["cohort"][0], left.json()
+        assert ClusterQueue.objects.get(name="solo").cohort == "pool"
+        # leaving the cohort with quotas free of limits is fine
+        alone = ops.patch("/api/v1/cluster-queues/solo/", {"cohort": "", "quotas": [
+            {"accelerator_type": "nvidia-h100", "nominal_quota": 4}]}, format="json")
+        assert alone.status_code == 200 and alone.json()["cohort"] == "", alone.json()
+        ClusterQueue.objects.filter(name="solo").delete()

@@ -67,6 +67,13 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
             raise ConflictError(f"local queues of other teams use cluster queue {queue.name}: {', '.join(stranded)}; "
                                 "point them at another cluster queue, or delete them, first")
     if cohort is not None:
+        if not cohort and quotas is None:
+            limited = sorted(q.accelerator_type.slug for q in queue.quotas.select_related("accelerator_type")
+                             if q.borrowing_limit is not None or q.lending_limit is not None)
+            if limited:
+                raise ValidationFailed(f"cluster queue {queue.name}'s quotas for {', '.join(limited)} set a borrowing "
+                                       "or lending limit, which needs a cohort: send quotas without them in the same "
+                                       "request", field="cohort")
         queue.cohort = changes["cohort"] = cohort
     if description is not None:
         queue.description = changes["description"] = description
@@ -109,6 +116,13 @@ def _quotas_replace(*, queue: ClusterQueue, quotas) -> None:
         if slug in seen:
             raise ValidationFailed(f"quotas[{index}]: {slug} is listed twice", field="quotas")
         seen.add(slug)
+        if not queue.cohort:  # as Kueue: limits on borrowing and lending need a cohort (QA, 2026-11-29: accepted,
+            # and silently did nothing; a queue of nominal 0 + borrowing 8 then refused every job as "no quota")
+            for limit in ("borrowing_limit", "lending_limit"):
+                if item.get(limit) is not None:
+                    raise ValidationFailed(f"quotas[{index}]: {slug}: a {limit} needs a cohort to borrow from or lend "
+                                           f"to, and cluster queue {queue.name} is in none (set cohort, or leave "
+                                           f"{limit} out)", field="quotas")
         quota = ResourceQuota(cluster_queue=queue, accelerator_type=types[slug],
                               nominal_quota=item.get("nominal_quota"),
                               borrowing_limit=item.get("borrowing_limit"),
