@@ -101,3 +101,19 @@ def test_borrowing_and_lending_limits_need_a_cohort(api, world):
             {"accelerator_type": "nvidia-h100", "nominal_quota": 4}]}, format="json")
         assert alone.status_code == 200 and alone.json()["cohort"] == "", alone.json()
         ClusterQueue.objects.filter(name="solo").delete()
+
+
+def test_a_cohort_is_named_as_every_other_name(api):
+    """`cohort` took any slug: "ALL" made a second cohort beside the fixture's "all" (no lending between them, nothing
+    said), and "a_b" was accepted where every other name refuses it."""
+    from controlplane.quotas.models import ClusterQueue
+
+    ops = api("ops")
+    for cohort in ("ALL", "a_b", "-all"):
+        refused = ops.post("/api/v1/cluster-queues/", {"name": "other", "cohort": cohort}, format="json")
+        assert refused.status_code == 400 and "lowercase" in refused.json()["cohort"][0], refused.json()
+        assert not ClusterQueue.objects.filter(name="other").exists()
+        patched = ops.patch("/api/v1/cluster-queues/shared/", {"cohort": cohort}, format="json")
+        assert patched.status_code == 400 and "cohort" in patched.json(), patched.json()
+    assert ClusterQueue.objects.get(name="shared").cohort == "all"
+    assert ops.post("/api/v1/cluster-queues/", {"name": "other", "cohort": "all"}, format="json").status_code == 201

@@ -39,7 +39,9 @@ class ReclaimPolicy(models.TextChoices):
 
 class ClusterQueue(models.Model):
     name = models.SlugField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
-    cohort = models.SlugField(max_length=63, blank=True, help_text="queues in one cohort lend idle quota")
+    # Named as every other name (before 2026-11-29 "ALL" and "all" were two cohorts, and "a_b" was accepted: QA).
+    cohort = models.SlugField(max_length=63, blank=True, validators=[SLUG_VALIDATOR],
+                              help_text="queues in one cohort lend idle quota")
     preemption_within_queue = models.CharField(max_length=16, choices=PreemptionPolicy.choices,
                                                default=PreemptionPolicy.LOWER_PRIORITY)
     reclaim_within_cohort = models.CharField(max_length=16, choices=ReclaimPolicy.choices, default=ReclaimPolicy.ANY)
