@@ -117,3 +117,17 @@ def test_a_cohort_is_named_as_every_other_name(api):
         assert patched.status_code == 400 and "cohort" in patched.json(), patched.json()
     assert ClusterQueue.objects.get(name="shared").cohort == "all"
     assert ops.post("/api/v1/cluster-queues/", {"name": "other", "cohort": "all"}, format="json").status_code == 201
+
+
+def test_a_priority_value_is_a_32_bit_integer_on_every_database(api):
+    """SQLite stored 2**31 and -2**31 - 1 (201) where PostgreSQL answered 400: the bounds hang on the column type."""
+    from controlplane.quotas.models import PriorityClass
+
+    ops = api("ops")
+    for value, word in ((2**31, "less than or equal to 2147483647"), (2**62, "less than or equal to 2147483647"),
+                        (-2**31 - 1, "greater than or equal to -2147483648")):
+        refused = ops.post("/api/v1/priority-classes/", {"name": "huge", "value": value}, format="json")
+        assert refused.status_code == 400 and word in refused.json()["value"][0], refused.json()
+    assert not PriorityClass.objects.filter(name="huge").exists()
+    for name, value in (("top", 2**31 - 1), ("bottom", -2**31)):
+        assert ops.post("/api/v1/priority-classes/", {"name": name, "value": value}, format="json").status_code == 201

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -101,7 +101,9 @@ class LocalQueue(models.Model):
 
 class PriorityClass(models.Model):
     name = models.SlugField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
-    value = models.IntegerField()
+    # A 32-bit integer, as Kueue's WorkloadPriorityClass and as the PostgreSQL column holds: before 2026-11-29 SQLite
+    # stored 2**62 (201) where PostgreSQL refused it (QA).
+    value = models.IntegerField(validators=[MinValueValidator(-2**31), MaxValueValidator(2**31 - 1)])
     description = models.TextField(blank=True)
     preemptible = models.BooleanField(default=True)
 
