@@ -131,3 +131,18 @@ def test_a_priority_value_is_a_32_bit_integer_on_every_database(api):
     assert not PriorityClass.objects.filter(name="huge").exists()
     for name, value in (("top", 2**31 - 1), ("bottom", -2**31)):
         assert ops.post("/api/v1/priority-classes/", {"name": name, "value": value}, format="json").status_code == 201
+
+
+def test_a_node_pools_devices_per_node_is_bounded_on_every_database(api):
+    """SQLite stored devices_per_node 2**40 (201) where PostgreSQL refused it; a plan on such a pool of one 8-device
+    node then counted 2**31 devices."""
+    from controlplane.cluster.models import NodePool
+
+    ops = api("ops")
+    body = {"name": "big", "accelerator_type": "nvidia-h100", "simulated": True}
+    for value in (1025, 2**31 - 1, 2**40):
+        refused = ops.post("/api/v1/node-pools/", {**body, "devices_per_node": value}, format="json")
+        assert refused.status_code == 400, refused.json()
+        assert "less than or equal to 1024" in refused.json()["devices_per_node"][0], refused.json()
+    assert not NodePool.objects.filter(name="big").exists()
+    assert ops.post("/api/v1/node-pools/", {**body, "devices_per_node": 1024}, format="json").status_code == 201

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from controlplane.cluster.link_defaults import LinkBandwidth, resolve_link_bandwidth
 from controlplane.tenancy.models import SLUG_VALIDATOR
+
+MAX_DEVICES_PER_NODE = 1024
 
 
 def validate_positive(value) -> None:
@@ -40,7 +42,9 @@ class AcceleratorType(models.Model):
 class NodePool(models.Model):
     name = models.SlugField(max_length=63, unique=True, validators=[SLUG_VALIDATOR])
     accelerator_type = models.ForeignKey(AcceleratorType, on_delete=models.PROTECT, related_name="node_pools")
-    devices_per_node = models.PositiveIntegerField(default=8)
+    # At most what a plan takes for a node (cluster/api/serializers.PlanDevicesSerializer): before 2026-11-29 SQLite
+    # stored 2**40 (201) where PostgreSQL refused it, and a pool of one 8-device node then planned 2**31 devices (QA).
+    devices_per_node = models.PositiveIntegerField(default=8, validators=[MaxValueValidator(MAX_DEVICES_PER_NODE)])
     simulated = models.BooleanField(
         default=True,
         help_text="true when the chips are logical Ray resources on a host that does not have them",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.cluster.models import AcceleratorType, Node, NodePool
+from controlplane.cluster.models import MAX_DEVICES_PER_NODE, AcceleratorType, Node, NodePool
 from controlplane.cluster.plans import MAX_GLOBAL_BATCH_SIZE
 from controlplane.common.api import StrictInputMixin, StrictInputSerializer
 from controlplane.planning.model import RECOMPUTE_MODES
@@ -100,7 +100,8 @@ class PlanDevicesSerializer(StrictInputSerializer):
     accelerator_type = serializers.SlugField(max_length=63, help_text="an accelerator type's slug")
     count = serializers.IntegerField(min_value=1, max_value=1_000_000,
                                      help_text="devices: whole nodes, or at most one node")
-    devices_per_node = serializers.IntegerField(required=False, default=8, min_value=1, max_value=1024)
+    devices_per_node = serializers.IntegerField(required=False, default=8, min_value=1,
+                                        max_value=MAX_DEVICES_PER_NODE)
     intra_node_gbps = serializers.FloatField(required=False, min_value=0.001,
                                              help_text="GB/s per device per direction inside a node; default: the "
                                                        "type's assumed default")
