@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from html.parser import HTMLParser
+
 import pytest
 from django.contrib import admin
 from django.test import Client
@@ -36,3 +38,96 @@ def test_admin_is_closed_to_team_members(world):
     client.force_login(world["alpha"]["admin"])
     response = client.get(reverse("admin:jobs_trainingjob_changelist"))
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+class _AdminForm(HTMLParser):
+    """The values an admin change page's form would send as it stands (inputs, checked boxes, selected options,
+    textareas), to post back with a few changed."""
+
+    def __init__(self):
+        super().__init__()
+        self.data: dict[str, list[str]] = {}
+        self._select = self._textarea = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        name = attrs.get("name")
+        if tag == "input" and name and attrs.get("type") not in {"submit", "button", "file"}:
+            if attrs.get("type") in {"checkbox", "radio"}:
+                if "checked" in attrs:
+                    self.data.setdefault(name, []).append(attrs.get("value") or "on")
+            else:
+                self.data.setdefault(name, []).append(attrs.get("value") or "")
+        elif tag == "select" and name:
+            self._select = name
+            self.data.setdefault(name, [])
+        elif tag == "option" and self._select and "selected" in attrs:
+            self.data[self._select].append(attrs.get("value") or "")
+        elif tag == "textarea" and name:
+            self._textarea = name
+            self.data[name] = [""]
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._select = None
+        elif tag == "textarea":
+            self._textarea = None
+
+    def handle_data(self, data):
+        if self._textarea:
+            self.data[self._textarea][0] += data.lstrip("\n") if not self.data[self._textarea][0] else data
+
+
+def _post_change(client, model, pk, **changes):
+    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_change", args=[pk])
+    parser = _AdminForm()
+    parser.feed(client.get(url).content.decode())
+    data = {key: values for key, values in parser.data.items() if key != "csrfmiddlewaretoken"}
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = [value]
+    response = client.post(url, data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+
+
+def test_operator_writes_in_the_admin_are_audited(operator_client, world, demo_cluster):
+    """QA (2026-11-29): a priority class, a quota (inline), a cordon or a membership changed in the admin, or a
+    priority class deleted there, left no audit event; the API's writes each leave one."""
+    from controlplane.cluster.models import Node
+    from controlplane.quotas.models import PriorityClass
+    from controlplane.tenancy.models import AuditEvent, Membership
+
+    before_id = AuditEvent.objects.latest("id").id
+    _post_change(operator_client, PriorityClass, world["priority"].pk, value="900")
+    event = AuditEvent.objects.latest("id")
+    assert (event.action, event.actor_label, event.team_id) == ("priorityclass.admin_change", "ops", None)
+    assert event.data == {"fields": {"value": 900}}
+
+    queue = world["cluster_queue"]
+    h100 = queue.quotas.get(accelerator_type__slug="nvidia-h100")
+    index = list(queue.quotas.values_list("id", flat=True)).index(h100.pk)  # the inline lists them so
+    _post_change(operator_client, type(queue), queue.pk, **{f"quotas-{index}-nominal_quota": "4"})
+    event = AuditEvent.objects.filter(action="resourcequota.admin_change").get()
+    assert event.data == {"fields": {"nominal_quota": 4.0}, "of": "shared"} and event.target_id == str(h100.pk)
+
+    node = Node.objects.get(name="h100-pool-0")
+    _post_change(operator_client, Node, node.pk, cordoned="on")
+    assert Node.objects.get(pk=node.pk).cordoned
+    event = AuditEvent.objects.filter(action="node.admin_change").get()
+    assert event.data == {"fields": {"cordoned": True}} and event.team_id is None
+
+    membership = Membership.objects.get(user=world["alpha"]["viewer"])
+    _post_change(operator_client, Membership, membership.pk, role="member")
+    event = AuditEvent.objects.filter(action="membership.admin_change").get()
+    assert event.data == {"fields": {"role": "member"}} and event.team_id == world["alpha"]["team"].pk
+
+    spare = PriorityClass.objects.create(name="spare", value=1)
+    url = reverse("admin:quotas_priorityclass_delete", args=[spare.pk])
+    assert operator_client.post(url, {"post": "yes"}).status_code == 302
+    event = AuditEvent.objects.filter(action="priorityclass.admin_delete").get()
+    assert event.target_id == str(spare.pk) and event.data == {"object": "spare (1)"}
+    assert list(AuditEvent.objects.filter(id__gt=before_id).order_by("id").values_list("action", flat=True)) == [
+        "priorityclass.admin_change", "resourcequota.admin_change", "node.admin_change", "membership.admin_change",
+        "priorityclass.admin_delete"]

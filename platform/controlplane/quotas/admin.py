@@ -3,6 +3,7 @@
 from django.contrib import admin
 
 from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
+from controlplane.tenancy.admin import AuditedAdmin
 
 
 class ResourceQuotaInline(admin.TabularInline):
@@ -11,18 +12,18 @@ class ResourceQuotaInline(admin.TabularInline):
 
 
 @admin.register(ClusterQueue)
-class ClusterQueueAdmin(admin.ModelAdmin):
+class ClusterQueueAdmin(AuditedAdmin):
     list_display = ["name", "cohort", "preemption_within_queue", "reclaim_within_cohort", "open_to_all_teams"]
     filter_horizontal = ["teams"]
     inlines = [ResourceQuotaInline]
 
 
 @admin.register(LocalQueue)
-class LocalQueueAdmin(admin.ModelAdmin):
+class LocalQueueAdmin(AuditedAdmin):
     list_display = ["name", "team", "cluster_queue"]
     list_filter = ["team", "cluster_queue"]
 
 
 @admin.register(PriorityClass)
-class PriorityClassAdmin(admin.ModelAdmin):
+class PriorityClassAdmin(AuditedAdmin):
     list_display = ["name", "value", "preemptible"]
