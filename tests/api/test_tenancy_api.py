@@ -171,3 +171,23 @@ def test_removing_a_member_revokes_their_tokens_of_that_team(api, world):
     assert other.is_active()
     event = AuditEvent.objects.filter(action="membership.delete").latest("id")
     assert len(event.data["tokens_revoked"]) == len(listed)
+
+
+def test_a_deleted_teams_audit_trail_is_kept_under_its_name(api, world):
+    """QA (2026-11-29): AuditEvent.team cascaded, so deleting a team (the Django admin can) deleted every audit event
+    of it: who created its jobs, changed its members, used its tokens."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.tenancy.models import AuditEvent, Team
+    from controlplane.tenancy.services import team_create
+
+    admin = get_user_model().objects.create_user("gamma-admin", password="pw-123456789")
+    gamma = team_create(actor=world["ops"], name="gamma", admin=admin)
+    kept = set(AuditEvent.objects.filter(team=gamma).values_list("pk", flat=True))
+    assert kept and set(AuditEvent.objects.filter(pk__in=kept).values_list("team_name", flat=True)) == {"gamma"}
+    Team.objects.filter(pk=gamma.pk).delete()
+    assert set(AuditEvent.objects.filter(pk__in=kept).values_list("team_name", flat=True)) == {"gamma"}
+    listed = api("ops").get("/api/v1/audit-events/", {"page_size": 200}).json()["results"]
+    assert {event["team"] for event in listed if event["id"] in kept} == {"gamma"}
+    mine = api("alpha", "admin").get("/api/v1/audit-events/", {"page_size": 200}).json()["results"]
+    assert not kept & {event["id"] for event in mine}  # not another team's to read

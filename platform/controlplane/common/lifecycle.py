@@ -71,16 +71,18 @@ def record_events_many(entries: Sequence[tuple[models.Model, str, dict]], *, eve
 def _record_many(entries, *, event_model, system: str) -> None:
     """Events and audit records of (obj, from_state, reason, data) entries, each obj in its new state: what
     record_event writes for each, inserted together."""
-    from controlplane.tenancy.models import AuditEvent
+    from controlplane.tenancy.models import AuditEvent, Team
 
     label = f"system:{system}"
+    names = dict(Team.objects.filter(pk__in={obj.team_id for obj, *_ in entries}).values_list("pk", "name"))
     event_model.objects.bulk_create([
         event_model(subject=obj, from_state=current, to_state=obj.state, reason=reason, actor_label=label,
                     data=data or {})
         for obj, current, reason, data in entries], batch_size=500)
     AuditEvent.objects.bulk_create([
         audit_event(actor=None, team=obj.team_id, action=f"{obj._meta.model_name}.transition", target=obj,
-                    data={"from": current, "to": obj.state, "reason": reason}, system=system)
+                    data={"from": current, "to": obj.state, "reason": reason}, system=system,
+                    team_name=names.get(obj.team_id, ""))
         for obj, current, reason, data in entries], batch_size=500)
 
 

@@ -77,7 +77,10 @@ class ApiToken(models.Model):
 class AuditEvent(models.Model):
     """One row per write: who did what to which object, and with what input."""
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, null=True, blank=True, related_name="audit_events")
+    # SET_NULL and the name kept: deleting a team in the Django admin deleted its whole audit trail (QA, 2026-11-29).
+    team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="audit_events")
+    team_name = models.CharField(max_length=63, blank=True,
+                                 help_text="the team's name when it was recorded (kept when the team is deleted)")
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

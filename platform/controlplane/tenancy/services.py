@@ -28,11 +28,17 @@ def audit_record(*, actor, team: Team | int | None, action: str, target, data: d
 
 
 def audit_event(*, actor, team: Team | int | None, action: str, target, data: dict | None = None,
-                system: str | None = None) -> AuditEvent:
-    """The audit event `audit_record` appends, not saved yet (lifecycle.transition_many inserts many at once)."""
+                system: str | None = None, team_name: str | None = None) -> AuditEvent:
+    """The audit event `audit_record` appends, not saved yet (lifecycle.transition_many inserts many at once, giving
+    `team_name` for a team given by id; otherwise it is read)."""
     label = actor.get_username() if actor is not None else f"system:{system or 'fleetyard'}"
-    team_id = team.pk if isinstance(team, Team) else team
-    return AuditEvent(team_id=team_id, actor=actor, actor_label=label, action=action,
+    if isinstance(team, Team):
+        team_id, team_name = team.pk, team.name
+    else:
+        team_id = team
+        if team_name is None:
+            team_name = Team.objects.filter(pk=team).values_list("name", flat=True).first() if team else ""
+    return AuditEvent(team_id=team_id, team_name=team_name or "", actor=actor, actor_label=label, action=action,
                       target_type=target._meta.label_lower, target_id=str(target.pk), data=data or {})
 
 

@@ -67,7 +67,11 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    team = serializers.SerializerMethodField(help_text="the team's name (kept after the team is deleted); null for "
+                                                       "cluster-wide events")
+
+    def get_team(self, event: AuditEvent) -> str | None:
+        return event.team_name or None
 
     class Meta:
         model = AuditEvent

@@ -1,4 +1,4 @@
-"""Data migrations of the quotas app, run backwards and forwards on the test database."""
+"""Data migrations, run backwards and forwards on the test database."""
 
 from __future__ import annotations
 
@@ -25,3 +25,20 @@ def test_cluster_queues_that_named_teams_are_restricted_after_the_open_flag_arri
     executor.migrate([AFTER])
     new = executor.loader.project_state([AFTER]).apps.get_model("quotas", "ClusterQueue")
     assert dict(new.objects.values_list("name", "open_to_all_teams")) == {"gamma-only": False, "everyone": True}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_audit_events_recorded_before_the_name_field_keep_their_teams_name():
+    before, after = ("tenancy", "0002_login_throttle"), ("tenancy", "0003_audit_event_outlives_team")
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps
+    team = old.get_model("tenancy", "Team").objects.create(name="gamma")
+    event_model = old.get_model("tenancy", "AuditEvent")
+    event_model.objects.create(team=team, actor_label="x", action="team.create", target_type="t", target_id="1")
+    event_model.objects.create(actor_label="x", action="node.cordon", target_type="t", target_id="2")
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([after])
+    new = executor.loader.project_state([after]).apps.get_model("tenancy", "AuditEvent")
+    assert dict(new.objects.values_list("action", "team_name")) == {"team.create": "gamma", "node.cordon": ""}
