@@ -465,6 +465,7 @@ def _job(reader: _Reader, data: dict, spec: Spec, count: float) -> None:
         body["devices_per_worker"] = 0
     elif count:
         body["devices_per_worker"] = int(count)
+    spec.origins["devices_per_worker"] = ("resources.accelerators", reader.line("resources.accelerators"))
     _workers(reader, data, spec)
     trainer = data.get("trainer")
     run = data.get("run")
@@ -473,6 +474,8 @@ def _job(reader: _Reader, data: dict, spec: Spec, count: float) -> None:
     for key in ("setup", "run", "workdir", "image"):
         if key in data and not isinstance(data[key], str):
             reader.error(key, "must be text (a shell command or a path)")
+    where = "trainer" if "trainer" in data else "run" if "run" in data else "hyperparameters"
+    spec.origins["trainer"] = (where, reader.line(where))
     if run is not None and isinstance(run, str):
         if trainer in (BUILTIN_TRAINER, "builtin"):
             reader.error("run", "the built-in trainer runs no command; drop run or trainer")
@@ -509,9 +512,10 @@ def _job(reader: _Reader, data: dict, spec: Spec, count: float) -> None:
             reader.error(f"secrets.{name}" if isinstance(data.get("secrets"), dict) else "secrets",
                          f"{name} is both an env and a secret")
     spec.secrets = secrets
+    spec.origins["secrets"] = spec.origins["secret_envs"] = ("secrets", reader.line("secrets"))
     body["envs"] = envs
     spec.origins["envs"] = ("envs", reader.line("envs"))
-    dataset = _dataset(reader, data)
+    dataset = _dataset(reader, data, spec)
     if dataset:
         body["dataset"] = dataset
     if "checkpoint" in data:
@@ -628,7 +632,7 @@ def _secrets(reader: _Reader, secrets) -> list[str]:
     return result
 
 
-def _dataset(reader: _Reader, data: dict) -> str:
+def _dataset(reader: _Reader, data: dict, spec: Spec) -> str:
     if "dataset" in data and "datasets" in data:
         reader.error("datasets", "give dataset or datasets, not both")
         return ""
@@ -652,6 +656,8 @@ def _dataset(reader: _Reader, data: dict) -> str:
     if not isinstance(ref, str) or not re.fullmatch(r"(dataset://)?[a-z0-9][a-z0-9-]*(@(\d+|latest))?", ref):
         reader.error(path, f"expected dataset://name@version, got {ref!r}")
         return ""
+    # where the server's findings (no such dataset or version in the team) point: they had no line (QA)
+    spec.origins["dataset"] = (path, reader.line(path))
     return ref
 
 
@@ -712,6 +718,7 @@ def _service(reader: _Reader, service, spec: Spec, count: float) -> None:
             reader.error("service.router", f"expected one of {', '.join(ROUTERS)}, got {service['router']!r}")
         else:
             body["router"] = service["router"]
+            spec.origins["router"] = ("service.router", reader.line("service.router"))
     if "engine" in service:
         if not isinstance(service["engine"], dict):
             reader.error("service.engine", "must be a mapping of engine settings")
