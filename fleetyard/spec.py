@@ -358,7 +358,7 @@ def _kind(reader: _Reader, data: dict) -> str:
         return DEPLOYMENT if "service" in data else JOB
     aliases = {"job": JOB, "training_job": JOB, "training-job": JOB, "task": JOB,
                "deployment": DEPLOYMENT, "service": DEPLOYMENT}
-    if kind not in aliases:
+    if not isinstance(kind, str) or kind not in aliases:  # (a list or mapping: TypeError, an API 500; QA)
         reader.error("kind", f"expected job or deployment, got {kind!r}")
         return DEPLOYMENT if "service" in data else JOB
     if aliases[kind] == JOB and "service" in data:

@@ -90,3 +90,14 @@ def test_every_field_a_spec_sends_points_back_at_a_line(text):
     unplaced = {name: spec.locate(name) for name in spec.body
                 if spec.locate(name)[1] is None and (name not in spec.origins or spec.locate(name)[0] in written)}
     assert not unplaced, unplaced
+
+
+@pytest.mark.parametrize("kind", ["[job]", "{job: 1}", "[]", "{}", "7", "null_", "Dataset"])
+def test_a_kind_that_is_not_job_or_deployment_is_refused_at_its_line(api, demo_cluster, kind):
+    """Found by QA: `kind: [job]` or `kind: {job: 1}` was a TypeError (unhashable type) in the parser: a 500 from the
+    API and a traceback from the CLI."""
+    client = api("alpha", "member")
+    for dry_run in (True, False):
+        response = apply(client, f"kind: {kind}\n" + JOB, dry_run=dry_run)
+        assert_refused_at(response, 1, "kind", "expected job or deployment")
+    assert not TrainingJob.objects.exists()
