@@ -31,6 +31,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import reprlib
 from dataclasses import dataclass, field
 
 import yaml
@@ -80,6 +81,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: "^...$" let "A\n
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
 _AT_LEAST = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(\+)?\s*$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|g)?\s*(\+)?\s*$", re.IGNORECASE)
+_SHORT = reprlib.Repr()  # a value in a message, cut short (a key may alias a tree of millions of items)
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
 
 
 # ------------------------------------------------------------------------------------ resource strings
@@ -222,6 +225,7 @@ class _Reader:
         self.filename = filename
         self.lines: dict[str, int] = {}
         self.issues: list[SpecIssue] = []
+        self.values = 0  # nodes converted, an alias counted each time it is used
 
     def load(self, text: str):
         structure = text.count("\n") + sum(text.count(mark) for mark in "[]{},")
@@ -263,13 +267,21 @@ class _Reader:
             loader.dispose()
 
     def _convert(self, loader, node, path: str):
+        self.values += 1
+        if self.values > MAX_SPEC_STRUCTURE:
+            # An alias repeats its anchor's whole tree: eight lines of `b: &b [*a, *a, ...]` (a "billion laughs") are
+            # 43 million values, which took minutes of CPU and gigabytes here before this bound (QA).
+            head = re.split(r"[.\[]", path, maxsplit=1)[0]  # the aliased node's own line is its anchor's: the top
+            raise SpecError([SpecIssue(self.lines.get(head), head, f"the spec holds more than {MAX_SPEC_STRUCTURE} "
+                                       "values (an alias counts each time it is used): write it out plainly")],
+                            filename=self.filename)
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             result = {}
             for key_node, value_node in node.value:
                 key = loader.construct_object(key_node, deep=True)
                 if not isinstance(key, str):
-                    self.add(key_node.start_mark.line + 1, path, f"keys must be strings, got {key!r}")
+                    self.add(key_node.start_mark.line + 1, path, f"keys must be strings, got {_SHORT.repr(key)}")
                     continue
                 child = f"{path}.{key}" if path else key
                 if key in result:

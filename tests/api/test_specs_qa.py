@@ -7,6 +7,7 @@ import yaml
 from django.test import TestCase
 
 from controlplane.tenancy.models import AuditEvent
+from fleetyard.errors import SpecError
 from fleetyard.spec import parse_spec
 from jobs.models import TrainingJob
 
@@ -101,3 +102,37 @@ def test_a_kind_that_is_not_job_or_deployment_is_refused_at_its_line(api, demo_c
         response = apply(client, f"kind: {kind}\n" + JOB, dry_run=dry_run)
         assert_refused_at(response, 1, "kind", "expected job or deployment")
     assert not TrainingJob.objects.exists()
+
+
+def _laughs(levels: int) -> list[str]:
+    """`a: &a [x, ...]`, `b: &b [*a, ...]`, ...: each line nine times the one before."""
+    names = "abcdefghij"
+    return ["a: &a [x, x, x, x, x, x, x, x, x]"] + [
+        f"{names[i + 1]}: &{names[i + 1]} [{', '.join([f'*{names[i]}'] * 9)}]" for i in range(levels - 1)]
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_at_its_line(api, demo_cluster):
+    """Found by QA: the parser walked every use of an alias, so eight short lines of `b: &b [*a, *a, ...]` (43 million
+    values) held a web worker for minutes (133 s of CPU) and gigabytes of memory; now more than 4000 values (as many
+    as the spec may have lines) is a 400 at the line whose value grows past them."""
+    text = "\n".join(JOB.splitlines() + _laughs(7)) + "\n"
+    client = api("alpha", "member")
+    for dry_run in (True, False):
+        response = apply(client, text, dry_run=dry_run)
+        assert_refused_at(response, 9, "d", "more than 4000 values (an alias counts each time it is used)")
+    assert not TrainingJob.objects.exists()
+    # anchors and aliases within the bound are still read
+    spec = parse_spec(JOB + "envs: &e {A: '1'}\ndatasets: [&d dataset://x@1]\n")
+    assert spec.body["envs"] == {"A": "1"} and spec.body["dataset"] == "dataset://x@1"
+
+
+def test_a_key_that_aliases_a_huge_tree_is_refused_in_a_short_message():
+    """A key is built, not walked: `? [&a [x, ...], &b [*a, ...], ...]` is millions of items shared by reference,
+    which the message wrote out whole (tens of megabytes of text)."""
+    names = "abcdefgh"
+    key = "? [&a [x, x, x, x, x, x, x, x, x], " + ", ".join(
+        f"&{names[i + 1]} [{', '.join([f'*{names[i]}'] * 9)}]" for i in range(6)) + "]\n: 1\n"
+    with pytest.raises(SpecError) as error:
+        parse_spec(JOB + key)
+    [issue] = [issue for issue in error.value.issues if "keys must be strings" in issue.reason]
+    assert issue.line == 6 and len(issue.reason) < 300, len(issue.reason)
