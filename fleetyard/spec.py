@@ -77,6 +77,9 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 # The platform's bound on max_duration (jobs.models.MAX_DURATION_SECONDS; tests/api/test_api_strictness.py
 # holds them equal): refused here, the CLI stops before sending, with the line.
 MAX_DURATION_SECONDS = 366 * 86400
+# The platform's bounds on a checkpoint policy (jobs.models.MAX_CHECKPOINT_INTERVAL_STEPS, the job serializer's
+# keep_last): the spec allowed at most 4096 for both, so `interval_steps: 5000` was refused here and by the API.
+CHECKPOINT_BOUNDS = {"interval_steps": 1_000_000_000, "keep_last": 1000}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: "^...$" let "A\n" through
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
 _AT_LEAST = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(\+)?\s*$")
@@ -538,8 +541,8 @@ def _job(reader: _Reader, data: dict, spec: Spec, count: float) -> None:
         else:
             reader.unknown_keys(policy, {"interval_steps", "keep_last"}, "checkpoint")
             checkpoint = {}
-            for key in ("interval_steps", "keep_last"):
-                if key in policy and _positive_int(reader, policy[key], f"checkpoint.{key}"):
+            for key, most in CHECKPOINT_BOUNDS.items():
+                if key in policy and _positive_int(reader, policy[key], f"checkpoint.{key}", most=most):
                     checkpoint[key] = policy[key]
             body["checkpoint"] = checkpoint
     if "retry" in data:
@@ -599,9 +602,9 @@ def _workers(reader: _Reader, data: dict, spec: Spec) -> None:
         spec.body["workers_min"] = spec.body["workers_max"] = value
 
 
-def _positive_int(reader: _Reader, value, path: str) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 4096:
-        reader.error(path, f"must be a whole number from 1 to 4096, got {value!r}")
+def _positive_int(reader: _Reader, value, path: str, *, most: int = 4096) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > most:
+        reader.error(path, f"must be a whole number from 1 to {most}, got {value!r}")
         return False
     return True
 

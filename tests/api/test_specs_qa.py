@@ -136,3 +136,26 @@ def test_a_key_that_aliases_a_huge_tree_is_refused_in_a_short_message():
         parse_spec(JOB + key)
     [issue] = [issue for issue in error.value.issues if "keys must be strings" in issue.reason]
     assert issue.line == 6 and len(issue.reason) < 300, len(issue.reason)
+
+
+def test_a_checkpoint_policy_takes_what_the_api_takes(api, demo_cluster):
+    """Found by QA: the spec allowed `checkpoint.interval_steps` only up to 4096 (its bound for worker counts) while
+    the platform takes up to 1,000,000,000, so a job checkpointing every 5000 steps could be submitted through the
+    REST API but not through a spec (the CLI or specs/apply)."""
+    client = api("alpha", "member")
+    response = apply(client, JOB + "checkpoint: {interval_steps: 5000, keep_last: 1000}\n", dry_run=False)
+    assert response.status_code == 201, response.json()
+    job = TrainingJob.objects.get()
+    assert (job.checkpoint_interval_steps, job.checkpoint_keep_last) == (5000, 1000)
+    from fleetyard.spec import CHECKPOINT_BOUNDS  # the SDK's copy of the platform's bounds
+    from jobs.api.serializers import CheckpointPolicySerializer
+    from jobs.models import MAX_CHECKPOINT_INTERVAL_STEPS
+
+    platform = {"interval_steps": MAX_CHECKPOINT_INTERVAL_STEPS,
+                "keep_last": CheckpointPolicySerializer().fields["keep_last"].max_value}
+    assert platform == CHECKPOINT_BOUNDS
+    for policy, field in (("{interval_steps: 1000000001}", "checkpoint.interval_steps"),
+                          ("{keep_last: 1001}", "checkpoint.keep_last"), ("{interval_steps: 0}",
+                                                                          "checkpoint.interval_steps")):
+        refused = apply(client, JOB.replace("name: qa", "name: qa2") + f"checkpoint: {policy}\n", dry_run=True)
+        assert_refused_at(refused, 6, field, "must be a whole number from 1 to")
