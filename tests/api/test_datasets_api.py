@@ -180,3 +180,23 @@ def test_an_upload_that_does_not_match_its_size_or_checksum_is_refused(api, sett
     response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
                            {"file": SimpleUploadedFile("a.txt", b"abc"), **good}, format="multipart")
     assert response.status_code == 201 and response.json()["version"] == 1, response.json()
+
+
+@pytest.mark.parametrize("uri", ["https://user:hunter2@example.org/corpus.txt", "s3://AKIAEXAMPLE:hunter2@bucket/k",
+                                 "hf://user:hunter2@datasets/corpus", "https://hunter2@example.org/corpus.txt",
+                                 "ftp://user:hunter2@example.org/corpus.txt", "gs://hunter2@bucket/k"])
+def test_credentials_in_a_uri_are_refused_and_not_repeated(api, uri):
+    """Found by QA: `https://user:password@host/...` and `s3://KEY:SECRET@bucket/...` were registered as sent and shown
+    to every member of the team (viewers included) in the version list and kept in the audit log; an unsupported
+    scheme's error repeated the URI, password and all."""
+    from controlplane.tenancy.models import AuditEvent
+
+    client = api("alpha", "member")
+    url = f"/api/v1/datasets/{make_dataset(client)['id']}/versions/"
+    audit = AuditEvent.objects.count()
+    response = client.post(url, {"uri": uri}, format="json")
+    assert response.status_code == 400 and "credentials" in response.json()["uri"][0], response.json()
+    assert "hunter2" not in response.content.decode()
+    assert not DatasetVersion.objects.exists() and AuditEvent.objects.count() == audit
+    assert client.post(url, {"uri": "https://example.org/corpus.txt?X-Amz-Signature=abc"},
+                       format="json").status_code == 201  # a pre-signed URL is taken

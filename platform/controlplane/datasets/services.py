@@ -43,6 +43,14 @@ def _next_version(dataset: Dataset) -> int:
 def _check_uri(uri: str) -> None:
     """A URI a team may register: a known scheme, and for http(s) a host that is not internal (SSRF)."""
     parsed = urlparse(uri)
+    if "@" in parsed.netloc:
+        # A version's uri is shown to every member of the team (viewers too), in lists, the console and the audit
+        # log: `https://user:password@host/...` or `s3://KEY:SECRET@bucket/...` was stored and shown as sent, and an
+        # error repeated it (QA). The message names the host only.
+        raise ValidationFailed(f"credentials in a URI are not accepted ({parsed.scheme}://...@"
+                               f"{parsed.netloc.rpartition('@')[2]}/...): every member of the team would see them; "
+                               "give the platform access to the storage instead, or use a pre-signed URL",
+                               field="uri")
     if parsed.scheme == "file":
         raise ValidationFailed("file:// URIs are not accepted: they would let a job read the platform's own "
                                "files; upload the file instead", field="uri")
