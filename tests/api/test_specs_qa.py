@@ -159,3 +159,26 @@ def test_a_checkpoint_policy_takes_what_the_api_takes(api, demo_cluster):
                                                                           "checkpoint.interval_steps")):
         refused = apply(client, JOB.replace("name: qa", "name: qa2") + f"checkpoint: {policy}\n", dry_run=True)
         assert_refused_at(refused, 6, field, "must be a whole number from 1 to")
+
+
+@pytest.mark.parametrize(("body", "line", "byte"), [
+    (JOB.replace("name: qa", "name: qa\ndescription: caf\xe9").encode("latin-1"), 2, "0xe9"),
+    (JOB.encode("utf-16"), 1, "0xff"),  # with its byte order mark, FF FE
+])
+def test_a_yaml_body_that_is_not_utf8_is_refused_at_its_line(api, demo_cluster, body, line, byte):
+    """Found by QA: the YAML body was decoded with U+FFFD for each bad byte, so a Latin-1 or UTF-16 spec got
+    "name: must be lowercase ..., got '\\ufffd\\ufffd'" or "queue: required" instead of what the CLI says of the
+    same file: the line and the byte that is not UTF-8."""
+    client = api("alpha", "member")
+    for dry_run in (1, 0):
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            response = client.generic("POST", f"/api/v1/specs/apply/?dry_run={dry_run}", body,
+                                      content_type="application/yaml")
+        assert response.status_code == 400, response.json()
+        [issue] = response.json()["errors"]
+        assert issue["line"] == line and f"not UTF-8 text (a spec is a YAML file); byte {byte}" in issue["reason"]
+        assert response.json()["spec"] == [f"spec.yaml:{line}: {issue['reason']}"]
+    assert not TrainingJob.objects.exists()
+    ok = client.generic("POST", "/api/v1/specs/apply/?dry_run=1", ("\ufeff" + JOB).encode(),
+                        content_type="text/yaml")
+    assert ok.status_code == 200, ok.json()  # UTF-8, with a byte order mark or not, is read

@@ -35,7 +35,14 @@ class YamlParser(BaseParser):
     media_type = "application/yaml"
 
     def parse(self, stream, media_type=None, parser_context=None):
-        return stream.read(MAX_SPEC_BYTES + 1).decode("utf-8", errors="replace")
+        """The text, or the bytes as they came when they are not UTF-8 (the view says where). They were decoded with
+        U+FFFD for each bad byte, so a Latin-1 or UTF-16 file got "name: must be lowercase letters ..., got
+        '\ufffd\ufffd'" instead of what the CLI says of the same file (QA)."""
+        raw = stream.read(MAX_SPEC_BYTES + 1)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw
 
 
 class TextYamlParser(YamlParser):
@@ -87,10 +94,12 @@ class SpecApplyView(TeamScopedMixin, APIView):
                    parameters=[OpenApiParameter("dry_run", type=bool, required=False)],
                    responses={200: _RESPONSE, 201: _RESPONSE})
     def post(self, request):
-        if isinstance(request.data, str):
+        if isinstance(request.data, str | bytes):
             if len(request.data) > MAX_SPEC_BYTES:
                 return Response({"spec": [f"spec.yaml: larger than {MAX_SPEC_BYTES} bytes"]},
                                 status=status.HTTP_400_BAD_REQUEST)
+            if isinstance(request.data, bytes):
+                return _spec_errors([_not_utf8(request.data)], "spec.yaml")
             text, filename, secrets = request.data, "spec.yaml", {}
         else:
             data = SpecApplySerializer(data=request.data)
@@ -205,6 +214,16 @@ def _issues_from(spec: Spec, errors, prefix: str = "") -> list[SpecIssue]:
         for reason in value if isinstance(value, list) else [value]:
             issues.append(SpecIssue(line, path, f"{reason}" if path == rest else f"{rest}: {reason}"))
     return issues
+
+
+def _not_utf8(raw: bytes) -> SpecIssue:
+    """Where a body stops being UTF-8, as the CLI says it of a file (fleetyard.cli._read_spec)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return SpecIssue(raw.count(b"\n", 0, exc.start) + 1, "", f"not UTF-8 text (a spec is a YAML file); byte "
+                                                                 f"{raw[exc.start]:#04x} at offset {exc.start}")
+    raise ValueError("the body is UTF-8")
 
 
 def _spec_errors(issues: list[SpecIssue], filename: str, extra: dict | None = None) -> Response:
