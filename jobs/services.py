@@ -113,6 +113,34 @@ def env_vars_check(*, field: str, variables: dict) -> None:
             raise ValidationFailed(f"{name}: the value holds a NUL character", field=field)
 
 
+def _nul_path(value, path: str = "") -> str | None:
+    """Where a NUL character sits in a JSON value (a key or a string, at any depth), e.g. `a.b[2]`; None if nowhere."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if "\x00" in str(key):
+                return where
+            found = _nul_path(item, where)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nul_path(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def json_text_check(*, field: str, value) -> None:
+    """A 400 naming the field when a JSON value holds a NUL character: PostgreSQL's jsonb refuses one
+    ("unsupported Unicode escape sequence"), which made an entrypoint job's hyperparameters a 500 (QA)."""
+    where = _nul_path(value)
+    if where is not None:
+        raise ValidationFailed(f"{where!r} holds a NUL character", field=field)
+
+
 @transaction.atomic
 def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue,
                         accelerator_types: list[str], workers_min: int = 1, workers_max: int | None = None,
@@ -140,6 +168,8 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     if trainer not in Trainer.values:
         raise ValidationFailed(f"{trainer!r} is not a trainer (choose {', '.join(Trainer.values)})",
                                field="trainer")
+    for field, value in (("hyperparameters", hyperparameters), ("parallelism", parallelism)):
+        json_text_check(field=field, value=value or {})
     if trainer == Trainer.BUILTIN_LM:
         try:
             TrainHyperparameters.from_dict(hyperparameters or {})
