@@ -227,12 +227,18 @@ class TrainingLogPageSerializer(serializers.Serializer):
 
 
 class StreamQuerySerializer(StrictInputSerializer):
-    """Query parameters of the metrics and logs endpoints."""
+    """Query parameters of the logs endpoint (and, with since_step, of the metrics endpoint)."""
 
     after = serializers.IntegerField(min_value=0, required=False, help_text="only rows with a larger id")
-    since_step = serializers.IntegerField(min_value=0, required=False)
     worker = serializers.IntegerField(min_value=0, required=False)
     limit = serializers.IntegerField(min_value=1, max_value=10000, default=1000)
     follow = serializers.BooleanField(default=False, help_text="stream new rows (NDJSON) until the job ends")
     timeout = serializers.IntegerField(min_value=1, max_value=3600, default=300,
                                        help_text="with follow: stop streaming after this many seconds")
+
+
+class MetricQuerySerializer(StreamQuerySerializer):
+    """Query parameters of the metrics endpoint. `since_step` is not one of the logs' (a log line has no step: it was
+    accepted there and ignored, so `?since_step=100` listed every line; QA)."""
+
+    since_step = serializers.IntegerField(min_value=0, required=False, help_text="only rows of this step or later")

@@ -30,8 +30,8 @@ FOLLOW_POLL_S = 0.5
 NDJSON = "application/x-ndjson"
 
 
-def _stream_schema(page_serializer, row_serializer):
-    return extend_schema(parameters=[s.StreamQuerySerializer],
+def _stream_schema(query_serializer, page_serializer, row_serializer):
+    return extend_schema(parameters=[query_serializer],
                          responses={200: page_serializer, (200, NDJSON): row_serializer(many=True)})
 
 
@@ -101,24 +101,24 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         page = self.paginate_queryset(selectors.training_job_events(job=job))
         return self.get_paginated_response(s.TrainingJobEventSerializer(page, many=True).data)
 
-    @_stream_schema(s.TrainingMetricPageSerializer, s.TrainingMetricSerializer)
+    @_stream_schema(s.MetricQuerySerializer, s.TrainingMetricPageSerializer, s.TrainingMetricSerializer)
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def metrics(self, request, pk=None):
         """Per-worker step metrics (step, loss, step time, compute time, tokens/s), oldest first."""
         job = self.get_object()
-        query = _stream_query(request)
+        query = _stream_query(request, s.MetricQuerySerializer)
 
         def rows(after):
             return selectors.training_job_metrics(job=job, since_step=query.get("since_step"),
                                                   worker=query.get("worker"), after_id=after)
         return _respond(job, query, rows, s.TrainingMetricSerializer)
 
-    @_stream_schema(s.TrainingLogPageSerializer, s.TrainingLogLineSerializer)
+    @_stream_schema(s.StreamQuerySerializer, s.TrainingLogPageSerializer, s.TrainingLogLineSerializer)
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def logs(self, request, pk=None):
         """The run's log lines (every worker; `worker=` for one), oldest first; `follow=true` streams."""
         job = self.get_object()
-        query = _stream_query(request)
+        query = _stream_query(request, s.StreamQuerySerializer)
 
         def rows(after):
             return selectors.training_job_logs(job=job, after_id=after, worker=query.get("worker"))
@@ -152,8 +152,8 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         return Response(selectors.goodput_overview(team_ids=self.team_ids))
 
 
-def _stream_query(request) -> dict:
-    data = s.StreamQuerySerializer(data=request.query_params.dict())
+def _stream_query(request, serializer_class) -> dict:
+    data = serializer_class(data=request.query_params.dict())
     data.is_valid(raise_exception=True)
     return dict(data.validated_data)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.test import TestCase
+from django.utils import timezone
 
 from controlplane.tenancy.models import AuditEvent
-from jobs.models import TrainingJob, TrainingJobEvent
+from jobs.models import TrainingJob, TrainingJobEvent, TrainingLogLine, TrainingMetric
 from tests.conftest import JOB_BODY
 
 ENTRYPOINT = {"trainer": "entrypoint", "entrypoint": "python train.py"}
@@ -30,3 +31,25 @@ def test_a_nul_in_hyperparameters_is_a_400_naming_them_and_writes_nothing(api, o
     assert "NUL" in response.json()["hyperparameters"][0] and where in response.json()["hyperparameters"][0]
     assert not TrainingJob.objects.exists() and not TrainingJobEvent.objects.exists()
     assert not AuditEvent.objects.filter(action__startswith="training").exists()
+
+
+def test_since_step_is_refused_by_the_logs_and_still_read_by_the_metrics(api):
+    """A log line has no step: `GET .../logs/?since_step=100` was accepted and ignored, listing every line from step 0
+    as if they came after step 100."""
+    client = api("alpha", "member")
+    job = TrainingJob.objects.get(pk=submit(client).json()["id"])
+    now = timezone.now()
+    TrainingLogLine.objects.bulk_create([TrainingLogLine(job=job, worker=0, line=f"line {i}", recorded_at=now)
+                                         for i in range(3)])
+    TrainingMetric.objects.bulk_create([TrainingMetric(job=job, step=step, worker=0, recorded_at=now)
+                                        for step in (50, 100, 150)])
+    refused = client.get(f"/api/v1/training-jobs/{job.pk}/logs/?since_step=100")
+    assert refused.status_code == 400, refused.json()
+    assert "unknown field" in refused.json()["since_step"][0]
+    assert len(client.get(f"/api/v1/training-jobs/{job.pk}/logs/").json()["results"]) == 3
+    metrics = client.get(f"/api/v1/training-jobs/{job.pk}/metrics/?since_step=100").json()["results"]
+    assert [row["step"] for row in metrics] == [100, 150]
+    schema = client.get("/api/v1/schema/?format=json").json()["paths"]
+    names = lambda path: {p["name"] for p in schema[path]["get"]["parameters"]}  # noqa: E731
+    assert "since_step" not in names("/api/v1/training-jobs/{id}/logs/")
+    assert "since_step" in names("/api/v1/training-jobs/{id}/metrics/")
