@@ -10,6 +10,7 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from controlplane.common import references
@@ -153,6 +154,11 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
 
 
 def _stream_query(request, serializer_class) -> dict:
+    # Each parameter once: `.dict()` keeps the last of a repeated one, so `?after=1&after=900` quietly read from 900
+    # (a repeated page or page_size is refused as well; QA).
+    repeated = sorted(name for name, values in request.query_params.lists() if len(values) > 1)
+    if repeated:
+        raise ValidationError({name: ["give this parameter once"] for name in repeated})
     data = serializer_class(data=request.query_params.dict())
     data.is_valid(raise_exception=True)
     return dict(data.validated_data)

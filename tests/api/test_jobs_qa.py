@@ -53,3 +53,15 @@ def test_since_step_is_refused_by_the_logs_and_still_read_by_the_metrics(api):
     names = lambda path: {p["name"] for p in schema[path]["get"]["parameters"]}  # noqa: E731
     assert "since_step" not in names("/api/v1/training-jobs/{id}/logs/")
     assert "since_step" in names("/api/v1/training-jobs/{id}/metrics/")
+
+
+@pytest.mark.parametrize("endpoint", ["logs", "metrics"])
+def test_a_repeated_stream_parameter_is_refused_not_the_last_one_taken(api, endpoint):
+    """`?after=1&after=2` read only the last `after` (QueryDict.dict()), so a client that added its cursor to a URL
+    already holding one skipped rows without a word; a repeated `page` or `page_size` of a list is a 400 too."""
+    client = api("alpha", "member")
+    job = submit(client).json()
+    response = client.get(f"/api/v1/training-jobs/{job['id']}/{endpoint}/?after=1&after=2&limit=5")
+    assert response.status_code == 400, response.json()
+    assert response.json() == {"after": ["give this parameter once"]}
+    assert client.get(f"/api/v1/training-jobs/{job['id']}/{endpoint}/?after=1&limit=5").status_code == 200
