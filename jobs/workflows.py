@@ -206,7 +206,8 @@ def _stop_over_max_duration(job: TrainingJob, backend) -> TrainingJob:
 def _apply_report(job_id: int, report: TrainingReport) -> TrainingJob:
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job_id)
-        events = sorted((e for e in report.events if e["seq"] > job.events_cursor), key=lambda e: e["seq"])
+        events = sorted((_without_nul(e) for e in report.events if e["seq"] > job.events_cursor),
+                        key=lambda e: e["seq"])
         metrics, lines = [], []
         advisory: set[str] = set()
         seen_steps = _recorded_steps(job, events)
@@ -559,6 +560,19 @@ def _kick_scheduler() -> None:
     from jobs.tasks import run_scheduling_cycle
 
     dispatch_on_commit(run_scheduling_cycle)
+
+
+def _without_nul(value):
+    """A run's event with each NUL character in its text (keys and strings, at any depth) replaced by U+FFFD. A user's
+    entrypoint may print one (`printf 'a\\0b'`): PostgreSQL refuses NUL in text and jsonb, so the report failed to
+    apply on every sync, and the job's cursor, logs, metrics and state stopped there for good (QA)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {_without_nul(key): _without_nul(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(item) for item in value]
+    return value
 
 
 def _when(value) -> datetime:

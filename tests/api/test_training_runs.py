@@ -806,3 +806,28 @@ def test_the_in_memory_backends_clock_can_be_set(api, backend):
     steps = [event["at"] for event in report.events if event["type"] == "metric" and event["rank"] == 0]
     assert steps[0] == pytest.approx(1_000_000.1) and steps[-1] == pytest.approx(1_000_002.0)
     assert steps == sorted(steps)
+
+
+def test_a_nul_character_in_a_runs_output_is_replaced_and_the_report_still_applies(api, backend):
+    """A user's entrypoint may print a NUL (`printf 'a\\0b'`), and the line, a fault's evidence or the reason it fails
+    for carry it as is: PostgreSQL refuses NUL in text and jsonb, so the report failed to apply on every sync and the
+    job's cursor, logs, metrics and state stayed where they were for good (QA; a 0 byte read back as U+FFFD)."""
+    from controlplane.compute.base import TrainingReport
+
+    job = sync(submit(api("alpha", "member"), trainer="entrypoint", entrypoint="python train.py",
+                      hyperparameters={}), backend)
+    cursor = job.events_cursor
+    events = (
+        {"seq": cursor + 1, "type": "log", "rank": 0, "line": "loss\x00 3.2", "at": 1.0e9},
+        {"seq": cursor + 2, "type": "fault", "kind": "worker_crash", "rank": 0, "node": "h100-pool-0", "step": 3,
+         "evidence": "worker failed: bad\x00byte", "data": {"tail\x00": ["x\x00"]}, "at": 1.0e9,
+         "occurred_at": 1.0e9, "detected_at": 1.0e9},
+        {"seq": cursor + 3, "type": "state", "state": "failed", "reason": "exit\x00 1", "at": 1.0e9},
+    )
+    workflows._apply_report(job.pk, TrainingReport(handle=job.compute_handle, state="failed", step=3, events=events))
+    job.refresh_from_db()
+    assert job.events_cursor == cursor + 3
+    assert job.state == "FAILED" and job.state_reason == "training failed: exit\ufffd 1"
+    assert TrainingLogLine.objects.filter(job=job).order_by("id").last().line == "loss\ufffd 3.2"
+    fault = TrainingFault.objects.get(job=job)
+    assert fault.evidence == "worker failed: bad\ufffdbyte" and fault.data == {"tail\ufffd": ["x\ufffd"]}
