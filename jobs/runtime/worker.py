@@ -293,8 +293,11 @@ class TrainingWorker:
         Path(self.spec["checkpoint_dir"]).mkdir(parents=True, exist_ok=True)
         workdir = self.spec.get("working_dir") or None
         self._phase = "compute"
+        # Bytes that are not UTF-8 read as U+FFFD: strict decoding raised UnicodeDecodeError at the first such line a
+        # program printed (a progress bar, a binary dump), which killed the worker on every restart (QA).
         self._process = subprocess.Popen(["/bin/sh", "-c", self.spec["entrypoint"]], cwd=workdir, env=env,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                         encoding="utf-8", errors="replace")
         last = time.perf_counter()
         previous_step: int | None = None
         with self._lock:

@@ -63,3 +63,18 @@ def test_an_entrypoint_step_time_is_per_step_or_what_the_program_reported():
     assert entrypoint_step_time({"step": 20.0, "step_time": 0.25}, 5.0, 10) == 0.25
     assert entrypoint_step_time({"step": 20.0, "step_time": float("nan")}, 5.0, 10) == 0.5
     assert entrypoint_step_time({"step": 20.0, "step_time": -1.0}, 5.0, 1) == 5.0
+
+
+def test_an_entrypoint_printing_bytes_that_are_not_utf8_keeps_running(tmp_path):
+    """Its output was decoded strictly: the first line holding such a byte raised UnicodeDecodeError in the worker's
+    training thread, a worker crash on every restart until the job failed (QA). They read as U+FFFD now."""
+    from jobs.runtime.worker import TrainingWorker
+
+    worker = TrainingWorker({"trainer": "entrypoint", "checkpoint_dir": str(tmp_path / "ckpt"),
+                             "entrypoint": "printf 'ok\\n\\377\\376 bar\\n'; echo 'fleetyard: step=1 loss=2.5'"},
+                            rank=0, world_size=1, node="n1")
+    worker._run_entrypoint("127.0.0.1", 1)
+    state = worker.poll()
+    assert state["done"] and state["step"] == 1 and state["loss"] == 2.5
+    assert [e["line"] for e in state["events"] if e["type"] == "log"] == [
+        "ok", "\ufffd\ufffd bar", "fleetyard: step=1 loss=2.5"]
