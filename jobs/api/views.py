@@ -130,6 +130,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     def faults(self, request, pk=None):
         """Detected faults with node, worker, evidence, detection time and how the run recovered."""
         job = self.get_object()
+        _no_query_params(request)
         return Response(s.TrainingFaultSerializer(selectors.training_job_faults(job=job), many=True).data)
 
     @extend_schema(methods=["GET"], responses=s.CheckpointSerializer(many=True))
@@ -144,13 +145,23 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
             step = workflows.training_job_request_checkpoint(actor=request.user, job=job,
                                                              backend=get_compute_backend())
             return Response({"requested": True, "step": step}, status=status.HTTP_202_ACCEPTED)
+        _no_query_params(request)
         return Response(s.CheckpointSerializer(selectors.training_job_checkpoints(job=job), many=True).data)
 
     @extend_schema(responses=s.GoodputOverviewSerializer)
     @action(detail=False, methods=["get"])
     def goodput(self, request):
         """Effective training time ratio of the jobs you can see, together and per job."""
+        _no_query_params(request)
         return Response(selectors.goodput_overview(team_ids=self.team_ids))
+
+
+def _no_query_params(request) -> None:
+    """A 400 naming each query parameter of a read that takes none but `format`: the faults, the checkpoints and the
+    goodput overview ignored them, so `goodput/?team=beta` or `faults/?kind=hang` answered for everything (QA)."""
+    unknown = sorted(set(request.query_params) - {"format"})
+    if unknown:
+        raise ValidationError({name: ["unknown query parameter; accepted: format"] for name in unknown})
 
 
 def _stream_query(request, serializer_class) -> dict:

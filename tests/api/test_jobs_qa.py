@@ -65,3 +65,19 @@ def test_a_repeated_stream_parameter_is_refused_not_the_last_one_taken(api, endp
     assert response.status_code == 400, response.json()
     assert response.json() == {"after": ["give this parameter once"]}
     assert client.get(f"/api/v1/training-jobs/{job['id']}/{endpoint}/?after=1&limit=5").status_code == 200
+
+
+@pytest.mark.parametrize("path,query", [
+    ("{id}/faults/", "kind=hang"), ("{id}/checkpoints/", "step=10"), ("goodput/", "team=beta"),
+    ("goodput/", "state=RUNNING"),
+])
+def test_reads_that_take_no_query_parameters_refuse_them_by_name(api, path, query):
+    """Lists ignored nothing since an earlier pass, but these reads did: `goodput/?team=beta` answered for every team
+    the caller sees, and `faults/?kind=hang` listed every fault, as if they had been filtered."""
+    client = api("alpha", "member")
+    url = "/api/v1/training-jobs/" + path.format(id=submit(client).json()["id"])
+    name = query.split("=")[0]
+    response = client.get(f"{url}?{query}")
+    assert response.status_code == 400, response.json()
+    assert response.json() == {name: ["unknown query parameter; accepted: format"]}
+    assert client.get(url).status_code == 200 and client.get(f"{url}?format=json").status_code == 200
