@@ -43,6 +43,9 @@ MIN_CPU_WORKER_CORES = 0.01
 # digits and _, not starting with a digit. The OS refuses "=" or NUL in a name (the worker failed to start the
 # run on the node, long after a 201), and the shell cannot read most other names.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The longest `NAME=value` (in bytes, its terminating NUL not counted) Linux passes to a process (MAX_ARG_STRLEN, 32
+# pages): a longer one made starting the workers' command fail with E2BIG on every restart, long after a 201.
+MAX_ENV_ENTRY_BYTES = 131071
 
 
 def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_per_worker: float | None) -> float:
@@ -111,6 +114,10 @@ def env_vars_check(*, field: str, variables: dict) -> None:
                                    "not starting with a digit", field=field)
         if "\x00" in value:
             raise ValidationFailed(f"{name}: the value holds a NUL character", field=field)
+        size = len(f"{name}={value}".encode())
+        if size > MAX_ENV_ENTRY_BYTES:
+            raise ValidationFailed(f"{name}: {name}=<value> is {size:,} bytes; a process is given at most "
+                                   f"{MAX_ENV_ENTRY_BYTES:,} bytes per variable (the OS's limit)", field=field)
 
 
 def _nul_path(value, path: str = "") -> str | None:

@@ -81,3 +81,15 @@ def test_reads_that_take_no_query_parameters_refuse_them_by_name(api, path, quer
     assert response.status_code == 400, response.json()
     assert response.json() == {name: ["unknown query parameter; accepted: format"]}
     assert client.get(url).status_code == 200 and client.get(f"{url}?format=json").status_code == 200
+
+
+def test_an_env_value_longer_than_the_os_passes_to_a_process_is_a_400(api):
+    """Linux gives a process no `NAME=value` over 128 KiB (MAX_ARG_STRLEN): a 200 KB value was a 201, and every start
+    of the workers' command then failed with E2BIG ("Argument list too long") until the job failed."""
+    client = api("alpha", "member")
+    refused = submit(client, **ENTRYPOINT, envs={"BIG": "x" * (131071 - 3)})  # "BIG=" + value: 131,072 bytes
+    assert refused.status_code == 400, refused.json()
+    assert "BIG" in refused.json()["envs"][0] and "131,071 bytes per variable" in refused.json()["envs"][0]
+    assert not TrainingJob.objects.exists()
+    accepted = submit(client, **ENTRYPOINT, envs={"BIG": "x" * (131071 - 4)})
+    assert accepted.status_code == 201, accepted.json()
