@@ -510,7 +510,11 @@ def training_job_request_checkpoint(*, actor, job: TrainingJob, backend) -> int:
     """Ask a running job for a checkpoint now; returns the step it was at. 409 unless RUNNING."""
     if job.state != JobState.RUNNING or not job.compute_handle:
         raise ConflictError(f"job {job.pk} is {job.state}; only a running job can checkpoint", field="state")
-    backend.checkpoint_training(job.compute_handle)
+    try:
+        backend.checkpoint_training(job.compute_handle)
+    except LookupError:  # the run vanished and the sync has not seen it yet (it was a 500; QA)
+        raise ConflictError(f"job {job.pk}'s run is not there now (the sync launches a vanished run again from its "
+                            "latest checkpoint); ask again once it runs", field="state") from None
     audit_record(actor=actor, team=job.team_id, action="training_job.checkpoint", target=job,
                  data={"step": job.current_step})
     return job.current_step

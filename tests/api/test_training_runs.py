@@ -831,3 +831,18 @@ def test_a_nul_character_in_a_runs_output_is_replaced_and_the_report_still_appli
     assert TrainingLogLine.objects.filter(job=job).order_by("id").last().line == "loss\ufffd 3.2"
     fault = TrainingFault.objects.get(job=job)
     assert fault.evidence == "worker failed: bad\ufffdbyte" and fault.data == {"tail\ufffd": ["x\ufffd"]}
+
+
+def test_a_checkpoint_request_for_a_run_that_vanished_is_a_409_not_a_500(api, backend):
+    """A job still RUNNING in the database whose run is gone (the sync relaunches it on its next pass): the backend's
+    LookupError went up as a 500, and nothing said to ask again."""
+    from controlplane.tenancy.models import AuditEvent
+
+    client = api("alpha", "member")
+    job = sync(submit(client), backend)
+    assert job.state == "RUNNING"
+    backend.release_training(job.compute_handle)
+    response = client.post(f"/api/v1/training-jobs/{job.pk}/checkpoints/", format="json")
+    assert response.status_code == 409, response.content[:300]
+    assert "run is not there now" in response.json()["state"][0]
+    assert not AuditEvent.objects.filter(action="training_job.checkpoint").exists()
