@@ -170,7 +170,8 @@ def _stream_query(request, serializer_class) -> dict:
     repeated = sorted(name for name, values in request.query_params.lists() if len(values) > 1)
     if repeated:
         raise ValidationError({name: ["give this parameter once"] for name in repeated})
-    data = serializer_class(data=request.query_params.dict())
+    # `format` is DRF's (the renderer), taken by every other endpoint: it was refused here as an unknown field (QA)
+    data = serializer_class(data={k: v for k, v in request.query_params.dict().items() if k != "format"})
     data.is_valid(raise_exception=True)
     return dict(data.validated_data)
 

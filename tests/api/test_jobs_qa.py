@@ -93,3 +93,14 @@ def test_an_env_value_longer_than_the_os_passes_to_a_process_is_a_400(api):
     assert not TrainingJob.objects.exists()
     accepted = submit(client, **ENTRYPOINT, envs={"BIG": "x" * (131071 - 4)})
     assert accepted.status_code == 201, accepted.json()
+
+
+@pytest.mark.parametrize("endpoint", ["logs", "metrics"])
+def test_logs_and_metrics_take_the_format_parameter_as_every_endpoint_does(api, endpoint):
+    """`?format=json` (DRF's renderer choice, accepted by the job list, its detail, events, faults...) was a 400
+    "unknown field" on these two."""
+    client = api("alpha", "member")
+    job = submit(client).json()
+    response = client.get(f"/api/v1/training-jobs/{job['id']}/{endpoint}/?format=json&limit=5")
+    assert response.status_code == 200, response.json()
+    assert response.json() == {"results": [], "next_after": None}
