@@ -47,7 +47,9 @@ class TrainingJobCreateSerializer(StrictInputSerializer):
     entrypoint = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
     working_dir = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
     hyperparameters = serializers.DictField(required=False, default=dict)
-    envs = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    # Values as sent: DRF trims a CharField's whitespace, so {"SEP": " "} reached the workers as "" (QA).
+    envs = serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False,
+                                 default=dict)
     dataset = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
                                     help_text="dataset://name@version")
     checkpoint = CheckpointPolicySerializer(required=False, default=dict)

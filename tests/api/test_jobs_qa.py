@@ -104,3 +104,13 @@ def test_logs_and_metrics_take_the_format_parameter_as_every_endpoint_does(api, 
     response = client.get(f"/api/v1/training-jobs/{job['id']}/{endpoint}/?format=json&limit=5")
     assert response.status_code == 200, response.json()
     assert response.json() == {"results": [], "next_after": None}
+
+
+def test_env_values_reach_the_job_as_sent_whitespace_included(api):
+    """DRF's CharField trims whitespace: {"SEP": " ", "PROMPT": "> "} was stored as {"SEP": "", "PROMPT": ">"}, a
+    different program input than the one sent (the spec's secrets were already kept as sent)."""
+    envs = {"SEP": " ", "PROMPT": "> ", "LINES": "a\nb\n"}
+    response = submit(api("alpha", "member"), **ENTRYPOINT, envs=envs)
+    assert response.status_code == 201, response.json()
+    assert response.json()["spec"]["envs"] == envs
+    assert TrainingJob.objects.get().envs == envs
