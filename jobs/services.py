@@ -207,7 +207,6 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
     clash = sorted(set(envs or {}) & set(secret_envs or {}))
     if clash:
         raise ValidationFailed(f"{', '.join(clash)} set both as an env and as a secret", field="secrets")
-    submission_rate_check(team=team)  # last: a request refused for its content takes no slot
     job = TrainingJob(
         team=team, name=name, local_queue=local_queue, priority_class=priority_class,
         accelerator_types=list(accelerator_types), workers_min=workers_min, workers_max=workers_max,
@@ -219,7 +218,10 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
         parallelism=dict(parallelism or {}), parallel_plan=parallel_plan,
         state=JobState.PENDING, state_reason="submitted",
     )
-    job.full_clean()
+    job.full_clean()  # the model's own rules (a name of lowercase letters, digits and dashes), before the rate check
+    # last: a request refused for its content takes no slot, and is told what is wrong with it, not to come back later
+    # (a name the model refuses, "Bad_Name", was a 429 "retry in 60 s" at the limit, then a 400; QA)
+    submission_rate_check(team=team)
     job.save()
     record_event(obj=job, event_model=TrainingJobEvent, from_state="", to_state=JobState.PENDING,
                  reason=submitted_reason, actor=actor)

@@ -114,3 +114,16 @@ def test_env_values_reach_the_job_as_sent_whitespace_included(api):
     assert response.status_code == 201, response.json()
     assert response.json()["spec"]["envs"] == envs
     assert TrainingJob.objects.get().envs == envs
+
+
+def test_at_the_submission_limit_a_request_the_model_refuses_is_a_400_not_a_429(api, settings):
+    """The model's rules (full_clean: a name of lowercase letters, digits and dashes; DRF's SlugField takes "Bad_Name")
+    were checked after the rate limit, so at the limit such a request was told to retry in 60 s, then refused."""
+    settings.FLEETYARD_MAX_SUBMISSIONS_PER_TEAM_PER_MINUTE = 1
+    client = api("alpha", "member")
+    assert submit(client, name="first").status_code == 201
+    refused = submit(client, name="Bad_Name")
+    assert refused.status_code == 400, refused.json()
+    assert "name" in refused.json()
+    assert submit(client, name="second").status_code == 429  # a valid one still waits for its slot
+    assert TrainingJob.objects.count() == 1
