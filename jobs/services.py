@@ -177,6 +177,10 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
                                field="trainer")
     for field, value in (("hyperparameters", hyperparameters), ("parallelism", parallelism)):
         json_text_check(field=field, value=value or {})
+    if trainer == Trainer.ENTRYPOINT and hyperparameters:
+        # Nothing passes them to a command (they were stored and ignored; the spec already refused them; QA).
+        raise ValidationFailed("hyperparameters are for the built-in trainer; a command reads its own settings "
+                               "(give them as envs or in its arguments)", field="hyperparameters")
     if trainer == Trainer.BUILTIN_LM:
         try:
             TrainHyperparameters.from_dict(hyperparameters or {})
@@ -279,7 +283,9 @@ def training_job_retry(*, actor, job: TrainingJob) -> TrainingJob:
         accelerator_types=list(job.accelerator_types), workers_min=job.workers_min, workers_max=job.workers_max,
         devices_per_worker=job.devices_per_worker, cpus_per_worker=cpus,
         priority_class=job.priority_class, trainer=job.trainer, entrypoint=job.entrypoint,
-        working_dir=job.working_dir, hyperparameters=dict(job.hyperparameters or {}), envs=dict(job.envs or {}),
+        working_dir=job.working_dir, envs=dict(job.envs or {}),
+        # (a command's job stored before they were refused: they never reached it)
+        hyperparameters={} if job.trainer == Trainer.ENTRYPOINT else dict(job.hyperparameters or {}),
         dataset_version=job.dataset_version, checkpoint_interval_steps=job.checkpoint_interval_steps,
         checkpoint_keep_last=job.checkpoint_keep_last, max_restarts=job.max_restarts,
         max_duration_seconds=job.max_duration_seconds, parallelism=dict(job.parallelism or {}),

@@ -127,3 +127,24 @@ def test_at_the_submission_limit_a_request_the_model_refuses_is_a_400_not_a_429(
     assert "name" in refused.json()
     assert submit(client, name="second").status_code == 429  # a valid one still waits for its slot
     assert TrainingJob.objects.count() == 1
+
+
+def test_an_entrypoint_job_refuses_hyperparameters_nothing_would_pass_on(api):
+    """QA (2026-11-29): an entrypoint job's hyperparameters were stored (201) and never reached its command; the spec
+    already refused them ("use envs")."""
+    response = submit(api("alpha", "member"), **ENTRYPOINT, hyperparameters={"lr": 0.1})
+    assert response.status_code == 400 and "as envs" in response.json()["hyperparameters"][0], response.json()
+    assert "built-in trainer" in response.json()["hyperparameters"][0]
+    assert not TrainingJob.objects.exists()
+    assert submit(api("alpha", "member"), **ENTRYPOINT, envs={"LR": "0.1"}).status_code == 201
+
+
+def test_retrying_an_entrypoint_job_stored_with_hyperparameters_drops_them(api):
+    """A job stored before the refusal retries (its hyperparameters never reached the command, and would be refused)."""
+    client = api("alpha", "member")
+    job_id = submit(client, **ENTRYPOINT).json()["id"]
+    TrainingJob.objects.filter(pk=job_id).update(hyperparameters={"lr": 0.1}, state="FAILED")
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        retried = client.post(f"/api/v1/training-jobs/{job_id}/retry/", format="json")
+    assert retried.status_code == 201, retried.json()
+    assert TrainingJob.objects.get(pk=retried.json()["id"]).hyperparameters == {}

@@ -229,3 +229,22 @@ def test_a_viewer_sees_that_they_cannot_submit(console):
     box.wait_for(state="visible")
     assert "member role" in box.inner_text()
     assert not TrainingJob.objects.exists()
+
+
+def test_an_entrypoint_job_from_the_form_sends_no_hyperparameters(console):
+    """The form prefills the built-in trainer's {"steps": N}; a command's job does not take them (the API refuses
+    hyperparameters nothing would pass on), so choosing the entrypoint trainer hides and leaves them out."""
+    page = console.page
+    console.login("alpha-member")
+    console.open("/jobs/new/")
+    assert page.is_visible("#f-hyper")
+    page.select_option("#f-trainer", "entrypoint")
+    assert not page.is_visible("#f-hyper") and page.is_disabled("#f-hyper")
+    page.fill("#f-name", "own-program")
+    page.fill("#f-entrypoint", "python -c 'print(1)'")
+    page.check("#f-type-nvidia-h100")
+    page.click('#job-form button[type="submit"]')
+    page.wait_for_url(re.compile(r".*/jobs/\d+/$"))
+    job = TrainingJob.objects.get(pk=job_id_from_url(page))
+    assert (job.trainer, job.hyperparameters) == ("entrypoint", {})
+    leave(console)

@@ -93,6 +93,11 @@
         field.hidden = !entrypoint;
         field.querySelectorAll("input").forEach((input) => { input.disabled = !entrypoint; });
       });
+      // a command reads its own settings: the built-in trainer's hyperparameters are not sent for it
+      form.querySelectorAll("[data-builtin-only]").forEach((field) => {
+        field.hidden = entrypoint;
+        field.querySelectorAll("input, textarea").forEach((input) => { input.disabled = entrypoint; });
+      });
     };
 
     if (team) team.addEventListener("change", () => { pickTeam(); pickQueue(); });
