@@ -200,3 +200,36 @@ def test_credentials_in_a_uri_are_refused_and_not_repeated(api, uri):
     assert not DatasetVersion.objects.exists() and AuditEvent.objects.count() == audit
     assert client.post(url, {"uri": "https://example.org/corpus.txt?X-Amz-Signature=abc"},
                        format="json").status_code == 201  # a pre-signed URL is taken
+
+
+def test_a_version_registered_with_credentials_before_they_were_refused_shows_them_masked(api, world):
+    """Versions registered before credentials were refused still hold them: members see them masked (jobs still read
+    the stored URI)."""
+    from django.test import Client
+
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    version = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                          {"uri": "https://example.org/corpus.txt"}, format="json").json()
+    DatasetVersion.objects.filter(pk=version["id"]).update(uri="https://user:hunter2@example.org/corpus.txt")
+    listed = api("alpha", "viewer").get(f"/api/v1/datasets/{dataset['id']}/versions/").json()["results"]
+    assert [v["uri"] for v in listed] == ["https://***@example.org/corpus.txt"]
+    page = Client()
+    page.force_login(world["alpha"]["viewer"])
+    html = page.get("/datasets/").content.decode()
+    assert "https://***@example.org/corpus.txt" in html and "hunter2" not in html
+    assert DatasetVersion.objects.get(pk=version["id"]).uri == "https://user:hunter2@example.org/corpus.txt"
+
+
+@pytest.mark.parametrize("uri,why", [
+    ("https://exa mple.org/x", "no spaces"), ("https://example.org/my file.txt", "no spaces"),
+    ("https://example.org/a\tb", "no spaces"), ("hf:foo", "names no host or bucket"),
+    ("s3:bucket/key", "names no host or bucket"), ("az:container", "names no host or bucket"),
+])
+def test_a_uri_no_reader_could_open_is_refused_at_registration(api, uri, why):
+    """QA (2026-11-29): these were registered and could only fail when a job read them."""
+    client = api("alpha", "member")
+    url = f"/api/v1/datasets/{make_dataset(client)['id']}/versions/"
+    response = client.post(url, {"uri": uri}, format="json")
+    assert response.status_code == 400 and why in response.json()["uri"][0], response.json()
+    assert not DatasetVersion.objects.exists()

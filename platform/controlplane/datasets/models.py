@@ -56,3 +56,20 @@ class DatasetVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset}@{self.version}"
+
+    @property
+    def shown_uri(self) -> str:
+        """`uri` as members see it: credentials a version registered before they were refused still holds are
+        masked (`https://***@host/x`); jobs still read the stored one."""
+        return uri_without_credentials(self.uri)
+
+
+def uri_without_credentials(uri: str) -> str:
+    """`uri` with any user info (`user:password@`) before its host replaced by `***`."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return uri
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"

@@ -54,6 +54,12 @@ def _check_uri(uri: str) -> None:
     if parsed.scheme == "file":
         raise ValidationFailed("file:// URIs are not accepted: they would let a job read the platform's own "
                                "files; upload the file instead", field="uri")
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in uri):
+        raise ValidationFailed("a URI holds no spaces or control characters (percent-encode them: %20)", field="uri")
+    if parsed.scheme in ALLOWED_URI_SCHEMES and not parsed.netloc:
+        # `hf:foo` or `s3:bucket/x` was accepted and could only fail when a job read it (QA)
+        raise ValidationFailed(f"{uri!r} names no host or bucket: write it as {parsed.scheme}://<bucket or host>/<path>",
+                               field="uri")
     if parsed.scheme not in ALLOWED_URI_SCHEMES or not (parsed.netloc or parsed.path):
         raise ValidationFailed(
             f"{uri!r} is not a supported URI (schemes: {', '.join(sorted(ALLOWED_URI_SCHEMES))})", field="uri"
