@@ -131,3 +131,42 @@ def test_operator_writes_in_the_admin_are_audited(operator_client, world, demo_c
     assert list(AuditEvent.objects.filter(id__gt=before_id).order_by("id").values_list("action", flat=True)) == [
         "priorityclass.admin_change", "resourcequota.admin_change", "node.admin_change", "membership.admin_change",
         "priorityclass.admin_delete"]
+
+
+def test_cluster_queue_teams_set_in_the_admin_restrict_it(operator_client, world):
+    """Review (2026-11-29): `open_to_all_teams` became a stored field set by the API's services when a queue's teams
+    change; the admin's teams box did not set it, so a queue an operator gave team alpha in the admin stayed open to
+    every team (before the field, naming teams there restricted the queue)."""
+    from controlplane.common.errors import ValidationFailed
+    from controlplane.quotas.models import ClusterQueue
+    from controlplane.quotas.services import local_queue_create
+
+    alpha, beta = world["alpha"], world["beta"]
+    queue = world["cluster_queue"]
+    # beta's local queue must go first (the API refuses to leave out a team whose local queues use it)
+    beta["queue"].delete()
+    _post_change(operator_client, ClusterQueue, queue.pk, teams=str(alpha["team"].pk))
+    queue.refresh_from_db()
+    assert list(queue.teams.values_list("name", flat=True)) == ["alpha"]
+    assert queue.open_to_all_teams is False
+    with pytest.raises(ValidationFailed):
+        local_queue_create(actor=beta["admin"], team=beta["team"], name="sneak", cluster_queue=queue)
+
+    _post_change(operator_client, ClusterQueue, queue.pk, teams=None)  # every team again
+    queue.refresh_from_db()
+    assert queue.open_to_all_teams is True and not queue.teams.exists()
+
+
+def test_cluster_queue_added_in_the_admin_with_teams_is_restricted(operator_client, world):
+    from controlplane.quotas.models import ClusterQueue
+
+    url = reverse("admin:quotas_clusterqueue_add")
+    parser = _AdminForm()
+    parser.feed(operator_client.get(url).content.decode())
+    data = {key: values for key, values in parser.data.items()
+            if key != "csrfmiddlewaretoken" and "__prefix__" not in key}
+    data.update(name=["alpha-only"], teams=[str(world["alpha"]["team"].pk)])  # the open box left as it comes
+    response = operator_client.post(url, data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    queue = ClusterQueue.objects.get(name="alpha-only")
+    assert queue.open_to_all_teams is False
