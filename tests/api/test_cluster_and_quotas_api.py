@@ -225,3 +225,22 @@ def test_a_cluster_queue_whose_only_team_is_deleted_stays_closed_to_other_teams(
     assert opened.status_code == 200 and opened.json()["open_to_all_teams"] is True
     assert api("beta", "admin").post("/api/v1/local-queues/", {"name": "grab", "cluster_queue": "gamma-only"},
                                      format="json").status_code == 201
+
+
+def test_a_cluster_queue_with_a_cohort_named_before_the_rule_can_still_be_changed(api, world):
+    """Review (2026-11-29): quotas 0005 made a cohort a lowercase name, with no data migration (renaming one could
+    merge two cohorts), so every PATCH of a queue whose stored cohort broke the new rule ("GPU_pool", as SQLite and
+    PostgreSQL stored it before) was a 400 on cohort, a field the request did not hold: its quotas, teams or description
+    could not be changed. The rule applies to a cohort being set."""
+    from controlplane.quotas.models import ClusterQueue
+
+    ClusterQueue.objects.filter(name="shared").update(cohort="GPU_pool")  # as an older release stored it
+    ops = api("ops")
+    changed = ops.patch("/api/v1/cluster-queues/shared/", {"description": "the shared queue"}, format="json")
+    assert changed.status_code == 200, changed.json()
+    assert ClusterQueue.objects.get(name="shared").description == "the shared queue"
+    # setting such a cohort is still refused, naming it
+    refused = ops.patch("/api/v1/cluster-queues/shared/", {"cohort": "Other_pool"}, format="json")
+    assert refused.status_code == 400 and "cohort" in refused.json(), refused.json()
+    renamed = ops.patch("/api/v1/cluster-queues/shared/", {"cohort": "gpu-pool"}, format="json")
+    assert renamed.status_code == 200 and renamed.json()["cohort"] == "gpu-pool"
