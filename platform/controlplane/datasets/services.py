@@ -58,8 +58,8 @@ def _check_uri(uri: str) -> None:
         raise ValidationFailed("a URI holds no spaces or control characters (percent-encode them: %20)", field="uri")
     if parsed.scheme in ALLOWED_URI_SCHEMES and not parsed.netloc:
         # `hf:foo` or `s3:bucket/x` was accepted and could only fail when a job read it (QA)
-        raise ValidationFailed(f"{uri!r} names no host or bucket: write it as {parsed.scheme}://<bucket or host>/<path>",
-                               field="uri")
+        raise ValidationFailed(f"{uri!r} names no host or bucket: write it as "
+                               f"{parsed.scheme}://<bucket or host>/<path>", field="uri")
     if parsed.scheme not in ALLOWED_URI_SCHEMES or not (parsed.netloc or parsed.path):
         raise ValidationFailed(
             f"{uri!r} is not a supported URI (schemes: {', '.join(sorted(ALLOWED_URI_SCHEMES))})", field="uri"
