@@ -46,6 +46,10 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The longest `NAME=value` (in bytes, its terminating NUL not counted) Linux passes to a process (MAX_ARG_STRLEN, 32
 # pages): a longer one made starting the workers' command fail with E2BIG on every restart, long after a 201.
 MAX_ENV_ENTRY_BYTES = 131071
+# Variables of a job, envs and secrets together: every one also costs the process a pointer against the OS's limit on
+# arguments plus environment (about 2 MiB), so some 100,000 short ones, under the request size limit, could make every
+# start fail with E2BIG (QA, 2026-11-29).
+MAX_ENV_VARIABLES = 1000
 
 
 def worker_cpus(*, accelerator_types: list[str], devices_per_worker: int, cpus_per_worker: float | None) -> float:
@@ -208,6 +212,9 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
         builtin_layout_check(hyperparameters=hyperparameters or {}, workers_min=workers_min, workers_max=workers_max)
     for field, variables in (("envs", envs), ("secrets", secret_envs)):
         env_vars_check(field=field, variables=variables or {})
+    if len(envs or {}) + len(secret_envs or {}) > MAX_ENV_VARIABLES:
+        raise ValidationFailed(f"{len(envs or {}) + len(secret_envs or {}):,} environment variables (envs and secrets "
+                               f"together); a job takes at most {MAX_ENV_VARIABLES:,}", field="envs")
     clash = sorted(set(envs or {}) & set(secret_envs or {}))
     if clash:
         raise ValidationFailed(f"{', '.join(clash)} set both as an env and as a secret", field="secrets")

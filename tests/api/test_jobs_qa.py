@@ -148,3 +148,12 @@ def test_retrying_an_entrypoint_job_stored_with_hyperparameters_drops_them(api):
         retried = client.post(f"/api/v1/training-jobs/{job_id}/retry/", format="json")
     assert retried.status_code == 201, retried.json()
     assert TrainingJob.objects.get(pk=retried.json()["id"]).hyperparameters == {}
+
+
+def test_more_environment_variables_than_a_process_can_be_given_are_a_400(api):
+    client = api("alpha", "member")
+    many = {f"V{i}": "x" for i in range(1001)}
+    response = submit(client, envs=many)
+    assert response.status_code == 400 and "at most 1,000" in response.json()["envs"][0], response.json()
+    assert not TrainingJob.objects.exists()
+    assert submit(client, envs=dict(list(many.items())[:1000])).status_code == 201
