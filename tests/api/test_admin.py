@@ -170,3 +170,22 @@ def test_cluster_queue_added_in_the_admin_with_teams_is_restricted(operator_clie
     assert response.status_code == 302, response.content.decode()[:3000]
     queue = ClusterQueue.objects.get(name="alpha-only")
     assert queue.open_to_all_teams is False
+
+
+def test_the_admin_leaves_observed_node_fields_to_the_reconciler_and_keeps_pools_with_nodes(operator_client, world,
+                                                                                          demo_cluster):
+    """QA (2026-11-29): the node page edited free devices, capacity and health, which the reconciler owns (a wrong
+    free count misled the scheduler until its next pass), and deleting a pool deleted its nodes, jobs placed on them
+    included. Only `cordoned` is the operator's; a pool with nodes cannot be deleted there."""
+    from controlplane.cluster.models import Node, NodePool
+
+    node = Node.objects.get(name="h100-pool-0")
+    before = (node.free_devices, node.capacity_devices, node.health)
+    _post_change(operator_client, Node, node.pk, cordoned="on", free_devices="0", capacity_devices="64",
+                 health="down")
+    node.refresh_from_db()
+    assert node.cordoned and (node.free_devices, node.capacity_devices, node.health) == before
+    assert operator_client.get(reverse("admin:cluster_node_add")).status_code == 403
+    pool = NodePool.objects.get(name="h100-pool")
+    response = operator_client.post(reverse("admin:cluster_nodepool_delete", args=[pool.pk]), {"post": "yes"})
+    assert response.status_code == 403 and Node.objects.filter(pool=pool).exists()
