@@ -10,12 +10,15 @@
 
 Every command takes --json (one JSON document on stdout, for scripts; `jobs logs` one per log line). Exit codes:
 0 ok; 1 the job ended FAILED or CANCELLED (or a waited-for deployment failed); 2 usage or spec error
-(nothing was submitted); 3 API error (unreachable, auth, rejected by the server, conflict); 130 interrupted.
+(nothing was submitted); 3 API error (unreachable, auth, rejected by the server, conflict); 130 interrupted; 141 the
+reader of the output went away (`fleetyard jobs status --json | head -1`), quietly, as other commands do.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import getpass
 import json
 import math
@@ -33,20 +36,27 @@ from fleetyard.errors import ApiError, ConfigError, FleetyardError, NotFound, Sp
 from fleetyard.spec import DEPLOYMENT, JOB, parse_spec
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `seq 1000000 | head -1` leaves seq with
 
 
 class UsageError(FleetyardError):
     """A user mistake found before anything was sent (exit 2)."""
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich's own answer to a closed pipe is SystemExit(1), the exit code of a failed job: main() handles it."""
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 class _Cli:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.json = bool(getattr(args, "json", False))
-        self.out = Console(highlight=False, soft_wrap=True, emoji=False)
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+        self.out = _Console(highlight=False, soft_wrap=True, emoji=False)
+        self.err = _Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
         if not self.out.is_terminal:  # piped or captured: wide tables, never cut to 80 columns
-            self.out = Console(highlight=False, soft_wrap=True, width=240, emoji=False)
+            self.out = _Console(highlight=False, soft_wrap=True, width=240, emoji=False)
         self._client: Client | None = None
 
     @property
@@ -657,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetyard", parents=[shared(False, None)],
         description="Fleetyard: train and serve on your team's accelerators.",
-        epilog="exit codes: 0 ok, 1 job failed or cancelled, 2 usage or spec error, 3 API error, 130 interrupted")
+        epilog="exit codes: 0 ok, 1 job failed or cancelled, 2 usage or spec error, 3 API error, 130 interrupted, "
+               "141 the output's reader went away (| head)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     login = commands.add_parser("login", parents=[common], help="save the server URL and an API token")
@@ -774,3 +785,16 @@ def main(argv: list[str] | None = None) -> int:
         for note in getattr(exc, "__notes__", ()):
             cli.err.print(escape(str(note)))
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (`fleetyard jobs status --json | head -1`): stop quietly, as other commands
+        # do. Before, a BrokenPipeError traceback (found by QA). Stdout is pointed at /dev/null so that the
+        # interpreter's last flush of what is left in its buffer does not fail again on the way out.
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # (not a real file: in-process tests)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

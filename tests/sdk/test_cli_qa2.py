@@ -1,0 +1,131 @@
+"""A second QA pass over the CLI and SDK commands the first one left out (`jobs status`, `jobs logs -f`, `undeploy`,
+prompts, `Client.metrics`), each test failing on the code before its fix. No Django here: a tiny HTTP server plays
+the API, answering from a table of routes, and records what it was asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from fleetyard.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job(job_id: int, state: str = "SUCCEEDED") -> dict:
+    return {"id": job_id, "name": f"job-{job_id}", "team": "alpha",
+            "spec": {"queue": "default", "accelerator_types": ["nvidia-h100"]},
+            "status": {"state": state, "reason": "as scripted", "step": 10}}
+
+
+class Api:
+    """The stub API: `routes` maps a path to a function of the query (a dict) returning (status, content type, body
+    bytes); `asked` lists every path?query asked, in order."""
+
+    def __init__(self) -> None:
+        self.routes: dict = {}
+        self.asked: list[str] = []
+        self.url = ""
+
+    def json(self, path: str, answer) -> None:
+        """`answer`: a document, or a function of the query returning one."""
+        self.routes[path] = lambda query: (200, "application/json",
+                                           json.dumps(answer(query) if callable(answer) else answer).encode())
+
+    def job_list(self, count: int) -> None:
+        """`count` jobs, newest first, paginated like the API (page, page_size, next links)."""
+        def page(query):
+            number, size = int(query.get("page", 1)), int(query.get("page_size", 100))
+            items = [_job(i) for i in range(count, 0, -1)][(number - 1) * size:number * size]
+            more = number * size < count
+            return {"count": count, "results": items,
+                    "next": f"{self.url}/api/v1/training-jobs/?page={number + 1}&page_size={size}" if more else None}
+        self.json("/api/v1/training-jobs/", page)
+
+
+@pytest.fixture
+def api():
+    stub = Api()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # the body ends when the connection closes, as streams do behind many proxies
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            parts = urllib.parse.urlsplit(self.path)
+            stub.asked.append(self.path)
+            route = stub.routes.get(parts.path)
+            query = dict(urllib.parse.parse_qsl(parts.query))
+            status, kind, body = route(query) if route else (404, "application/json", b'{"detail": "Not found."}')
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_DELETE = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    stub.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    yield stub
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(autouse=True)
+def environment(monkeypatch, tmp_path, api):
+    monkeypatch.setenv("FLEETYARD_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.setenv("FLEETYARD_URL", api.url)
+    monkeypatch.setenv("FLEETYARD_TOKEN", "fy_qa2")
+
+
+# ------------------------------------------------------------------------------ a closed output pipe
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(api):
+    """`fleetyard jobs status --json | head -1` printed a BrokenPipeError traceback; now it stops quietly with 141, as
+    `seq 1000000 | head -1` does."""
+    api.job_list(3000)
+    process = subprocess.Popen([sys.executable, "-m", "fleetyard", "jobs", "status", "--limit", "3000", "--json"],
+                               cwd=ROOT, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.readline()
+    process.stdout.close()  # what head does once it has its line
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, err
+    assert err == ""
+
+
+class _ClosedPipe:
+    """A stdout whose reader has gone away."""
+
+    encoding = "utf-8"
+
+    def write(self, _text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("argv", [["jobs", "status"], ["jobs", "status", "--json"], ["jobs", "queue"]])
+def test_a_closed_stdout_is_exit_141_for_tables_and_json_alike(api, monkeypatch, capsys, argv):
+    """Tables went through rich, whose answer to a closed pipe was SystemExit(1): the exit code of a failed job."""
+    api.job_list(3)
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(argv) == 141
+    assert capsys.readouterr().err == ""
