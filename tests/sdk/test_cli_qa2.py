@@ -129,3 +129,16 @@ def test_a_closed_stdout_is_exit_141_for_tables_and_json_alike(api, monkeypatch,
     monkeypatch.setattr(sys, "stdout", _ClosedPipe())
     assert main(argv) == 141
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------ jobs status --limit
+
+def test_jobs_status_reads_only_the_pages_it_shows(api, capsys):
+    """`jobs status --limit 3` of 900 jobs followed every `next` link (300 requests) and then kept three."""
+    api.job_list(900)
+    assert main(["jobs", "status", "--limit", "3", "--json"]) == 0
+    assert [job["id"] for job in json.loads(capsys.readouterr().out)] == [900, 899, 898]
+    assert len(api.asked) == 1 and "page_size=3" in api.asked[0]
+    api.asked.clear()
+    assert main(["jobs", "status"]) == 0  # the default, 20
+    assert len(api.asked) == 1 and "job-881" in capsys.readouterr().out
