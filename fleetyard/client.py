@@ -330,6 +330,7 @@ class Client:
                 if not page["results"]:
                     return
                 after = page["next_after"]
+        bad_lines = 0  # lines in a row that were not log lines, each followed by a resume
         while True:
             params = {"follow": "true", "timeout": poll_timeout, "after": after, "worker": worker}
             try:
@@ -338,9 +339,22 @@ class Client:
                 with response:
                     for raw in response.iter_lines():
                         if raw:
-                            line = LogLine.from_dict(json.loads(raw))
+                            line = _log_line(raw)
+                            if line is None:
+                                # A stream cut in the middle of a line (a connection closed early, where the body
+                                # ends when the connection does) leaves half a line: a JSONDecodeError traceback
+                                # before (QA). Resume after the last whole line, as for any broken stream; a
+                                # server that answers something else entirely is an error after a few tries.
+                                bad_lines += 1
+                                if bad_lines > self.max_retries:
+                                    raise _not_a_log_stream(response, raw, self.url)
+                                break
+                            bad_lines = 0
                             after = line.id
                             yield line
+                if bad_lines:
+                    time.sleep(self.backoff)
+                    continue
             except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):
                 time.sleep(self.backoff)  # the stream broke: resume after the last line seen
                 continue
@@ -464,6 +478,21 @@ class Client:
 
     def accelerator_types(self) -> list[dict]:
         return list(self.paginate("accelerator-types/"))
+
+
+def _log_line(raw: bytes) -> LogLine | None:
+    """One NDJSON line of a log stream, or None when it is not a whole log line."""
+    try:
+        item = json.loads(raw)
+        return LogLine.from_dict(item) if isinstance(item, dict) and isinstance(item.get("id"), int) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _not_a_log_stream(response: requests.Response, raw: bytes, url: str) -> ApiError:
+    return ApiError(f"GET {response.url} streamed {raw[:80]!r}, not a log line (NDJSON): is {url} the Fleetyard "
+                    "server's address?", status=response.status_code, body=raw[:2000].decode(errors="replace"),
+                    method="GET", url=response.url)
 
 
 def _wait(fetch, states, timeout, poll, what, give_up=()):

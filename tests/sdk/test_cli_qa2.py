@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from fleetyard.cli import main
+from fleetyard.client import Client
+from fleetyard.errors import ApiError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,3 +144,46 @@ def test_jobs_status_reads_only_the_pages_it_shows(api, capsys):
     api.asked.clear()
     assert main(["jobs", "status"]) == 0  # the default, 20
     assert len(api.asked) == 1 and "job-881" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ jobs logs -f on a cut stream
+
+def _log(line_id: int) -> bytes:
+    return json.dumps({"id": line_id, "attempt": 0, "worker": 0, "line": f"line {line_id}",
+                       "recorded_at": ""}).encode() + b"\n"
+
+
+def _stream(script):
+    """The logs route: a follow request answers script(after) as NDJSON; a page request answers no more lines."""
+    def answer(query):
+        if query.get("follow") == "true":
+            return 200, "application/x-ndjson", script(int(query.get("after", 0)))
+        return 200, "application/json", json.dumps({"results": [], "next_after": query.get("after")}).encode()
+    return answer
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_log_stream_cut_in_the_middle_of_a_line_is_resumed(api, capsys, as_json):
+    """A stream whose connection closed in the middle of a line handed half a line to json.loads: a JSONDecodeError
+    traceback. Now the half line is dropped and the stream resumed after the last whole line, as for any break."""
+    api.json("/api/v1/training-jobs/7/", _job(7))
+    api.routes["/api/v1/training-jobs/7/logs/"] = _stream(
+        lambda after: _log(1) + _log(2)[:15] if after == 0 else b"".join(_log(i) for i in range(after + 1, 4)))
+    assert main(["jobs", "logs", "7", "-f", *(["--json"] if as_json else [])]) == 0
+    out, err = capsys.readouterr()
+    if as_json:
+        assert [json.loads(line)["line"] for line in out.splitlines()] == ["line 1", "line 2", "line 3"]
+    else:
+        assert out.splitlines()[:3] == ["[w0] line 1", "[w0] line 2", "[w0] line 3"]
+    assert err == ""
+    follows = [path for path in api.asked if "follow=true" in path]
+    assert len(follows) == 2 and "after=1" in follows[1]
+
+
+def test_a_stream_that_is_no_log_stream_is_an_api_error_not_a_traceback(api):
+    api.json("/api/v1/training-jobs/7/", _job(7, "RUNNING"))
+    api.routes["/api/v1/training-jobs/7/logs/"] = _stream(lambda after: b"<html><title>Gateway</title></html>\n")
+    client = Client(api.url, "fy_qa2", backoff=0.001, max_retries=2)
+    with pytest.raises(ApiError, match=r"streamed b'<html><title>Gateway</title></html>', not a log line"):
+        list(client.logs(7, follow=True))
+    assert len([path for path in api.asked if "follow=true" in path]) == 3
