@@ -143,7 +143,7 @@ class _Cli:
             return True
         if not sys.stdin.isatty():
             raise UsageError(f"not on a terminal: pass -y to {what} without confirming")
-        answer = input(f"{what.capitalize()}? [y/N] ").strip().lower()
+        answer = _prompt(f"{what.capitalize()}? [y/N] ").strip().lower()
         return answer in ("y", "yes")
 
     def _print_plan(self, result: dict) -> None:
@@ -357,7 +357,7 @@ class _Cli:
         if not self.args.yes:
             if not sys.stdin.isatty():
                 raise UsageError("not on a terminal: pass -y to delete the deployment without confirming")
-            answer = input(f"Delete deployment {deployment.id} ({deployment.name}, {deployment.state})? [y/N] ")
+            answer = _prompt(f"Delete deployment {deployment.id} ({deployment.name}, {deployment.state})? [y/N] ")
             if answer.strip().lower() not in ("y", "yes"):
                 self.info("Not deleted.")
                 return EXIT_OK
@@ -627,8 +627,17 @@ def _given(text: str) -> str:
 def _ask(prompt: str, default: str) -> str:
     if not sys.stdin.isatty():
         return default
-    answer = input(f"{prompt} [{default}]: ").strip()
+    answer = _prompt(f"{prompt} [{default}]: ").strip()
     return answer or default
+
+
+def _prompt(text: str) -> str:
+    """A question on stderr, the answer from stdin. input() wrote its prompt to stdout: under --json it went into the
+    JSON document (`fleetyard undeploy 5 --json > out.json` wrote "Delete deployment ...? [y/N] {...}") and, with
+    stdout redirected, the question was never seen while the command waited for its answer (QA)."""
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    return input()
 
 
 def _money(value) -> str:

@@ -325,8 +325,8 @@ def test_launch_asks_before_submitting_on_a_terminal(cli, tmp_path, monkeypatch,
     prompts: list[str] = []
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt="": prompts.append(prompt) or answer)
-    code, out, _ = cli("jobs", "launch", spec, "-d")
-    assert prompts == ["Launch? [y/N] "]
+    code, out, err = cli("jobs", "launch", spec, "-d")
+    assert len(prompts) == 1 and err.startswith("Launch? [y/N] ")  # asked on stderr (test_cli_qa2.py)
     assert "Plan for asked" in out  # the plan is printed before the question
     assert TrainingJob.objects.filter(name="asked").exists() is created
     assert code == 0

@@ -4,6 +4,7 @@ the API, answering from a table of routes, and records what it was asked."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -66,7 +67,7 @@ def api():
             parts = urllib.parse.urlsplit(self.path)
             stub.asked.append(self.path)
             route = stub.routes.get(parts.path)
-            query = dict(urllib.parse.parse_qsl(parts.query))
+            query = {**dict(urllib.parse.parse_qsl(parts.query)), "_method": self.command}
             status, kind, body = route(query) if route else (404, "application/json", b'{"detail": "Not found."}')
             self.send_response(status)
             self.send_header("Content-Type", kind)
@@ -187,3 +188,27 @@ def test_a_stream_that_is_no_log_stream_is_an_api_error_not_a_traceback(api):
     with pytest.raises(ApiError, match=r"streamed b'<html><title>Gateway</title></html>', not a log line"):
         list(client.logs(7, follow=True))
     assert len([path for path in api.asked if "follow=true" in path]) == 3
+
+
+# ------------------------------------------------------------------------------ questions and --json
+
+def test_a_question_goes_to_stderr_so_json_stdout_stays_one_document(api, monkeypatch, capsys):
+    """input() wrote "Delete deployment ...? [y/N] " to stdout: under --json it went into the document (and with
+    stdout redirected the user never saw the question the command was waiting on)."""
+    deleted = []
+
+    def deployment(query):
+        if query["_method"] == "DELETE":
+            deleted.append(True)
+            return 204, "application/json", b""
+        state = "DELETING" if deleted else "SERVING"
+        body = {"id": 5, "name": "chat", "team": "alpha", "status": {"state": state, "reason": "as scripted"}}
+        return 200, "application/json", json.dumps(body).encode()
+
+    api.routes["/api/v1/deployments/5/"] = deployment
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    assert main(["undeploy", "5", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["status"]["state"] == "DELETING" and deleted
+    assert err == "Delete deployment 5 (chat, SERVING)? [y/N] "
