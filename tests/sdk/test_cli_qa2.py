@@ -212,3 +212,22 @@ def test_a_question_goes_to_stderr_so_json_stdout_stays_one_document(api, monkey
     out, err = capsys.readouterr()
     assert json.loads(out)["status"]["state"] == "DELETING" and deleted
     assert err == "Delete deployment 5 (chat, SERVING)? [y/N] "
+
+
+# ------------------------------------------------------------------------------ Client.metrics
+
+def test_metrics_reads_every_page(api):
+    """Client.metrics(job) returned the first page of 1,000 rows only (a 2-worker job of 1,000 steps cut at step
+    500, nothing said); `limit` still caps it."""
+    def page(query):
+        after, limit = int(query.get("after", 0)), int(query["limit"])
+        rows = [{"id": i, "step": (i - 1) // 2, "worker": (i - 1) % 2}
+                for i in range(after + 1, min(after + limit, 2500) + 1)]
+        return {"results": rows, "next_after": rows[-1]["id"] if rows else after}
+
+    api.json("/api/v1/training-jobs/7/metrics/", page)
+    client = Client(api.url, "fy_qa2")
+    rows = client.metrics(7)
+    assert [row["id"] for row in rows] == list(range(1, 2501))
+    assert [row["id"] for row in client.metrics(7, after=100, limit=1500)] == list(range(101, 1601))
+    assert [row["id"] for row in client.metrics(7, limit=10)] == list(range(1, 11))
