@@ -523,8 +523,11 @@ def training_job_request_checkpoint(*, actor, job: TrainingJob, backend) -> int:
 # ------------------------------------------------------------------------------------------ stop
 
 def training_job_stop_run(*, job_id: int, backend, checkpoint: bool, reason: str) -> None:
+    """Stop the run of a job that was preempted or ended. A stop that arrives after the job went on (a message
+    delivered twice, or late, after the job was requeued and launched again) does nothing: it named the job, not
+    the run, and stopped the job's new attempt (QA)."""
     job = TrainingJob.objects.filter(pk=job_id).first()
-    if job is None or not job.compute_handle:
+    if job is None or not job.compute_handle or not (job.is_terminal or job.state == JobState.PREEMPTED):
         return
     backend.stop_training(job.compute_handle, checkpoint=checkpoint, reason=reason)
     if job.is_terminal:
@@ -532,6 +535,8 @@ def training_job_stop_run(*, job_id: int, backend, checkpoint: bool, reason: str
     if job.state == JobState.PREEMPTED:
         with transaction.atomic():
             locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
+            if (locked.goodput or {}).get("paused_since"):
+                return  # an earlier delivery of this stop paused it: the pause began then
             now = timezone.now().timestamp()
             goodput = dict(locked.goodput or {})
             recovering = goodput.pop(RECOVERY_KEY, None)

@@ -1,0 +1,94 @@
+"""QA of the lifecycle tasks and reconcilers (jobs/tasks.py, jobs/workflows.py, inference/tasks.py,
+inference/workflows.py) against the in-memory backend: a task delivered twice or late does its work once, a
+backend error does not leave a job or deployment in a live state for good, and the reconcilers repair what a
+lost message would have done."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import TestCase
+
+from controlplane.compute.memory import InMemoryComputeBackend
+from controlplane.compute.topology import load_topology
+from jobs import tasks, workflows
+from jobs.admission import run_cycle
+from jobs.models import TrainingJob
+from tests.conftest import JOB_BODY
+
+
+@pytest.fixture
+def backend(monkeypatch, settings, tmp_path, demo_cluster):
+    settings.DATA_DIR = tmp_path
+    fake = InMemoryComputeBackend.from_topology(load_topology())
+    fake.steps_per_observe = 40
+    monkeypatch.setattr(tasks, "get_compute_backend", lambda: fake)
+    monkeypatch.setattr("jobs.api.views.get_compute_backend", lambda: fake)
+    return fake
+
+
+@pytest.fixture
+def urgent(world):
+    from controlplane.quotas.services import priority_class_create
+
+    return priority_class_create(actor=world["ops"], name="urgent", value=1000)
+
+
+def submit(client, **overrides) -> TrainingJob:
+    body = {**JOB_BODY, "accelerator_types": ["nvidia-h100"], "workers_min": 2, "workers_max": 2,
+            "hyperparameters": {"steps": 1000}, "checkpoint": {"interval_steps": 25}, **overrides}
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post("/api/v1/training-jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return TrainingJob.objects.get(pk=response.json()["id"])
+
+
+def sync(job, backend) -> TrainingJob:
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        workflows.training_job_sync(job_id=job.pk, backend=backend)
+    return TrainingJob.objects.get(pk=job.pk)
+
+
+def _preempt(api, backend, monkeypatch):
+    """A running job preempted by an urgent one; the stop messages are kept (not run) and returned."""
+    stops = []
+    monkeypatch.setattr(tasks.stop_training_run, "apply_async",
+                        lambda args=(), kwargs=None, **_: stops.append((tuple(args), dict(kwargs or {}))))
+    client = api("alpha", "member")
+    victim = sync(submit(client, name="low"), backend)
+    assert victim.state == "RUNNING"
+    preemptor = submit(client, name="high", priority="urgent")
+    victim.refresh_from_db()
+    assert victim.state == "PREEMPTED" and stops == [((victim.pk,), {"checkpoint": True, "reason": "preempted"})]
+    return client, victim, preemptor, stops
+
+
+def test_a_preemption_stop_delivered_again_after_the_job_relaunched_leaves_the_new_run_alone(
+        api, backend, urgent, monkeypatch):
+    """The stop names the job, not the run: a second delivery (acks_late redelivery, an outbox resend) that came after
+    the job was requeued, admitted and launched again stopped its new attempt, which was then relaunched from its
+    checkpoint as a vanished run."""
+    client, victim, preemptor, stops = _preempt(api, backend, monkeypatch)
+    (args, kwargs), = stops
+    tasks.stop_training_run(*args, **kwargs)
+    victim = sync(victim, backend)
+    assert victim.state == "QUEUED"
+    with TestCase.captureOnCommitCallbacks(execute=True):  # the preemptor ends; the victim is admitted again
+        client.post(f"/api/v1/training-jobs/{preemptor.pk}/cancel/")
+        run_cycle()
+    victim = sync(TrainingJob.objects.get(pk=victim.pk), backend)
+    assert victim.state == "RUNNING" and victim.compute_handle == f"fy-train-{victim.pk}-a2"
+    tasks.stop_training_run(*args, **kwargs)  # the same message, delivered again
+    assert backend.runs[victim.compute_handle].state == "running"
+    victim = sync(victim, backend)
+    assert victim.state == "RUNNING" and victim.runtime_state == "running"
+    assert not victim.events.filter(reason__contains="not found").exists()
+
+
+def test_a_preemption_stop_delivered_twice_starts_the_pause_once(api, backend, urgent, monkeypatch):
+    """The second delivery moved the pause's start to its own time: the time in between counted as neither."""
+    _, victim, _, stops = _preempt(api, backend, monkeypatch)
+    (args, kwargs), = stops
+    tasks.stop_training_run(*args, **kwargs)
+    first = TrainingJob.objects.get(pk=victim.pk).goodput["paused_since"]
+    tasks.stop_training_run(*args, **kwargs)
+    assert TrainingJob.objects.get(pk=victim.pk).goodput["paused_since"] == first
