@@ -54,6 +54,9 @@ _RUN_TO_JOB_STATE = {
 
 
 LAUNCH_TRIES = 5  # failed starts of one attempt before the job fails and frees its quota
+# A preempted run still going this long after its preemption is asked again to stop (its stop task retries for about
+# half a minute).
+STOP_GRACE = timedelta(seconds=60)
 
 
 def run_handle(job: TrainingJob) -> str:
@@ -178,6 +181,8 @@ def training_job_sync(*, job_id: int, backend) -> TrainingJob | None:
             return _requeue_after_preemption(job)  # kicks the scheduler itself
         _kick_scheduler()  # the run's devices are free
         return job
+    if job.state == JobState.PREEMPTED:
+        return _stop_preempted_again(job, report, backend)
     if _over_max_duration(job):
         return _stop_over_max_duration(job, backend)
     if job.state in (JobState.RUNNING, JobState.RECOVERING):
@@ -190,6 +195,21 @@ def _over_max_duration(job: TrainingJob) -> bool:
                                                                                      JobState.RECOVERING):
         return False
     return (timezone.now() - job.started_at).total_seconds() > job.max_duration_seconds
+
+
+def _stop_preempted_again(job: TrainingJob, report: TrainingReport, backend) -> TrainingJob:
+    """A preempted run still going STOP_GRACE after its preemption: its stop was lost (the message, or its retries
+    spent while the backend could not be reached) and nothing asked again, so it kept its devices and the job
+    admitted onto them waited for good (QA). Ask again (a stop is idempotent); said once on the timeline."""
+    if timezone.now() - job.state_changed_at < STOP_GRACE:
+        return job
+    reason = (f"run {job.compute_handle} still {report.state} {int(STOP_GRACE.total_seconds())} s after its "
+              f"preemption; asking it again to checkpoint and stop")
+    if job.events.order_by("-id").values_list("reason", flat=True).first() != reason:
+        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state, reason=reason,
+                     system="reconciler")
+    backend.stop_training(job.compute_handle, checkpoint=True, reason="preempted")
+    return job
 
 
 def _stop_over_max_duration(job: TrainingJob, backend) -> TrainingJob:

@@ -92,3 +92,32 @@ def test_a_preemption_stop_delivered_twice_starts_the_pause_once(api, backend, u
     first = TrainingJob.objects.get(pk=victim.pk).goodput["paused_since"]
     tasks.stop_training_run(*args, **kwargs)
     assert TrainingJob.objects.get(pk=victim.pk).goodput["paused_since"] == first
+
+
+def test_a_preempted_run_whose_stop_was_lost_is_stopped_by_the_sync(api, backend, urgent, monkeypatch):
+    """The stop message was lost (or its retries ran out while the backend was unreachable): the run kept training,
+    the job stayed PREEMPTED and the preemptor, admitted onto its devices, waited for good; the sync never asked again.
+    """
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    _, victim, preemptor, stops = _preempt(api, backend, monkeypatch)
+    stops.clear()  # never delivered
+    victim = sync(victim, backend)
+    assert victim.state == "PREEMPTED" and backend.runs[victim.compute_handle].state == "running"  # within the grace
+    TrainingJob.objects.filter(pk=victim.pk).update(
+        state_changed_at=timezone.now() - timedelta(minutes=5))
+    asked = []
+    with monkeypatch.context() as slow:  # it takes two passes to stop
+        slow.setattr(backend, "stop_training", lambda handle, **kwargs: asked.append((handle, kwargs)))
+        for _ in range(2):
+            victim = sync(victim, backend)
+    assert asked == [(victim.compute_handle, {"checkpoint": True, "reason": "preempted"})] * 2
+    assert victim.events.filter(reason__contains="asking it again to checkpoint and stop").count() == 1  # said once
+    victim = sync(victim, backend)
+    victim = sync(victim, backend)  # it stopped: requeued
+    assert victim.state == "QUEUED" and victim.compute_handle == ""
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    assert TrainingJob.objects.get(pk=preemptor.pk).state == "STARTING"
