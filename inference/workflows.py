@@ -63,6 +63,7 @@ LIVE_STATES = (S.DEPLOYING, S.SERVING, S.UPDATING, S.DEGRADED)
 SYSTEM = "serving"
 # A revision the backend still does not run after this long is applied again by the sync (a lost task).
 APPLY_GRACE = timedelta(seconds=60)
+DEPLOY_TRIES = 5  # failed deploys of a deployment that never served before it fails and frees its quota
 
 
 class ModelNotFound(Exception):
@@ -343,8 +344,7 @@ def deployment_deploy(*, deployment_id: int, backend) -> Deployment | None:
                                  "pool": placement.pool, "model_dir": model_dir,
                                  "autoscaling": decision.serve_config()})
     # After the commit: a failure here is retried by the task, and the sync redeploys a missing service.
-    backend.deploy_service(build_spec(deployment, decision))
-    return deployment
+    return _deploy_service(deployment, build_spec(deployment, decision), backend)
 
 
 def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | None:
@@ -397,8 +397,7 @@ def deployment_apply_revision(*, deployment_id: int, backend) -> Deployment | No
                             f"{quota_note}",
                      data={"revision": deployment.revision, "model_dir": deployment.model_dir,
                            "autoscaling": decision.serve_config()})
-    backend.deploy_service(build_spec(deployment, decision))
-    return deployment
+    return _deploy_service(deployment, build_spec(deployment, decision), backend)
 
 
 def _limit_to_quota(deployment: Deployment) -> str:
@@ -543,11 +542,45 @@ def _redeploy_missing(deployment: Deployment, backend) -> Deployment:
     spec = build_spec(deployment, autoscaling_for(deployment))
     if deployment.state == S.DEGRADED and 0 < deployment.applied_revision < deployment.revision:
         spec = dataclasses.replace(spec, revision=deployment.applied_revision)  # its update could not be applied
-    record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state, to_state=deployment.state,
-                 reason=f"service {deployment.compute_handle} not found; deploying revision {spec.revision} again",
-                 system="reconciler", data={"revision": spec.revision})
-    backend.deploy_service(spec)
+    latest = deployment.events.order_by("-id").values_list("data", flat=True).first() or {}
+    if not (latest.get("deploy_failed") and latest.get("revision") == spec.revision):  # (a retry says only its failure)
+        record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
+                     to_state=deployment.state, system="reconciler", data={"revision": spec.revision},
+                     reason=f"service {deployment.compute_handle} not found; deploying revision {spec.revision} again")
+    return _deploy_service(deployment, spec, backend)
+
+
+def _deploy_service(deployment: Deployment, spec: ServiceSpec, backend) -> Deployment:
+    """Send the spec to the backend. A failure is recorded on the timeline with its reason and raised (the task
+    retries, and the sync deploys a missing service again); after DEPLOY_TRIES failures of a deployment that never
+    served, it FAILS with the reason and gives back the quota and devices it held (before, a service the backend
+    refused left it DEPLOYING for good, with a "not found; deploying again" event every pass and never the reason;
+    QA)."""
+    try:
+        backend.deploy_service(spec)
+    except Exception as exc:
+        reason = f"deploying revision {spec.revision} failed: {type(exc).__name__}: {exc}"
+        record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
+                     to_state=deployment.state, reason=reason, system=SYSTEM,
+                     data={"revision": spec.revision, "deploy_failed": True})
+        if deployment.state == S.DEPLOYING:
+            tries = deployment.events.filter(to_state=S.DEPLOYING, data__deploy_failed=True).count()
+            if tries >= DEPLOY_TRIES:
+                return _fail_deploy(deployment, f"cannot deploy: {reason} ({tries} tries); its quota and devices "
+                                                f"are released")
+        raise
     return deployment
+
+
+def _fail_deploy(deployment: Deployment, reason: str) -> Deployment:
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        if deployment.state != S.DEPLOYING:
+            return deployment
+        deployment.replicas_limit, deployment.capacity_held = None, []  # (as a deleted one: nothing runs or waits)
+        deployment.save(update_fields=["replicas_limit", "capacity_held"])
+        return transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent, to=S.FAILED,
+                          reason=reason, system=SYSTEM)
 
 
 def reconcile_orphan_services(*, backend) -> list[str]:

@@ -121,3 +121,80 @@ def test_a_preempted_run_whose_stop_was_lost_is_stopped_by_the_sync(api, backend
     with TestCase.captureOnCommitCallbacks(execute=True):
         run_cycle()
     assert TrainingJob.objects.get(pk=preemptor.pk).state == "STARTING"
+
+
+# ------------------------------------------------------------------------------------------ deployments
+
+@pytest.fixture
+def serving_backend(monkeypatch, settings, tmp_path, demo_cluster):
+    from inference import tasks as inference_tasks
+
+    settings.DATA_DIR = tmp_path
+    fake = InMemoryComputeBackend.from_topology(load_topology())
+    monkeypatch.setattr(inference_tasks, "get_compute_backend", lambda: fake)
+    return fake
+
+
+def _create_deployment(client, model_dir):
+    from tests.conftest import DEPLOYMENT_BODY
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        response = client.post("/api/v1/deployments/", {**DEPLOYMENT_BODY, "model_uri": f"file://{model_dir}"},
+                               format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def _sync_deployments() -> dict:
+    from inference import tasks as inference_tasks
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        return inference_tasks.sync_deployments()
+
+
+def test_a_deployment_the_backend_refuses_to_deploy_fails_with_the_reason(api, serving_backend, model_dir,
+                                                                         monkeypatch):
+    """Ray Serve refused the application on every try: the deployment stayed DEPLOYING for good, holding its quota and
+    devices, with a "not found; deploying again" event every pass and the backend's reason nowhere."""
+    from inference import tasks as inference_tasks
+    from inference.models import Deployment
+
+    monkeypatch.setattr(inference_tasks.deploy_deployment, "apply_async", lambda *a, **k: None)  # the sync deploys
+    deployment_id = _create_deployment(api("alpha", "member"), model_dir)
+
+    def refuse(spec):
+        raise RuntimeError("the application's config is invalid")
+
+    monkeypatch.setattr(serving_backend, "deploy_service", refuse)
+    for _ in range(8):
+        _sync_deployments()
+    deployment = Deployment.objects.get(pk=deployment_id)
+    assert deployment.state == "FAILED", (deployment.state, deployment.state_reason)
+    assert "RuntimeError: the application's config is invalid" in deployment.state_reason
+    assert deployment.events.filter(data__deploy_failed=True).count() == 5
+    assert deployment.events.filter(reason__contains="not found").count() <= 1
+    assert deployment.replicas_limit is None and deployment.capacity_held == []
+    assert serving_backend.list_service_handles() == []
+
+
+def test_a_serving_deployment_whose_redeploy_fails_keeps_trying_and_serves_again(api, serving_backend, model_dir,
+                                                                               monkeypatch):
+    """Only a deployment that never served fails: a serving one whose service vanished is deployed again each pass
+    (one event a pass, with the reason) until the backend takes it."""
+    from inference.models import Deployment
+
+    deployment_id = _create_deployment(api("alpha", "member"), model_dir)
+    assert Deployment.objects.get(pk=deployment_id).state == "SERVING"
+    serving_backend.delete_service(f"fy-serve-{deployment_id}")
+    with monkeypatch.context() as down:
+        down.setattr(serving_backend, "deploy_service", lambda spec: (_ for _ in ()).throw(ConnectionError("down")))
+        for _ in range(7):
+            _sync_deployments()
+    deployment = Deployment.objects.get(pk=deployment_id)
+    assert deployment.state == "SERVING"
+    assert deployment.events.filter(data__deploy_failed=True).count() == 7
+    assert deployment.events.filter(reason__contains="not found").count() == 1
+    _sync_deployments()
+    _sync_deployments()
+    assert serving_backend.list_service_handles() == [f"fy-serve-{deployment_id}"]
+    assert Deployment.objects.get(pk=deployment_id).state == "SERVING"
