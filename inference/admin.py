@@ -23,6 +23,9 @@ class DeploymentEventInline(admin.TabularInline):
 class DeploymentAdmin(admin.ModelAdmin):
     list_display = ["id", "name", "team", "state", "replicas_min", "replicas_max", "created_at"]
     list_filter = ["state", "team"]
+    # Where it was placed, what the scheduler holds or allows for it and what the sync observed are theirs (as a
+    # training job's, jobs/admin.py).
     readonly_fields = ["state", "state_reason", "state_changed_at", "compute_handle", "replicas_ready",
-                       "finished_at"]
+                       "finished_at", "replicas_target", "replicas_limit", "capacity_held", "applied_revision",
+                       "accelerator_type", "pool", "model_dir", "autoscaling", "observed", "revision"]
     inlines = [DeploymentRevisionInline, DeploymentEventInline]

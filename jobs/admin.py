@@ -18,6 +18,10 @@ class TrainingJobAdmin(admin.ModelAdmin):
     list_display = ["id", "name", "team", "local_queue", "state", "created_at"]
     list_filter = ["state", "team"]
     search_fields = ["name"]
+    # The scheduler's decisions and what the reconciler observed are theirs: an edited placement without a worker's
+    # devices made every scheduling cycle fail, for every team (QA).
     readonly_fields = ["state", "state_reason", "state_changed_at", "compute_handle", "restarts", "started_at",
-                       "finished_at"]
+                       "finished_at", "queue_position", "admitted_accelerator_type", "waits_for", "placement",
+                       "attempt", "runtime_state", "events_cursor", "current_step", "last_checkpoint_step",
+                       "observed_nodes", "recovery_exclude", "goodput", "parallel_plan"]
     inlines = [TrainingJobEventInline]

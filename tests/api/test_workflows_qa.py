@@ -13,6 +13,7 @@ from controlplane.compute.topology import load_topology
 from jobs import tasks, workflows
 from jobs.admission import run_cycle
 from jobs.models import TrainingJob
+from tests.api.test_admin import operator_client  # noqa: F401 - fixture: a superuser's admin session
 from tests.conftest import JOB_BODY
 
 
@@ -198,3 +199,25 @@ def test_a_serving_deployment_whose_redeploy_fails_keeps_trying_and_serves_again
     _sync_deployments()
     assert serving_backend.list_service_handles() == [f"fy-serve-{deployment_id}"]
     assert Deployment.objects.get(pk=deployment_id).state == "SERVING"
+
+
+# ------------------------------------------------------------------------------------------ odd data
+
+def test_a_placement_edited_in_the_admin_does_not_stop_every_scheduling_cycle(api, backend,
+                                                                            operator_client):  # noqa: F811
+    """The admin's job page edited the scheduler's and the reconciler's fields: a placement saved there without a
+    worker's devices ([{"node": ...}]) made every scheduling cycle raise KeyError, so no job of any team was admitted
+    again (and the training sync, which runs a cycle after queueing a stale job, failed with it). Like a node's observed
+    fields, they are read-only there."""
+    from tests.api.test_admin import _post_change
+
+    client = api("alpha", "member")
+    running = sync(submit(client, name="running"), backend)
+    placement = running.placement
+    _post_change(operator_client, TrainingJob, running.pk, placement='[{"node": "h100-pool-0"}]',
+                 observed_nodes='["nowhere"]', waits_for="[1, 2]", admitted_accelerator_type="cpu")
+    running.refresh_from_db()
+    assert running.placement == placement and running.observed_nodes == ["h100-pool-0", "h100-pool-1"]
+    assert running.waits_for == [] and running.admitted_accelerator_type == "nvidia-h100"
+    other = submit(client, name="other", accelerator_types=["nvidia-a100"], workers_min=1, workers_max=1)
+    assert other.state == "STARTING", (other.state, other.state_reason)
