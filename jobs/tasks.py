@@ -69,17 +69,33 @@ def sync_training_jobs() -> dict:
     stale = timezone.now() - LAUNCH_GRACE
     # A job whose enqueue message never reached a worker (the broker was down when it was submitted) is
     # queued here, without the broker.
+    # Each sweep below on its own: one that fails (a job's enqueue, the cycle, the broker for a launch) is logged and
+    # the next pass retries it, and the sweeps after it still run (before, one failure skipped the launches and the
+    # orphan runs for that pass; QA).
     swept = 0
     for job_id in TrainingJob.objects.filter(state=JobState.PENDING, state_changed_at__lt=stale) \
             .values_list("pk", flat=True):
-        job = services.training_job_enqueue(job_id=job_id)
+        try:
+            job = services.training_job_enqueue(job_id=job_id)
+        except Exception:
+            log.exception("queueing pending training job %s failed", job_id)
+            failed += 1
+            continue
         if job is not None and job.state == JobState.QUEUED:
             swept += 1
     if swept:
-        run_scheduling_cycle()
+        try:
+            run_scheduling_cycle()
+        except Exception:
+            log.exception("the scheduling cycle after queueing %s pending job(s) failed", swept)
+            failed += 1
     for job_id in TrainingJob.objects.filter(state=JobState.ADMITTED, state_changed_at__lt=stale) \
             .values_list("pk", flat=True):
-        launch_training_job.delay(job_id)
+        try:
+            launch_training_job.delay(job_id)
+        except Exception:
+            log.exception("sending the launch of training job %s failed", job_id)
+            failed += 1
     orphans = workflows.reconcile_orphan_runs(backend=backend)
     return {"synced": synced, "failed": failed, "orphans_stopped": len(orphans), "pending_queued": swept}
 

@@ -221,3 +221,61 @@ def test_a_placement_edited_in_the_admin_does_not_stop_every_scheduling_cycle(ap
     assert running.waits_for == [] and running.admitted_accelerator_type == "nvidia-h100"
     other = submit(client, name="other", accelerator_types=["nvidia-a100"], workers_min=1, workers_max=1)
     assert other.state == "STARTING", (other.state, other.state_reason)
+
+
+def test_one_failing_sweep_does_not_skip_the_rest_of_the_training_sync(api, backend, monkeypatch):
+    """QA (2026-11-29): the PENDING sweep's inline scheduling cycle raising skipped the launch sweep and the orphan
+    runs for that pass (and a broker down for one launch skipped the launches after it)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    first, second = submit(api("alpha", "member")), submit(api("alpha", "member"), name="second")
+    long_ago = timezone.now() - timedelta(hours=1)
+    TrainingJob.objects.filter(pk=first.pk).update(state="PENDING", state_changed_at=long_ago)
+    TrainingJob.objects.filter(pk=second.pk).update(state="ADMITTED", state_changed_at=long_ago)
+
+    def cycle_fails():
+        raise RuntimeError("the cycle failed")
+
+    launched, orphan_passes = [], []
+    monkeypatch.setattr(tasks, "run_scheduling_cycle", cycle_fails)
+    monkeypatch.setattr(tasks.launch_training_job, "delay", lambda job_id: launched.append(job_id))
+    monkeypatch.setattr(workflows, "reconcile_orphan_runs", lambda backend: orphan_passes.append(1) or [])
+    outcome = tasks.sync_training_jobs()
+    assert launched == [second.pk] and orphan_passes == [1], (launched, orphan_passes)
+    assert outcome["failed"] == 1 and outcome["pending_queued"] == 1, outcome
+
+
+def test_one_orphan_run_the_backend_cannot_observe_does_not_keep_the_others(backend, monkeypatch):
+    from controlplane.compute.base import RUN_TERMINAL_STATES, TrainingReport
+
+    released = []
+    monkeypatch.setattr(backend, "list_training_handles", lambda: ["broken", "done"])
+
+    def observe(handle, since):
+        if handle == "broken":
+            raise ConnectionError("the backend did not answer")
+        return TrainingReport(handle=handle, state=sorted(RUN_TERMINAL_STATES)[0])
+
+    monkeypatch.setattr(backend, "observe_training", observe)
+    monkeypatch.setattr(backend, "release_training", released.append)
+    assert workflows.reconcile_orphan_runs(backend=backend) == ["broken", "done"]
+    assert released == ["done"]
+
+
+def test_one_orphan_service_the_backend_cannot_delete_does_not_keep_the_others(backend, monkeypatch):
+    from inference import workflows as serving
+
+    broken, gone = f"{serving.SERVICE_PREFIX}broken", f"{serving.SERVICE_PREFIX}gone"
+    deleted = []
+
+    def delete(handle):
+        if handle == broken:
+            raise ConnectionError("the backend did not answer")
+        deleted.append(handle)
+
+    monkeypatch.setattr(backend, "list_service_handles", lambda: [broken, gone])
+    monkeypatch.setattr(backend, "delete_service", delete)
+    assert serving.reconcile_orphan_services(backend=backend) == [broken, gone]
+    assert deleted == [gone]
