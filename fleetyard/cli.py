@@ -4,7 +4,7 @@
     fleetyard jobs launch train.yaml            # plan, confirm, launch, follow logs, exit with the result
     fleetyard jobs launch train.yaml -y -d      # no prompt, detach: print the job id and return
     fleetyard jobs launch train.yaml --dry-run  # only the plan: type, cost, quota, queue position
-    fleetyard jobs queue | jobs status [ID] | jobs logs ID -f | jobs cancel ID
+    fleetyard jobs queue | jobs status [ID] | jobs logs ID -f | jobs cancel ID | jobs retry ID
     fleetyard deploy serve.yaml | endpoints | scale ID --min N | undeploy ID | datasets upload NAME FILE | quota
     fleetyard plan llama2-70b --batch 512 --devices nvidia-h100:64 --devices nvidia-a100:64 --compare
 
@@ -290,6 +290,15 @@ class _Cli:
             self.emit(job.raw)
         else:
             self.out.print(f"Job {job.id} {job.state}: {escape(job.reason)}")
+        return EXIT_OK
+
+    def jobs_retry(self) -> int:
+        job = self.client.retry_training_job(self.args.job_id)
+        if self.json:
+            self.emit(job.raw)
+        else:
+            self.out.print(f"Job {job.id} ({escape(job.name)}) submitted as a retry of job {self.args.job_id}: "
+                           f"{job.state}")
         return EXIT_OK
 
     # ---------------------------------------------------------------------------- deployments
@@ -710,6 +719,9 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job_id", type=int)
     cancel.add_argument("--reason", default="")
     cancel.set_defaults(run=_Cli.jobs_cancel)
+    retry = jobs.add_parser("retry", parents=[common], help="submit an ended job again, with the same spec")
+    retry.add_argument("job_id", type=int)
+    retry.set_defaults(run=_Cli.jobs_retry)
 
     deploy = commands.add_parser("deploy", parents=[common], help="plan, confirm and create a deployment")
     deploy.add_argument("spec", help="the deployment's YAML spec")

@@ -311,6 +311,10 @@ class Client:
     def cancel_training_job(self, job_id: int, *, reason: str = "") -> TrainingJob:
         return TrainingJob.from_dict(self.post(f"training-jobs/{int(job_id)}/cancel/", {"reason": reason}))
 
+    def retry_training_job(self, job_id: int) -> TrainingJob:
+        """A new job with an ended job's spec (secrets copied by the server), named `<name>-retry-<n>`."""
+        return TrainingJob.from_dict(self.post(f"training-jobs/{int(job_id)}/retry/", {}))
+
     def training_job_events(self, job_id: int) -> Iterator[dict]:
         return self.paginate(f"training-jobs/{int(job_id)}/events/")
 

@@ -475,3 +475,21 @@ def test_the_readmes_example_spec_plans_on_the_demo_cluster(cli, live, tmp_path,
     monkeypatch.setenv("HF_TOKEN", "hf_example")
     code, out, err = cli("jobs", "launch", write(tmp_path, "train.yaml", example), "--dry-run")
     assert code == 0 and "Dry run: nothing was launched." in out, (out, err)
+
+
+def test_jobs_retry_submits_an_ended_job_again(cli, tmp_path):
+    """The API and the console could retry a job; the CLI and SDK could not (QA, 2026-11-29)."""
+    code, out, _ = cli("jobs", "launch", write(tmp_path, "a.yaml", JOB_SPEC.format(name="again")), "-y", "-d",
+                       "--json")
+    job_id = json.loads(out)["job"]["id"]
+    code, _, err = cli("jobs", "retry", str(job_id))
+    assert code == 3 and "can be retried" in err, err  # still live: the API's 409, one line
+    assert cli("jobs", "cancel", str(job_id))[0] == 0
+    code, out, _ = cli("jobs", "retry", str(job_id), "--json")
+    retried = json.loads(out)
+    assert code == 0 and retried["name"] == "again-retry-1" and retried["id"] != job_id, retried
+    code, out, _ = cli("jobs", "retry", str(job_id))
+    assert code == 0 and f"submitted as a retry of job {job_id}" in out and "again-retry-2" in out, out
+    assert TrainingJob.objects.filter(name__startswith="again-retry-").count() == 2
+    code, _, err = cli("jobs", "retry", "999999")
+    assert code == 3 and "Traceback" not in err
