@@ -543,11 +543,20 @@ def _redeploy_missing(deployment: Deployment, backend) -> Deployment:
     if deployment.state == S.DEGRADED and 0 < deployment.applied_revision < deployment.revision:
         spec = dataclasses.replace(spec, revision=deployment.applied_revision)  # its update could not be applied
     latest = deployment.events.order_by("-id").values_list("data", flat=True).first() or {}
-    if not (latest.get("deploy_failed") and latest.get("revision") == spec.revision):  # (a retry says only its failure)
+    if not ((latest.get("deploy_failed") or latest.get("redeploy_failed"))
+            and latest.get("revision") == spec.revision):  # (a retry says only its failure)
         record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state,
                      to_state=deployment.state, system="reconciler", data={"revision": spec.revision},
                      reason=f"service {deployment.compute_handle} not found; deploying revision {spec.revision} again")
-    return _deploy_service(deployment, spec, backend)
+    try:
+        return _deploy_service(deployment, spec, backend)
+    except Exception as exc:
+        if deployment.state == S.SERVING:  # it serves nothing while its service is gone (it stayed SERVING; QA)
+            transition(obj=deployment, machine=Deployment.machine, event_model=DeploymentEvent, to=S.DEGRADED,
+                       system=SYSTEM, data={"revision": spec.revision, "redeploy_failed": True},
+                       reason=f"service {deployment.compute_handle} is not running and deploying it again failed "
+                              f"({type(exc).__name__}: {exc}); it is tried again every pass")
+        raise
 
 
 def _deploy_service(deployment: Deployment, spec: ServiceSpec, backend) -> Deployment:

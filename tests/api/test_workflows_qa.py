@@ -180,8 +180,8 @@ def test_a_deployment_the_backend_refuses_to_deploy_fails_with_the_reason(api, s
 
 def test_a_serving_deployment_whose_redeploy_fails_keeps_trying_and_serves_again(api, serving_backend, model_dir,
                                                                                monkeypatch):
-    """Only a deployment that never served fails: a serving one whose service vanished is deployed again each pass
-    (one event a pass, with the reason) until the backend takes it."""
+    """Only a deployment that never served fails: a serving one whose service vanished is DEGRADED and deployed again
+    each pass (one event a pass, with the reason) until the backend takes it, then SERVING again."""
     from inference.models import Deployment
 
     deployment_id = _create_deployment(api("alpha", "member"), model_dir)
@@ -192,7 +192,9 @@ def test_a_serving_deployment_whose_redeploy_fails_keeps_trying_and_serves_again
         for _ in range(7):
             _sync_deployments()
     deployment = Deployment.objects.get(pk=deployment_id)
-    assert deployment.state == "SERVING"
+    # it serves nothing meanwhile: DEGRADED with the reason (it stayed SERVING), SERVING again once deployed
+    assert deployment.state == "DEGRADED" and "deploying it again failed (ConnectionError: down)" in \
+        deployment.state_reason, deployment.state_reason
     assert deployment.events.filter(data__deploy_failed=True).count() == 7
     assert deployment.events.filter(reason__contains="not found").count() == 1
     _sync_deployments()
