@@ -189,3 +189,13 @@ def test_the_admin_leaves_observed_node_fields_to_the_reconciler_and_keeps_pools
     pool = NodePool.objects.get(name="h100-pool")
     response = operator_client.post(reverse("admin:cluster_nodepool_delete", args=[pool.pk]), {"post": "yes"})
     assert response.status_code == 403 and Node.objects.filter(pool=pool).exists()
+
+
+def test_the_admin_audit_log_shows_and_finds_a_deleted_teams_events_by_name(operator_client, world):
+    from controlplane.tenancy.models import Team
+
+    Team.objects.filter(name="beta").delete()
+    found = operator_client.get(reverse("admin:tenancy_auditevent_changelist"), {"q": "beta", "action": "team.create"})
+    rows = found.context["cl"].result_list
+    assert [(event.action, event.team_name) for event in rows] == [("team.create", "beta")]
+    assert '<td class="field-team_name">beta</td>' in found.content.decode()

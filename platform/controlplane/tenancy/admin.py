@@ -91,9 +91,10 @@ class ApiTokenAdmin(AuditedAdmin):
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "actor_label", "action", "target_type", "target_id", "team"]
+    # team_name: still there once the team is deleted (its events are kept under no team)
+    list_display = ["created_at", "actor_label", "action", "target_type", "target_id", "team_name"]
     list_filter = ["action", "team"]
-    search_fields = ["actor_label", "action", "target_id"]
+    search_fields = ["actor_label", "action", "target_id", "team_name"]
 
     def has_add_permission(self, request):
         return False
