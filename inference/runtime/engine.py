@@ -249,6 +249,9 @@ class LLMEngine:
                 while self._waiting and self._free_slots:
                     seq = self._waiting.popleft()
                     seq.slot = self._free_slots.pop()
+                    # running from now on, not only once prefilled: a cancel() or stop() during the prefill must
+                    # see it (before, a cancel then was lost and the request decoded on, and stop() never told it)
+                    self._running.append(seq)
                     admitted.append(seq)
             try:
                 with torch.inference_mode():
@@ -293,7 +296,6 @@ class LLMEngine:
                 self.cache.insert(prompt[: whole * block], hit.blocks + blocks)
         if seq.request.temperature > 0:
             seq.generator = torch.Generator().manual_seed(seq.request.seed)
-        self._running.append(seq)
         self._accept_token(seq, self._sample(seq, logits))
 
     def _decode(self, seqs: list[_Sequence]) -> None:

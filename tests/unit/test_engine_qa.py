@@ -1,0 +1,80 @@
+"""QA of the serving runtime (engine, tiered prefix cache): races and limits found by review, each pinned here."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from inference.runtime.engine import GenerationRequest, LLMEngine
+from inference.runtime.engine_config import EngineConfig
+from jobs.runtime.lm import ByteTokenizer, LMConfig, build_model
+
+SHAPE = {"context": 128, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64}
+TOK = ByteTokenizer()
+PROMPT = "Once upon a time there was a robot who liked tea"
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return build_model(LMConfig.from_dict(SHAPE), seed=7).eval()
+
+
+def make_engine(model, tmp_path, **config):
+    settings = {"slots": 2, "block_size": 8, "device_cache_blocks": 64, "host_cache_blocks": 0,
+                "disk_cache_blocks": 0, **config}
+    return LLMEngine(model, EngineConfig.from_dict(settings), cache_dir=str(tmp_path / "kv"))
+
+
+def _during_prefill(engine, action):
+    """Runs `action()` once, on the engine thread, while the first admitted request is being prefilled (its
+    prefix-cache lookup), as a caller's thread could at that moment."""
+    match = engine.cache.match
+    done = threading.Event()
+
+    def hooked(tokens):
+        if not done.is_set():
+            action()
+            done.set()
+        return match(tokens)
+
+    engine.cache.match = hooked
+    return done
+
+
+def test_a_request_cancelled_while_it_is_prefilled_frees_its_slot_at_once(model, tmp_path):
+    engine = make_engine(model, tmp_path, slots=1)
+    _during_prefill(engine, lambda: engine.cancel(1))  # the caller went away during the prefill
+    events = []
+    try:
+        engine.start()
+        assert engine.submit(GenerationRequest(prompt_tokens=TOK.encode(PROMPT), max_tokens=100), events.append) == 1
+        follow = list(engine.generate(GenerationRequest(prompt_tokens=TOK.encode("Hi there"), max_tokens=3),
+                                      timeout_s=30))
+        assert follow[-1]["type"] == "done"
+        # the cancelled request did not go on decoding its 100 tokens in the only slot
+        assert not any(e["type"] == "done" for e in events)
+        assert engine.counters["output_tokens"] == 3
+        assert engine._cancelled == set()
+    finally:
+        engine.stop()
+
+
+def test_stopping_during_a_prefill_tells_the_request_being_prefilled(model, tmp_path):
+    engine = make_engine(model, tmp_path, slots=1)
+    events = []
+    stopper = threading.Thread(target=engine.stop)
+
+    def stop_meanwhile():
+        stopper.start()
+        threading.Event().wait(0.2)  # stop() has taken its list of requests to tell
+
+    started = _during_prefill(engine, stop_meanwhile)
+    engine.start()
+    engine.submit(GenerationRequest(prompt_tokens=TOK.encode(PROMPT), max_tokens=100), events.append)
+    assert started.wait(10)
+    stopper.join(timeout=20)
+    # the request in its prefill when the replica stopped got a final event (before: none, its caller hung)
+    assert events and events[-1]["type"] in ("done", "error")
