@@ -192,8 +192,9 @@ class LLMEngine:
         with self._lock:
             if self._stopping:
                 raise EngineStopped("the replica is shutting down")
-            busy = len(self._running) >= self.config.slots
-            if busy and len(self._waiting) >= self.config.max_waiting:
+            # at most max_waiting beyond the slots, counting the waiting requests a free slot will take: between
+            # two admissions (a long prefill or decode step) requests keep arriving while a slot is still free
+            if len(self._running) + len(self._waiting) >= self.config.slots + self.config.max_waiting:
                 self.counters["rejected"] += 1
                 raise EngineOverloaded(f"{self.config.slots} slots busy and {len(self._waiting)} requests waiting")
             seq = _Sequence(request_id=next(self._ids), request=request, emit=emit, arrived=time.monotonic())

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from inference.runtime.engine import GenerationRequest, LLMEngine
+from inference.runtime.engine import EngineOverloaded, GenerationRequest, LLMEngine
 from inference.runtime.engine_config import EngineConfig
 from jobs.runtime.lm import ByteTokenizer, LMConfig, build_model
 
@@ -78,3 +78,16 @@ def test_stopping_during_a_prefill_tells_the_request_being_prefilled(model, tmp_
     stopper.join(timeout=20)
     # the request in its prefill when the replica stopped got a final event (before: none, its caller hung)
     assert events and events[-1]["type"] in ("done", "error")
+
+
+def test_waiting_requests_are_bounded_even_while_a_slot_is_free(model, tmp_path):
+    # not started: nothing is admitted, as while the engine thread is busy with a long prefill or decode step
+    engine = make_engine(model, tmp_path, slots=1, max_waiting=1)
+    try:
+        for _ in range(2):  # one for the free slot, one waiting
+            engine.submit(GenerationRequest(prompt_tokens=[65] * 4), lambda e: None)
+        with pytest.raises(EngineOverloaded):
+            engine.submit(GenerationRequest(prompt_tokens=[65] * 4), lambda e: None)
+        assert engine.load()["waiting"] == 2 and engine.counters["rejected"] == 1
+    finally:
+        engine.stop()
