@@ -21,6 +21,7 @@ file I/O. Callers own the tensors `match` returns: evicting a block later does n
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -273,6 +274,7 @@ class TieredPrefixCache:
     def _write_loop(self) -> None:
         while True:
             node = self._writes.get()
+            tmp = None
             try:
                 if node is None:
                     return
@@ -290,7 +292,11 @@ class TieredPrefixCache:
                         continue
                 path.unlink(missing_ok=True)  # loaded back or dropped while being written
             except OSError:
-                pass  # the block stays pending, in memory: lookups keep finding it there rather than lose it
+                # the block stays pending, in memory: lookups keep finding it there rather than lose it; a partial
+                # file is removed (nothing reads it, and left behind, one per failed write, it would fill a full disk)
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        tmp.unlink(missing_ok=True)
             finally:
                 self._writes.task_done()
 

@@ -91,3 +91,28 @@ def test_waiting_requests_are_bounded_even_while_a_slot_is_free(model, tmp_path)
         assert engine.load()["waiting"] == 2 and engine.counters["rejected"] == 1
     finally:
         engine.stop()
+
+
+def test_a_failed_disk_write_leaves_no_partial_file_and_the_block_is_still_served(tmp_path, monkeypatch):
+    from inference.runtime import kv_cache
+
+    cache = kv_cache.TieredPrefixCache(block_size=4, device_blocks=1, disk_blocks=8, disk_dir=tmp_path)
+    real_replace = kv_cache.os.replace
+
+    def disk_full(src, dst):  # the temporary file is written (partly, say), then the disk is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kv_cache.os, "replace", disk_full)
+    try:
+        tokens = list(range(8))
+        blocks = [torch.full((2, 2, 1, 4, 2), float(j)) for j in range(2)]
+        cache.insert(tokens, blocks)  # the first block goes to the disk tier
+        cache.flush()
+        assert cache.blocks_in("disk") == 1
+        assert not list(tmp_path.glob("*.kv.tmp"))  # before: one partial file per failed write, never removed
+        hit = cache.match(tokens)
+        assert [torch.equal(a, b) for a, b in zip(hit.blocks, blocks, strict=True)] == [True, True]
+    finally:
+        monkeypatch.setattr(kv_cache.os, "replace", real_replace)
+        cache.close()
+    assert not list(tmp_path.glob("*.kv*"))
