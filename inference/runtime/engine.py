@@ -427,10 +427,11 @@ class LLMEngine:
     def _release(self, seq: _Sequence) -> None:
         if seq in self._running:
             self._running.remove(seq)
-        if seq.slot >= 0:
-            with self._lock:
+        with self._lock:
+            self._cancelled.discard(seq.request_id)  # however it ends (done, cancelled, failed): no mark is kept
+            if seq.slot >= 0:
                 self._free_slots.append(seq.slot)
-            seq.slot = -1
+        seq.slot = -1
 
 
 # glibc's mallopt parameters (malloc.h) and the values the engine sets.

@@ -116,3 +116,28 @@ def test_a_failed_disk_write_leaves_no_partial_file_and_the_block_is_still_serve
         monkeypatch.setattr(kv_cache.os, "replace", real_replace)
         cache.close()
     assert not list(tmp_path.glob("*.kv*"))
+
+
+def test_a_request_cancelled_then_failed_by_an_engine_error_leaves_no_cancel_mark(model, tmp_path):
+    engine = make_engine(model, tmp_path, slots=1)
+    decode = engine._decode
+    calls = []
+
+    def cancel_then_fail(seqs):
+        if not calls:
+            calls.append(1)
+            engine.cancel(seqs[0].request_id)  # the caller went away
+            raise RuntimeError("boom")  # and the next step failed, before the cancel was acted on
+        return decode(seqs)
+
+    engine._decode = cancel_then_fail
+    try:
+        engine.start()
+        events = list(engine.generate(GenerationRequest(prompt_tokens=TOK.encode(PROMPT), max_tokens=50),
+                                      timeout_s=30))
+        assert events[-1]["type"] == "error" and engine.counters["errors"] == 1
+        text = list(engine.generate(GenerationRequest(prompt_tokens=TOK.encode("Hi"), max_tokens=2), timeout_s=30))
+        assert text[-1]["type"] == "done"
+        assert engine._cancelled == set()  # before: the failed request's id stayed in the set for good
+    finally:
+        engine.stop()
