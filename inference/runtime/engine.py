@@ -204,15 +204,19 @@ class LLMEngine:
             return seq.request_id
 
     def generate(self, request: GenerationRequest, *, timeout_s: float = 120.0) -> Iterator[dict]:
-        """Synchronous helper: submits and yields the request's events until done (or error)."""
+        """Synchronous helper: submits and yields the request's events until done (or error). A caller that stops
+        early (closes the generator, or times out: queue.Empty) cancels the request, which frees its slot."""
         events: queue.Queue[dict] = queue.Queue()
-        self.submit(request, events.put)
+        request_id = self.submit(request, events.put)
         deadline = time.monotonic() + timeout_s
-        while True:
-            event = events.get(timeout=max(0.01, deadline - time.monotonic()))
-            yield event
-            if event["type"] in ("done", "error"):
-                return
+        try:
+            while True:
+                event = events.get(timeout=max(0.01, deadline - time.monotonic()))
+                yield event
+                if event["type"] in ("done", "error"):
+                    return
+        finally:
+            self.cancel(request_id)  # a no-op once it finished
 
     def cancel(self, request_id: int) -> None:
         """Drops a request whose caller went away (waiting: removed; running: freed at the next token)."""

@@ -141,3 +141,18 @@ def test_a_request_cancelled_then_failed_by_an_engine_error_leaves_no_cancel_mar
         assert engine._cancelled == set()  # before: the failed request's id stayed in the set for good
     finally:
         engine.stop()
+
+
+def test_a_generate_stream_abandoned_by_its_caller_frees_its_slot(model, tmp_path):
+    engine = make_engine(model, tmp_path, slots=1)
+    try:
+        engine.start()
+        stream = engine.generate(GenerationRequest(prompt_tokens=TOK.encode(PROMPT), max_tokens=100), timeout_s=30)
+        assert next(stream)["type"] == "token"
+        stream.close()  # the caller stops reading (a break, or its timeout)
+        events = list(engine.generate(GenerationRequest(prompt_tokens=TOK.encode("Hi"), max_tokens=2), timeout_s=30))
+        assert events[-1]["type"] == "done"
+        # the abandoned request was cancelled, not decoded on to its 100 tokens in the only slot
+        assert engine.counters["finished"] == 1 and engine.counters["output_tokens"] == 2
+    finally:
+        engine.stop()
