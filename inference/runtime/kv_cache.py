@@ -140,10 +140,18 @@ class TieredPrefixCache:
             node = child
         found = dict.fromkeys(TIERS, 0)
         blocks = []
-        for child in path:
-            found[child.tier] += 1
-            self.stats.hit_blocks[child.tier] += 1
-            blocks.append(self._bring_to_device(child))
+        for depth, child in enumerate(path):
+            tier = child.tier
+            try:
+                blocks.append(self._bring_to_device(child))
+            except (OSError, ValueError):
+                # its file is gone or damaged (a /tmp cleaner, a full disk, a host crash): the match ends here and the
+                # block is dropped, so it is recomputed and cached again instead of failing every lookup that hits it
+                self._drop_subtree(child)
+                path = path[:depth]
+                break
+            found[tier] += 1
+            self.stats.hit_blocks[tier] += 1
         self._touch(path)
         self._enforce_capacity()
         return CacheMatch(blocks=blocks, found_in=found)

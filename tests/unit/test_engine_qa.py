@@ -156,3 +156,29 @@ def test_a_generate_stream_abandoned_by_its_caller_frees_its_slot(model, tmp_pat
         assert engine.counters["finished"] == 1 and engine.counters["output_tokens"] == 2
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("damage", ["removed", "truncated"])
+def test_a_disk_block_whose_file_is_gone_or_damaged_is_a_miss_not_a_failure(model, tmp_path, damage):
+    engine = make_engine(model, tmp_path, slots=1, device_cache_blocks=1, host_cache_blocks=0, disk_cache_blocks=64)
+    try:
+        engine.start()
+        prompt = TOK.encode(PROMPT)
+        request = GenerationRequest(prompt_tokens=prompt, max_tokens=8)
+        first = list(engine.generate(request, timeout_s=30))
+        engine.cache.flush()
+        files = sorted((tmp_path / "kv").glob("*.kv"))
+        assert files
+        for file in files:  # e.g. a /tmp cleaner, a full disk or a crash of the host took the files
+            if damage == "removed":
+                file.unlink()
+            else:
+                file.write_bytes(file.read_bytes()[:10])
+        again = list(engine.generate(request, timeout_s=30))
+        # before: numpy.fromfile raised in the prefill, failing this (and every co-batched) request, and the
+        # broken node stayed in the tree, so every later request with that prefix failed the same way
+        assert again[-1]["type"] == "done" and engine.counters["errors"] == 0
+        assert [e.get("text") for e in again] == [e.get("text") for e in first]
+        assert engine.cache.match(prompt).num_blocks == len(prompt) // 8  # cached again, from the recompute
+    finally:
+        engine.stop()
