@@ -374,6 +374,10 @@ class LLMEngine:
         if seq.request.temperature == 0.0:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / seq.request.temperature, dim=-1)
+        if not bool(torch.isfinite(probs).all()):
+            # a temperature so small that logits / temperature overflowed (NaN after softmax): sampling's limit as
+            # the temperature goes to 0 is greedy; torch.multinomial would raise and fail the whole batch
+            return int(torch.argmax(logits))
         return int(torch.multinomial(probs, 1, generator=seq.generator))
 
     # ------------------------------------------------------------------ output

@@ -182,3 +182,21 @@ def test_a_disk_block_whose_file_is_gone_or_damaged_is_a_miss_not_a_failure(mode
         assert engine.cache.match(prompt).num_blocks == len(prompt) // 8  # cached again, from the recompute
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324])
+def test_a_tiny_temperature_samples_greedily_instead_of_failing_the_batch(model, tmp_path, temperature):
+    from jobs.runtime.lm import generate
+
+    engine = make_engine(model, tmp_path, slots=2)
+    try:
+        engine.start()
+        # allowed by the API (0..2); before, logits / temperature overflowed, softmax gave NaN and
+        # torch.multinomial raised in the engine loop, which fails every request in flight on the replica
+        events = list(engine.generate(GenerationRequest(prompt_tokens=TOK.encode(PROMPT), max_tokens=6,
+                                                        temperature=temperature), timeout_s=30))
+        assert events[-1]["type"] == "done" and engine.counters["errors"] == 0
+        text = "".join(e["text"] for e in events if e["type"] == "token")
+        assert text == generate(model, TOK, PROMPT, max_new_tokens=6)  # the limit of sampling as t -> 0: greedy
+    finally:
+        engine.stop()
