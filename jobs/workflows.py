@@ -205,11 +205,17 @@ def _stop_preempted_again(job: TrainingJob, report: TrainingReport, backend) -> 
         return job
     reason = (f"run {job.compute_handle} still {report.state} {int(STOP_GRACE.total_seconds())} s after its "
               f"preemption; asking it again to checkpoint and stop")
-    if job.events.order_by("-id").values_list("reason", flat=True).first() != reason:
-        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state, reason=reason,
-                     system="reconciler")
+    _note_once(job, reason, system="reconciler")
     backend.stop_training(job.compute_handle, checkpoint=True, reason="preempted")
     return job
+
+
+def _note_once(job: TrainingJob, reason: str, *, system: str, data: dict | None = None) -> None:
+    """A timeline event without a state change, unless the job's latest event already says it: what a sync repeats
+    every pass while nothing changes is said once."""
+    if job.events.order_by("-id").values_list("reason", flat=True).first() != reason:
+        record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state, reason=reason,
+                     system=system, data=data)
 
 
 def _stop_over_max_duration(job: TrainingJob, backend) -> TrainingJob:
@@ -461,9 +467,7 @@ def _reconcile_placement(job: TrainingJob, report: TrainingReport, backend) -> N
         reason = (f"trying {', '.join(desired)} again: the run could not reserve them"
                   f"{f' ({report.reason})' if report.reason else ''}, and no other node is free")
         backend.place_training(job.compute_handle, desired, reason)
-        if job.events.order_by("-id").values_list("reason", flat=True).first() != reason:  # once, not every pass
-            record_event(obj=job, event_model=TrainingJobEvent, from_state=job.state, to_state=job.state,
-                         reason=reason, system="launcher", data={"from": list(report.nodes), "to": desired})
+        _note_once(job, reason, system="launcher", data={"from": list(report.nodes), "to": desired})
 
 
 def _place_again(job: TrainingJob, report: TrainingReport) -> TrainingJob | None:
