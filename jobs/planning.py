@@ -6,7 +6,9 @@ asked for (a small global batch cannot be split over more data-parallel ranks), 
 workers those layouts need, so the scheduler does not hold idle devices for it (`sized_by_plan`); a layout
 with tensor, pipeline or expert parallelism needs every one of its devices, so such a job is not elastic
 (workers_min is raised to workers_max); an elastic data-parallel one starts no narrower than the width at
-which its layout fits device memory (`min_workers_by_plan`). The built-in trainer (one rank per worker) takes the plan's
+which its layout fits device memory (`min_workers_by_plan`). An elastic job is planned at workers_max, unless that
+makes a fixed gang no accepted type's nodes could ever hold: then at the widest gang from workers_min one could hold
+(`plan_job_gang`, noted in `sized_by_plan`). The built-in trainer (one rank per worker) takes the plan's
 tensor and pipeline degrees at worker granularity where its small model can (jobs.runtime.lm_config.
 trainer_layout: a tensor group inside one worker's devices stays inside that worker) and runs them with
 jobs.runtime.model_parallel; otherwise it trains data parallel and logs why.
@@ -27,6 +29,7 @@ from controlplane.cluster.plans import (
     pool_link_refusal,
     resolve_model,
 )
+from controlplane.cluster.selectors import never_hold_reason
 from controlplane.common.errors import ValidationFailed
 from controlplane.planning import DevicePool, Layout, PlanOptions, PlanRequest, predict
 
@@ -150,6 +153,59 @@ def plan_job_parallelism(*, parallelism: Mapping, accelerator_types: list[str], 
                 devices_per_worker=devices_per_worker, options=options, fractions=fractions)
     return {"mode": "auto", "model": model_facts, "global_batch_size": batch, "devices": count,
             "by_type": by_type, "cannot_run": cannot, "model_parallel": model_parallel}
+
+
+def plan_job_gang(*, parallelism: Mapping, accelerator_types: list[str], workers_min: int, workers_max: int,
+                  devices_per_worker: int) -> tuple[dict, list[str], int, int]:
+    """(plan, the accepted types that can run it in the job's order, workers_min, workers_max) of a `parallelism:
+    auto` job. It is planned at workers_max; when that plan's model-parallel layout makes an elastic job a fixed gang
+    that no accepted type's nodes could ever hold (every node in service, nothing running: the dry run's "never"), it
+    is planned again at the widest gang from workers_min that one of them could hold, and `sized_by_plan` says so
+    (before, 1..8 workers of 8 H100 became a fixed gang of 8 on two 8-device nodes and waited for good; QA). If no
+    width in range fits, or the model does not run at it, the plan at workers_max stands."""
+    def planned(workers: int) -> tuple[dict, int, int]:
+        plan = plan_job_parallelism(parallelism=parallelism, accelerator_types=accelerator_types, workers=workers,
+                                    devices_per_worker=devices_per_worker)
+        return plan, *gang_size_from_plan(plan, workers_min=workers_min, workers_max=workers,
+                                          devices_per_worker=devices_per_worker)
+
+    plan, low, high = planned(workers_max)
+    if workers_min < workers_max and plan["model_parallel"] and not _holders(plan, low, devices_per_worker):
+        widest = max((_widest_held(slug, devices_per_worker, workers_min, low - 1) for slug in plan["by_type"]),
+                     default=0)
+        if widest >= workers_min:
+            try:
+                narrower, narrow_low, narrow_high = planned(widest)
+                holders = _holders(narrower, narrow_low, devices_per_worker)
+            except ValidationFailed:  # the model does not run on that few devices
+                holders = []
+            if holders:
+                note = (f"no accepted type's nodes could ever hold {low} workers of {devices_per_worker} devices, even "
+                        f"all in service with nothing running: planned at {narrow_high} workers, the most the "
+                        f"{', '.join(holders)} nodes could hold")
+                narrower["sized_by_plan"] = "; ".join(filter(None, [note, narrower.get("sized_by_plan")]))
+                plan, low, high = narrower, narrow_low, narrow_high
+    return plan, [slug for slug in accelerator_types if slug in plan["by_type"]], low, high
+
+
+def _holders(plan: dict, workers: int, devices_per_worker: int) -> list[str]:
+    """The planned types whose nodes could hold `workers` workers, as the dry run counts it (never_hold_reason: a type
+    with no known nodes yet may get them, so it could)."""
+    return [slug for slug in plan["by_type"]
+            if not never_hold_reason(accelerator_type=slug, units=devices_per_worker, members=workers)]
+
+
+def _widest_held(slug: str, devices_per_worker: int, lowest: int, highest: int) -> int:
+    """The widest gang in lowest..highest the type's nodes could hold (never_hold_reason), 0 if none."""
+    def held(workers: int) -> bool:
+        return not never_hold_reason(accelerator_type=slug, units=devices_per_worker, members=workers)
+
+    if highest < lowest or not held(lowest):
+        return 0
+    while lowest < highest:  # held(lowest); a gang held is held narrower too
+        middle = (lowest + highest + 1) // 2
+        lowest, highest = (middle, highest) if held(middle) else (lowest, middle - 1)
+    return lowest
 
 
 def _planned_node_size(count: int, per_node: int, devices_per_worker: int) -> int:

@@ -199,15 +199,13 @@ def training_job_create(*, actor, team: Team, name: str, local_queue: LocalQueue
                        cpus_per_worker=cpus_per_worker)
     parallel_plan: dict = {}
     if parallelism:
-        from jobs.planning import gang_size_from_plan, plan_job_parallelism
+        from jobs.planning import plan_job_gang
 
-        parallel_plan = plan_job_parallelism(parallelism=parallelism, accelerator_types=list(accelerator_types),
-                                             workers=workers_max, devices_per_worker=devices_per_worker)
         # Only the types that can run the model stay accepted; a model-parallel layout needs all its
         # devices, so the gang is not elastic.
-        accelerator_types = [slug for slug in accelerator_types if slug in parallel_plan["by_type"]]
-        workers_min, workers_max = gang_size_from_plan(parallel_plan, workers_min=workers_min,
-                                                       workers_max=workers_max, devices_per_worker=devices_per_worker)
+        parallel_plan, accelerator_types, workers_min, workers_max = plan_job_gang(
+            parallelism=parallelism, accelerator_types=list(accelerator_types), workers_min=workers_min,
+            workers_max=workers_max, devices_per_worker=devices_per_worker)
     if trainer == Trainer.BUILTIN_LM:
         builtin_layout_check(hyperparameters=hyperparameters or {}, workers_min=workers_min, workers_max=workers_max)
     for field, variables in (("envs", envs), ("secrets", secret_envs)):

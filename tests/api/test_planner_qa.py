@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from controlplane.cluster.selectors import never_hold_reason
+from jobs.models import TrainingJob
+
 PLANS = "/api/v1/plans/"
 
 
@@ -86,3 +89,36 @@ def test_a_one_node_pool_alone_needs_no_inter_node_figure(api, world, accel):
     mixed = client.post(PLANS, {"model": "llama2-7b", "global_batch_size": 8, "pools": [{"pool": "l40s-pool"}],
                                 "devices": [{"accelerator_type": "nvidia-h100", "count": 8}]}, format="json")
     assert mixed.status_code == 400 and "has no link bandwidth to plan with" in mixed.json()["pools"][0], mixed.json()
+
+
+AUTO_7B = {"mode": "auto", "model": "llama2-7b", "global_batch_size": 8}
+
+
+def test_an_elastic_model_parallel_job_is_planned_at_the_widest_gang_its_nodes_could_hold(api, demo_cluster):
+    """An elastic job (1..8 workers x 8 H100, Llama-2 7B, global batch 8) was planned at workers_max (64 devices, DP2 x
+    TP8 x PP4) and became a fixed gang of 8 workers, where the two 8-device H100 nodes could never hold more than 2:
+    it waited for good, as the dry run said. It is planned at 2 workers now, the widest gang from workers_min those
+    nodes could hold, and the plan says why; with no width in range that fits (3..8), the plan at workers_max
+    stands."""
+    client = api("alpha", "member")
+    body = {"name": "wide", "queue": "default", "accelerator_types": ["nvidia-h100"], "workers_min": 1,
+            "workers_max": 8, "devices_per_worker": 8, "parallelism": AUTO_7B}
+    response = client.post("/api/v1/training-jobs/", body, format="json")
+    assert response.status_code == 201, response.json()
+    job = TrainingJob.objects.get(pk=response.json()["id"])
+    plan = job.parallel_plan
+    h100 = plan["by_type"]["nvidia-h100"]
+    assert h100["tp"] * h100["pp"] * h100["ep"] > 1, h100["description"]  # still model parallel: a fixed gang
+    assert (job.workers_min, job.workers_max) == (2, 2) and plan["devices"] == h100["devices"] == 16, plan
+    assert plan["sized_by_plan"] == ("no accepted type's nodes could ever hold 8 workers of 8 devices, even all in "
+                                     "service with nothing running: planned at 2 workers, the most the nvidia-h100 "
+                                     "nodes could hold")
+    assert plan["min_workers_by_plan"].endswith("so the gang is not elastic: it starts at 2 workers, not 1")
+    assert never_hold_reason(accelerator_type="nvidia-h100", units=8, members=job.workers_min) == ""
+
+    none_fits = client.post("/api/v1/training-jobs/", {**body, "name": "none-fits", "workers_min": 3},
+                            format="json")
+    assert none_fits.status_code == 201, none_fits.json()
+    job = TrainingJob.objects.get(pk=none_fits.json()["id"])
+    assert (job.workers_min, job.workers_max) == (8, 8) and job.parallel_plan["devices"] == 64
+    assert "sized_by_plan" not in job.parallel_plan, job.parallel_plan["sized_by_plan"]
