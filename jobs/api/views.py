@@ -47,6 +47,17 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     def get_queryset(self):
         return selectors.training_job_list(team_ids=self.team_ids).select_related("created_by")
 
+    def filter_queryset(self, queryset):
+        """The list's filters, search and ordering narrow the list only. A job's own routes ran them too (DRF's
+        get_object does), so `GET /training-jobs/7/?state=FAILED` of a running job was a 404, and so were its cancel,
+        retry and delete with such a parameter (QA); they refuse query parameters instead (`_no_query_params`)."""
+        return queryset if self.detail else super().filter_queryset(queryset)
+
+    def retrieve(self, request, pk=None):
+        job = self.get_object()
+        _no_query_params(request)
+        return Response(self.get_serializer(job).data)
+
     @extend_schema(request=s.TrainingJobCreateSerializer, responses={201: s.TrainingJobSerializer})
     def create(self, request):
         data = s.TrainingJobCreateSerializer(data=request.data)
@@ -73,6 +84,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     def cancel(self, request, pk=None):
         job = self.get_object()
         self.require_role(job.team_id, Role.MEMBER)
+        _no_query_params(request)
         data = s.CancelSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.training_job_cancel(actor=request.user, job=job, reason=data.validated_data["reason"])
@@ -84,6 +96,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
         """A new job with this ended job's spec (secrets included), named `<name>-retry-<n>`."""
         job = self.get_object()
         self.require_role(job.team_id, Role.MEMBER)
+        _no_query_params(request)
         no_fields_check(request)
         new = services.training_job_retry(actor=request.user, job=job)
         return Response(s.TrainingJobSerializer(self.get_queryset().get(pk=new.pk)).data,
@@ -92,6 +105,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     def destroy(self, request, pk=None):
         job = self.get_object()
         self.require_role(job.team_id, Role.MEMBER)
+        _no_query_params(request)
         services.training_job_delete(actor=request.user, job=job)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -157,8 +171,9 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
 
 
 def _no_query_params(request) -> None:
-    """A 400 naming each query parameter of a read that takes none but `format`: the faults, the checkpoints and the
-    goodput overview ignored them, so `goodput/?team=beta` or `faults/?kind=hang` answered for everything (QA)."""
+    """A 400 naming each query parameter of a route that takes none but `format`: the faults, the checkpoints and the
+    goodput overview ignored them, so `goodput/?team=beta` or `faults/?kind=hang` answered for everything (QA); a job,
+    its cancel, retry and delete took the list's filters (TrainingJobViewSet.filter_queryset)."""
     unknown = sorted(set(request.query_params) - {"format"})
     if unknown:
         raise ValidationError({name: ["unknown query parameter; accepted: format"] for name in unknown})

@@ -157,3 +157,24 @@ def test_more_environment_variables_than_a_process_can_be_given_are_a_400(api):
     assert response.status_code == 400 and "at most 1,000" in response.json()["envs"][0], response.json()
     assert not TrainingJob.objects.exists()
     assert submit(client, envs=dict(list(many.items())[:1000])).status_code == 201
+
+
+@pytest.mark.parametrize("query", ["state=FAILED", "name=other", "search=other", "queue=nope", "ordering=name",
+                                   "page=2", "stat=QUEUED"])
+def test_a_jobs_own_routes_refuse_list_filters_instead_of_filtering_the_job_away(api, query):
+    """`GET /api/v1/training-jobs/ID/?state=FAILED` of a queued job ran the list's filters on the lookup and answered
+    404, as if the job did not exist (and so did its cancel, retry and delete). A job's own routes read no query
+    parameter but `format`: a 400 naming the parameter, and nothing is written."""
+    client = api("alpha", "member")
+    job = TrainingJob.objects.get(pk=submit(client).json()["id"])
+    url = f"/api/v1/training-jobs/{job.pk}/"
+    name = query.partition("=")[0]
+    refused = {name: ["unknown query parameter; accepted: format"]}
+    for response in (client.get(f"{url}?{query}"), client.post(f"{url}cancel/?{query}", {}, format="json"),
+                     client.post(f"{url}retry/?{query}", format="json"), client.delete(f"{url}?{query}")):
+        assert response.status_code == 400 and response.json() == refused, (response.status_code, response.json())
+    job.refresh_from_db()
+    assert job.state == "QUEUED" and TrainingJob.objects.count() == 1
+    assert client.get(f"{url}?format=json").json()["id"] == job.pk
+    assert client.get("/api/v1/training-jobs/?state=FAILED").json()["results"] == []  # the list still filters
+    assert [row["id"] for row in client.get("/api/v1/training-jobs/?state=QUEUED").json()["results"]] == [job.pk]
