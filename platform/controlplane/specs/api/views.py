@@ -160,14 +160,11 @@ class SpecApplyView(TeamScopedMixin, APIView):
                 # as the submit plans it (jobs.services.training_job_create): a model no accepted type can run is
                 # refused here too, and the types and gang size are the plan's (before, the dry run showed "fits
                 # now: yes" and the apply then failed on parallelism)
-                from jobs.planning import gang_size_from_plan, plan_job_parallelism
+                from jobs.planning import plan_job_gang
 
-                workers_max = values.get("workers_max") or members
-                parallel = plan_job_parallelism(parallelism=values["parallelism"], accelerator_types=types,
-                                                workers=workers_max, devices_per_worker=values["devices_per_worker"])
-                types = [slug for slug in types if slug in parallel["by_type"]]
-                members, _ = gang_size_from_plan(parallel, workers_min=members, workers_max=workers_max,
-                                                 devices_per_worker=values["devices_per_worker"])
+                parallel, types, members, _ = plan_job_gang(
+                    parallelism=values["parallelism"], accelerator_types=types, workers_min=members,
+                    workers_max=values.get("workers_max") or members, devices_per_worker=values["devices_per_worker"])
             units = {t: cpus if t == "cpu" else float(values["devices_per_worker"]) for t in types}
         else:
             from inference.workflows import replica_cpus
