@@ -8,7 +8,7 @@ from django.db import transaction
 
 from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.common.lifecycle import record_event, transition
-from controlplane.common.limits import job_size_check, submission_rate_check
+from controlplane.common.limits import job_size_check, lock_team_submissions, submission_rate_check
 from controlplane.common.tasks import dispatch_on_commit
 from controlplane.datasets.models import DatasetVersion
 from controlplane.quotas.models import LocalQueue, PriorityClass
@@ -253,7 +253,10 @@ def _retry_name(*, job: TrainingJob) -> str:
     head, sep, tail = base.rpartition(RETRY_SUFFIX)
     if sep and head and tail.isdigit():
         base = head
-    taken = set(TrainingJob.objects.filter(team_id=job.team_id, name__startswith=base[:40])
+    # Every candidate starts with base[:40] less its trailing dashes: a name is trimmed to at least 40 characters before
+    # its dashes are stripped (before, `name__startswith=base[:40]` missed the retries of a name whose 40th character
+    # was a dash, and a second retry took the first one's name; QA).
+    taken = set(TrainingJob.objects.filter(team_id=job.team_id, name__startswith=base[:40].rstrip("-"))
                 .values_list("name", flat=True))
     n = 1
     while True:
@@ -276,6 +279,9 @@ def training_job_retry(*, actor, job: TrainingJob) -> TrainingJob:
     if not job.is_terminal:
         raise ConflictError(f"job {job.pk} is {job.state}; only a job that ended (SUCCEEDED, FAILED or "
                             f"CANCELLED) can be retried (cancel it first)", field="state")
+    # Retries of one family (`lm`, `lm-retry-1`) lock different job rows: the team's submission lock makes them pick
+    # their names one after the other (before, two at once could both take `lm-retry-2`).
+    lock_team_submissions(team=job.team)
     cpus, note = job.cpus_per_worker, ""
     most = min(_worker_cpu_limits(accelerator_types=list(job.accelerator_types),
                                   devices_per_worker=job.devices_per_worker).values(), default=None)

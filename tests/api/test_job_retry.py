@@ -95,6 +95,29 @@ def test_retry_name_stays_within_63_characters(world):
     assert len(new.name) <= 63 and new.name.endswith("-retry-1")
 
 
+def test_retries_of_a_long_name_with_dashes_at_the_cut_get_different_names(world):
+    """The names already taken were looked up by the first 40 characters of the name; a retry's name is trimmed and
+    then loses its trailing dashes, so for a name whose 40th character is a dash no earlier retry was found and the
+    second retry took the first one's name (QA)."""
+    job = ended(world, make_job(world, name="a" * 30 + "-" * 32 + "b"))
+    first = training_job_retry(actor=world["alpha"]["member"], job=job)
+    second = training_job_retry(actor=world["alpha"]["member"], job=job)
+    assert (first.name, second.name) == ("a" * 30 + "-retry-1", "a" * 30 + "-retry-2")
+
+
+def test_a_retry_picks_its_name_under_the_teams_submission_lock(world, monkeypatch):
+    """Retries of one family (`lm`, `lm-retry-1`) lock different job rows, so two at once could both pick
+    `lm-retry-2`: the name is chosen after the team's submission lock is taken."""
+    import jobs.services as services
+
+    calls = []
+    lock, name = services.lock_team_submissions, services._retry_name
+    monkeypatch.setattr(services, "lock_team_submissions", lambda **kw: (calls.append("lock"), lock(**kw))[1])
+    monkeypatch.setattr(services, "_retry_name", lambda **kw: (calls.append("name"), name(**kw))[1])
+    training_job_retry(actor=world["alpha"]["member"], job=ended(world, make_job(world)))
+    assert calls[:2] == ["lock", "name"], calls
+
+
 @pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])
 def test_every_ended_state_can_be_retried(world, api, state):
     job = ended(world, make_job(world), state)
