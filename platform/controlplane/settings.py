@@ -324,9 +324,10 @@ REST_FRAMEWORK = {
     ],
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
-        # Both refuse what they cannot act on (an unknown ordering field; search where a view has no search
-        # fields), and every paginated list refuses unknown query parameters (controlplane.common.filters).
+        "controlplane.common.filters.StrictFilterBackend",
+        # All three refuse their parameters on a detail route (they do not narrow its lookup); the last two also what
+        # they cannot act on (an unknown ordering field; search where a view has no search fields), and every
+        # paginated list refuses unknown query parameters (controlplane.common.filters).
         "controlplane.common.filters.StrictOrderingFilter",
         "controlplane.common.filters.StrictSearchFilter",
     ],

@@ -3,7 +3,9 @@ list reads every query parameter it is sent.
 
 DRF and django-filter ignore what they do not know: `?stat=QUEUED` (for `state`) listed every job and
 `?ordering=bogus` the default order. Here an unknown parameter or ordering field is a 400 naming it and listing
-what is accepted. Kept apart from common/api.py for the reason common/parsers.py is (DRF reads these settings
+what is accepted. On an object's own routes (a detail view: get, update, delete, its actions) the list's filters,
+ordering and search do not narrow the lookup: each is a 400 naming it (DRF's get_object ran them, so
+`GET /deployments/7/?name=other` answered 404). Kept apart from common/api.py for the reason common/parsers.py is (DRF reads these settings
 while importing its generic views)."""
 
 from __future__ import annotations
@@ -14,9 +16,35 @@ from rest_framework import exceptions, filters
 from rest_framework.settings import api_settings
 
 
+_DETAIL_REFUSAL = "a filter of the list; a route of one object takes none (leave it out)"
+
+
+def _refuse_on_detail(request, names) -> None:
+    """A 400 naming each of the list parameters `names` sent to a detail route."""
+    sent = sorted(name for name in set(names) if name in request.query_params)
+    if sent:
+        raise exceptions.ValidationError({name: [_DETAIL_REFUSAL] for name in sent})
+
+
+class StrictFilterBackend(DjangoFilterBackend):
+    """django-filter's backend for lists; on a detail route its parameters are refused, not applied."""
+
+    def filter_queryset(self, request, queryset, view):
+        if getattr(view, "detail", False):
+            _refuse_on_detail(request, _filterset_params(self, view, queryset))
+            return queryset
+        return super().filter_queryset(request, queryset, view)
+
+
 class StrictOrderingFilter(filters.OrderingFilter):
     """`?ordering=` with a field the view does not order by is a 400 naming `ordering` and the accepted fields; a
     valid ordering ends with the primary key as the tie-breaker."""
+
+    def filter_queryset(self, request, queryset, view):
+        if getattr(view, "detail", False):
+            _refuse_on_detail(request, [self.ordering_param])
+            return queryset
+        return super().filter_queryset(request, queryset, view)
 
     def remove_invalid_fields(self, queryset, fields, view, request):
         valid = [name for name, _ in self.get_valid_fields(queryset, view, {"request": request})]
@@ -36,6 +64,13 @@ class StrictOrderingFilter(filters.OrderingFilter):
 class StrictSearchFilter(filters.SearchFilter):
     """`?search=` only where the view searches (`search_fields`): elsewhere it is an unknown parameter, and the
     schema does not offer it."""
+
+    def filter_queryset(self, request, queryset, view):
+        if getattr(view, "detail", False):
+            if getattr(view, "search_fields", None):
+                _refuse_on_detail(request, [self.search_param])
+            return queryset
+        return super().filter_queryset(request, queryset, view)
 
     def get_schema_operation_parameters(self, view):
         return super().get_schema_operation_parameters(view) if getattr(view, "search_fields", None) else []
