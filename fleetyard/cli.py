@@ -9,9 +9,10 @@
     fleetyard plan llama2-70b --batch 512 --devices nvidia-h100:64 --devices nvidia-a100:64 --compare
 
 Every command takes --json (one JSON document on stdout, for scripts; `jobs logs` one per log line). Exit codes:
-0 ok; 1 the job ended FAILED or CANCELLED (or a waited-for deployment failed); 2 usage or spec error
-(nothing was submitted); 3 API error (unreachable, auth, rejected by the server, conflict); 130 interrupted; 141 the
-reader of the output went away (`fleetyard jobs status --json | head -1`), quietly, as other commands do.
+0 ok; 1 the job ended FAILED or CANCELLED, or the deployment FAILED (in the create's answer, or while --wait
+waited); 2 usage or spec error (nothing was submitted); 3 API error (unreachable, auth, rejected by the server,
+conflict); 130 interrupted; 141 the reader of the output went away (`fleetyard jobs status --json | head -1`),
+quietly, as other commands do.
 """
 
 from __future__ import annotations
@@ -325,6 +326,10 @@ class _Cli:
             self.info(f"Serving: call model {escape(deployment['name'])!r} at {self.client.url}/v1/chat/completions")
         if self.json:
             self.emit({"plan": result["plan"], "deployment": deployment})
+        if deployment["status"]["state"] == "FAILED":  # refused at once: exit 1 as --wait does (it said 0; QA)
+            self.err.print(f"[red]error:[/] deployment {deployment['id']} ended FAILED "
+                           f"({escape(deployment['status']['reason'])})")
+            return EXIT_JOB_FAILED
         return EXIT_OK
 
     def endpoints(self) -> int:
@@ -689,8 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetyard", parents=[shared(False, None)],
         description="Fleetyard: train and serve on your team's accelerators.",
-        epilog="exit codes: 0 ok, 1 job failed or cancelled, 2 usage or spec error, 3 API error, 130 interrupted, "
-               "141 the output's reader went away (| head)")
+        epilog="exit codes: 0 ok, 1 job failed or cancelled, or deployment failed, 2 usage or spec error, 3 API error, "
+               "130 interrupted, 141 the output's reader went away (| head)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     login = commands.add_parser("login", parents=[common], help="save the server URL and an API token")
@@ -728,7 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     deploy.add_argument("--dry-run", action="store_true", help="print the plan and exit; nothing is deployed")
     deploy.add_argument("--wait", type=_seconds, default=0, metavar="SECONDS",
-                        help="wait until it is SERVING (exit 1 if it fails or the time runs out)")
+                        help="wait until it is SERVING (exit 1 if it fails or the time runs out; without "
+                             "--wait, exit 1 if the create's answer already says FAILED)")
     deploy.add_argument("--secret", action="append", metavar="NAME=VALUE")
     deploy.set_defaults(run=_Cli.deploy)
     endpoints = commands.add_parser("endpoints", parents=[common], help="deployments and their endpoints")

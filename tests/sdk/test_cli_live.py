@@ -17,6 +17,7 @@ import pytest
 from fleetyard.cli import main
 from inference.models import Deployment
 from jobs.models import TrainingJob, TrainingLogLine
+from tests.conftest import write_model_folder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,21 +164,32 @@ def test_dry_run_prints_the_plan_and_submits_nothing(cli, tmp_path, monkeypatch)
 
 
 def test_deploy_and_endpoints(cli, tmp_path):
-    code, out, _ = cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC), "-y", "--json")
+    spec = SERVE_SPEC.replace("file:///checkpoints/lm/step-100", f"file://{write_model_folder(tmp_path)}")
+    code, out, _ = cli("deploy", write(tmp_path, "serve.yaml", spec), "-y", "--json")
     assert code == 0
     body = json.loads(out)
     assert body["deployment"]["name"] == "chat" and body["plan"]["chosen"]["accelerator_type"] == "nvidia-a100"
-    assert Deployment.objects.get(name="chat").spec_yaml == SERVE_SPEC
+    assert body["deployment"]["status"]["state"] != "FAILED"
+    assert Deployment.objects.get(name="chat").spec_yaml == spec
     code, out, _ = cli("endpoints", "--json")
     assert code == 0 and [d["model"] for d in json.loads(out)] == ["chat"]
     code, out, _ = cli("endpoints")
     assert "chat" in out and "500 / 50 ms" in out
 
 
+def test_deploy_that_fails_at_once_exits_1(cli, tmp_path):
+    """The model folder does not exist: the deploy fails the deployment before the API answers. `deploy -y --json`
+    exited 0 with the FAILED deployment in its document (a script thought it deployed; QA); now 1, as --wait does."""
+    code, out, err = cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC), "-y", "--json")
+    assert code == 1, (out, err)
+    assert json.loads(out)["deployment"]["status"]["state"] == "FAILED"
+    assert "does not exist" in err
+    code, out, err = cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC.replace("chat", "chat2")), "-y")
+    assert code == 1 and "FAILED" in out and "error:" in err, (out, err)
+
+
 def test_scale_and_undeploy_a_deployment(cli, tmp_path, monkeypatch):
     """The SDK, the API and the console could scale and delete a deployment; the CLI could not (QA, 2026-11-29)."""
-    from tests.conftest import write_model_folder
-
     spec = SERVE_SPEC.replace("file:///checkpoints/lm/step-100", f"file://{write_model_folder(tmp_path)}")
     assert cli("deploy", write(tmp_path, "serve.yaml", spec), "-y")[0] == 0
     deployment = Deployment.objects.get(name="chat")
@@ -201,7 +213,8 @@ def test_scale_and_undeploy_a_deployment(cli, tmp_path, monkeypatch):
 def test_undeploy_a_failed_deployment_says_deleted_and_exits_0(cli, tmp_path):
     """A deployment that never served is removed at once: the read after the delete got a 404 and the command exited
     3 although the delete had worked (review, 2026-11-29)."""
-    assert cli("deploy", write(tmp_path, "serve.yaml", SERVE_SPEC), "-y")[0] == 0
+    spec = SERVE_SPEC.replace("file:///checkpoints/lm/step-100", f"file://{write_model_folder(tmp_path)}")
+    assert cli("deploy", write(tmp_path, "serve.yaml", spec), "-y")[0] == 0
     deployment = Deployment.objects.get(name="chat")
     Deployment.objects.filter(pk=deployment.pk).update(state="FAILED")
     code, out, err = cli("undeploy", str(deployment.pk), "-y")

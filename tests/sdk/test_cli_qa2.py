@@ -231,3 +231,51 @@ def test_metrics_reads_every_page(api):
     assert [row["id"] for row in rows] == list(range(1, 2501))
     assert [row["id"] for row in client.metrics(7, after=100, limit=1500)] == list(range(101, 1601))
     assert [row["id"] for row in client.metrics(7, limit=10)] == list(range(1, 11))
+
+
+# ------------------------------------------------------------------------------ a deployment refused at once
+
+_SERVE_SPEC = """\
+name: chat
+queue: default
+resources:
+  accelerators: A100:0.5
+service:
+  model: file:///checkpoints/lm/step-100
+  replicas: {min: 1, max: 3}
+  sla: {ttft_p95: 500ms, tpot_p95: 50ms}
+"""
+
+
+def _refused_deployment(api) -> dict:
+    """The API creates the deployment and answers with it already FAILED (the backend refused it at once)."""
+    plan = {"name": "chat", "kind": "deployment", "options": [], "chosen": None, "notes": []}
+    deployment = {"id": 9, "name": "chat", "team": "alpha",
+                  "status": {"state": "FAILED", "reason": "the backend refused the deploy: no such model"}}
+    api.json("/api/v1/specs/apply/", lambda query: {"kind": "deployment", "dry_run": "dry_run" in query,
+                                                    "plan": plan, "warnings": [],
+                                                    "object": None if "dry_run" in query else deployment})
+    api.json("/api/v1/deployments/9/", deployment)
+    return deployment
+
+
+@pytest.mark.parametrize("wait", [[], ["--wait", "5"]])
+def test_deploy_whose_answer_is_failed_exits_1_with_json_on_stdout(api, tmp_path, capsys, wait):
+    """`deploy -y --json` without --wait exited 0 when the API's answer already said FAILED (a script checking the
+    exit code thought it deployed); --wait said 1. Both exit 1 now, stdout still one JSON document."""
+    _refused_deployment(api)
+    spec = tmp_path / "serve.yaml"
+    spec.write_text(_SERVE_SPEC)
+    assert main(["deploy", str(spec), "-y", "--json", *wait]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["deployment"]["status"]["state"] == "FAILED"
+    assert "FAILED" in err and "no such model" in err
+
+
+def test_deploy_whose_answer_is_failed_exits_1_without_json(api, tmp_path, capsys):
+    _refused_deployment(api)
+    spec = tmp_path / "serve.yaml"
+    spec.write_text(_SERVE_SPEC)
+    assert main(["deploy", str(spec), "-y"]) == 1
+    out, err = capsys.readouterr()
+    assert "Created deployment 9" in out and "error:" in err and "no such model" in err
