@@ -17,6 +17,12 @@ are always more recent than their children and leaves go down (and out) first.
 On a host without accelerators (this machine), the device and host tiers are both host memory:
 they differ only in capacity accounting (a move between them copies nothing); the disk tier is real
 file I/O. Callers own the tensors `match` returns: evicting a block later does not change them.
+
+The disk tier's folder (`make_disk_dir`: `fy-kv-*` in the temp directory, unless the caller names one) holds an
+`owner.pid` naming the process that made it. Its owner removes it when it stops (`close`, or the replica's
+shutdown); a replica that crashed or was killed cannot, so each new folder's maker first sweeps the `fy-kv-*`
+folders whose owner process is gone (`sweep_orphan_disk_dirs`). A folder with no owner file, or made on another
+host or in another PID namespace, is left alone: nothing says its owner is gone.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import itertools
 import os
 import queue
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -39,6 +46,110 @@ import torch
 
 TIERS = ("device", "host", "disk")
 _NUMPY_DTYPES = {torch.float32: numpy.float32, torch.float16: numpy.float16, torch.float64: numpy.float64}
+DISK_DIR_PREFIX = "fy-kv-"
+OWNER_FILE = "owner.pid"
+
+
+# ---------------------------------------------------------------------------------------------- disk-tier folders
+
+def make_disk_dir(prefix: str = DISK_DIR_PREFIX, *, root: str | os.PathLike | None = None) -> Path:
+    """A new, empty disk-tier folder `<root>/<prefix>XXXX` (root: the temp directory) whose `owner.pid` names this
+    process. Folders left by owners that are gone are swept first (see the module doc), so a crashed replica's
+    folder does not stay for good. `prefix` must start with DISK_DIR_PREFIX, or its folder is never swept."""
+    if not prefix.startswith(DISK_DIR_PREFIX):
+        raise ValueError(f"prefix: must start with {DISK_DIR_PREFIX!r}")
+    root = Path(root if root is not None else tempfile.gettempdir())
+    sweep_orphan_disk_dirs(root)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    me = _process_identity(os.getpid())
+    text = f"{os.getpid()}\n" + "".join(f"{key}={value}\n" for key, value in me.items())
+    tmp = path / f"{OWNER_FILE}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, path / OWNER_FILE)  # a sweeper reads a whole owner file or none
+    return path
+
+
+def sweep_orphan_disk_dirs(root: str | os.PathLike | None = None) -> list[Path]:
+    """Removes the `fy-kv-*` folders under `root` (the temp directory) whose owner.pid names a process that is gone
+    (no such pid, a zombie, or a pid reused by a process started later); returns them. Kept: folders of live owners
+    (this process's too), folders without a readable owner file (an older version's, or one being made), other
+    users' folders, links, and folders made on another host or in another PID namespace (their pids mean nothing
+    here)."""
+    root = Path(root if root is not None else tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    me = _process_identity(os.getpid())
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for entry in entries:
+        if not entry.name.startswith(DISK_DIR_PREFIX):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if uid is not None and entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        owner = _read_owner(Path(entry.path))
+        if owner is None:
+            continue
+        pid, recorded = owner
+        if recorded.get("host", "") != me["host"] or recorded.get("pidns", "") != me["pidns"]:
+            continue
+        if _owner_alive(pid, recorded.get("start", "")):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _read_owner(path: Path) -> tuple[int, dict[str, str]] | None:
+    try:
+        lines = (path / OWNER_FILE).read_text().splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    if pid <= 0:  # (os.kill(0, ...) would ask about this process group, not a process)
+        return None
+    return pid, dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+
+
+def _process_identity(pid: int) -> dict[str, str]:
+    """What tells a process apart from a later one with the same pid ("start": its start time in clock ticks since
+    boot) and where its pid means something ("pidns", "host"); "" for what this system does not say."""
+    stat = _proc_stat(pid)
+    try:
+        pidns = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        pidns = ""
+    return {"start": stat[19] if len(stat) > 19 else "", "pidns": pidns, "host": socket.gethostname()}
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (state first), or [] where there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return text[text.rfind(")") + 1:].split()
+
+
+def _owner_alive(pid: int, start: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    except OSError:
+        return True  # cannot tell: keep its folder
+    stat = _proc_stat(pid)
+    if stat and stat[0] in ("Z", "X"):  # ended, not yet reaped by its parent
+        return False
+    return not (start and len(stat) > 19 and stat[19] != start)  # else the pid names a process started later
 
 
 @dataclass(eq=False)
@@ -104,7 +215,7 @@ class TieredPrefixCache:
         self.capacity = {"device": device_blocks, "host": host_blocks, "disk": disk_blocks}
         self.device = torch.device(device)
         self._own_dir = disk_blocks > 0 and disk_dir is None
-        self.disk_dir = Path(disk_dir or tempfile.mkdtemp(prefix="fy-kv-")) if disk_blocks > 0 else None
+        self.disk_dir = Path(disk_dir or make_disk_dir()) if disk_blocks > 0 else None
         if self.disk_dir is not None:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
         self._root = _Node(key=(), parent=None, node_id=0, tier="root")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ class LLMReplica:
         import torch
 
         from inference.runtime.engine import LLMEngine
+        from inference.runtime.kv_cache import make_disk_dir
         from jobs.runtime.lm import load_model_for_inference
 
         config = EngineConfig.from_dict(engine)
@@ -64,8 +64,13 @@ class LLMReplica:
             replica = "local"
         self.revision = revision
         self.replica = replica
-        self._cache_dir = tempfile.mkdtemp(prefix=f"fy-kv-{replica}-")
-        self.engine = LLMEngine(model, config, replica=replica, cache_dir=self._cache_dir).start()
+        # owned by this process (owner.pid): removed in __del__, or by the next replica's sweep after a crash
+        self._cache_dir = str(make_disk_dir(prefix=f"fy-kv-{replica}-"))
+        try:
+            self.engine = LLMEngine(model, config, replica=replica, cache_dir=self._cache_dir).start()
+        except BaseException:
+            shutil.rmtree(self._cache_dir, ignore_errors=True)
+            raise
 
     async def generate(self, request: dict):
         """Streams the request's events (see ServingBackend.stream_completion); errors become an "error" event
