@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from inference.runtime.engine_config import EngineConfig
 from inference.runtime.kv_cache import TieredPrefixCache
-from jobs.runtime.lm import TinyTransformerLM
+from jobs.runtime.lm import TinyTransformerLM, sample_token
 
 Emit = Callable[[dict], None]
 
@@ -370,15 +370,9 @@ class LLMEngine:
         return tuple(z.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
 
     def _sample(self, seq: _Sequence, logits: torch.Tensor) -> int:
-        logits = logits[:256]
-        if seq.request.temperature == 0.0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / seq.request.temperature, dim=-1)
-        if not bool(torch.isfinite(probs).all()):
-            # a temperature so small that logits / temperature overflowed (NaN after softmax): sampling's limit as
-            # the temperature goes to 0 is greedy; torch.multinomial would raise and fail the whole batch
-            return int(torch.argmax(logits))
-        return int(torch.multinomial(probs, 1, generator=seq.generator))
+        # the reference generator's rule (lm.sample_token): greedy at temperature 0 and at a temperature so small
+        # that logits / temperature overflows (torch.multinomial would raise on the NaNs and fail the whole batch)
+        return sample_token(logits[:256], seq.request.temperature, seq.generator)
 
     # ------------------------------------------------------------------ output
 

@@ -324,10 +324,24 @@ def load_model_for_inference(files: Mapping[str, bytes]) -> tuple[TinyTransforme
     return model, ByteTokenizer(), config
 
 
+def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> int:
+    """The next token from a 1-D `logits`: the argmax at temperature 0, else a draw from softmax(logits / temperature)
+    with `generator`. A temperature so small that logits / temperature overflows (about 1e-40 and below in float32:
+    softmax gives NaN and torch.multinomial raises) is greedy too, sampling's limit as the temperature goes to 0.
+    `generate` and the serving engine (inference/runtime/engine.py) both draw with this, so they agree."""
+    if temperature == 0.0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
 @torch.no_grad()
 def generate(model: TinyTransformerLM, tokenizer: ByteTokenizer, prompt: str, *, max_new_tokens: int,
              temperature: float = 0.0, seed: int = 0) -> str:
-    """The continuation of `prompt` (without the prompt): greedy at temperature 0, else sampled with `seed`.
+    """The continuation of `prompt` (without the prompt): greedy at temperature 0 (and at a temperature too small to
+    sample with, see `sample_token`), else sampled with `seed`.
 
     Only byte ids are generated (the specials never occur in training text); an empty prompt starts a new tale
     (the corpus separates tales with a newline). The context is cropped to the model's window.
@@ -344,12 +358,7 @@ def generate(model: TinyTransformerLM, tokenizer: ByteTokenizer, prompt: str, *,
         for _ in range(max_new_tokens):
             window = torch.tensor([(ids + out)[-context:]], dtype=torch.long)
             logits = model(window)[0, -1, :256]
-            if temperature == 0.0:
-                nxt = int(torch.argmax(logits))
-            else:
-                probs = torch.softmax(logits / temperature, dim=-1)
-                nxt = int(torch.multinomial(probs, 1, generator=gen))
-            out.append(nxt)
+            out.append(sample_token(logits, temperature, gen))
     finally:
         model.train(was_training)
     return tokenizer.decode(out)

@@ -243,6 +243,43 @@ def test_loss_falls_on_the_corpus(tokens):
     assert generate(model, ByteTokenizer(), "x" * 100, max_new_tokens=3) is not None  # prompt longer than context
 
 
+_SHAPE = {key: value for key, value in SMALL.items() if key != "batch_size"}
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324])
+def test_generate_at_a_tiny_temperature_is_greedy_not_a_nan_error(temperature):
+    """The reference generator raised RuntimeError (probability tensor contains nan) for a tiny positive temperature:
+    logits / temperature overflowed in float32 and softmax gave NaN, as the serving engine did before cdb498c. Now
+    it samples greedily there (sampling's limit as the temperature goes to 0), like the engine (one shared rule)."""
+    model = build_model(LMConfig.from_dict(_SHAPE), seed=3)
+    greedy = generate(model, ByteTokenizer(), "Once upon", max_new_tokens=8)
+    assert generate(model, ByteTokenizer(), "Once upon", max_new_tokens=8, temperature=temperature) == greedy
+    assert generate(model, ByteTokenizer(), "Once upon", max_new_tokens=8, temperature=1e-30) == greedy  # (it was)
+
+
+def test_generate_and_the_serving_engine_sample_alike(tmp_path):
+    """Sampled (not only greedy) output of the engine is the reference generator's for the same seed and temperature:
+    both draw the next token with lm.sample_token."""
+    from inference.runtime.engine import GenerationRequest, LLMEngine
+    from inference.runtime.engine_config import EngineConfig
+
+    model = build_model(LMConfig.from_dict(_SHAPE), seed=3).eval()
+    tok = ByteTokenizer()
+    config = EngineConfig.from_dict({"slots": 1, "block_size": 8, "device_cache_blocks": 8, "host_cache_blocks": 0,
+                                     "disk_cache_blocks": 0})
+    engine = LLMEngine(model, config, cache_dir=str(tmp_path / "kv")).start()
+    try:
+        for temperature in (0.7, 1.0, 1e-300):
+            request = GenerationRequest(prompt_tokens=tok.encode("Once upon"), max_tokens=12, temperature=temperature,
+                                        seed=5)
+            events = list(engine.generate(request, timeout_s=30))
+            assert events[-1]["type"] == "done", events[-1]
+            text = "".join(e["text"] for e in events if e["type"] == "token")
+            assert text == generate(model, tok, "Once upon", max_new_tokens=12, temperature=temperature, seed=5)
+    finally:
+        engine.stop()
+
+
 def test_state_round_trip_and_bit_identical_resume(tokens):
     hp = _hp(steps=10)
     model = build_model(hp.model_config(), seed=hp.seed)
