@@ -68,9 +68,33 @@ def test_upload_stores_file_with_checksum(api, settings):
     body = response.json()
     assert body["uploaded"] is True and body["size_bytes"] == len(payload)
     assert body["checksum_sha256"] == hashlib.sha256(payload).hexdigest()
-    stored = Path(urlparse(body["uri"]).path)
+    stored = Path(urlparse(DatasetVersion.objects.get(pk=body["id"]).uri).path)
     assert stored.read_bytes() == payload
     assert Path(settings.MEDIA_ROOT) in stored.parents and ".." not in stored.parts
+
+
+def test_an_uploaded_version_shows_an_upload_uri_not_the_servers_storage_path(api, world, settings):
+    """QA: an uploaded version's `uri` was `file:///<MEDIA_ROOT>/datasets/...`, a path on the control plane, in the
+    API (and in a job's error when the file was gone). Members see `upload://<team>/<dataset>/v<n>/<file>`; the row
+    keeps the stored path, which jobs read."""
+    from controlplane.datasets.fetching import DatasetUnavailable, dataset_local_file
+
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    created = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                          {"file": SimpleUploadedFile("corpus.txt", b"abc"), "format": "text"},
+                          format="multipart").json()
+    shown = "upload://alpha/corpus/v1/corpus.txt"
+    listed = api("alpha", "viewer").get(f"/api/v1/datasets/{dataset['id']}/versions/").json()["results"]
+    assert created["uri"] == shown and [v["uri"] for v in listed] == [shown]
+    media = str(settings.MEDIA_ROOT)
+    assert media not in str(created) and media not in str(listed)
+    version = DatasetVersion.objects.get(pk=created["id"])
+    assert version.uri.startswith("file://") and dataset_local_file(version).read_bytes() == b"abc"
+    dataset_local_file(version).unlink()
+    with pytest.raises(DatasetUnavailable) as missing:
+        dataset_local_file(version)
+    assert shown in str(missing.value) and media not in str(missing.value)
 
 
 def test_upload_over_the_limit_leaves_nothing(api, settings):
@@ -106,7 +130,7 @@ def test_delete_dataset_removes_uploaded_files(api, settings):
     dataset = make_dataset(client)
     body = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
                        {"file": SimpleUploadedFile("a.txt", b"abc")}, format="multipart").json()
-    path = Path(urlparse(body["uri"]).path)
+    path = Path(urlparse(DatasetVersion.objects.get(pk=body["id"]).uri).path)
     assert path.exists()
     from django.test import TestCase
 

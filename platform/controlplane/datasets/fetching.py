@@ -53,10 +53,11 @@ def _inside_storage(path: Path) -> bool:
 def _stored_file(version: DatasetVersion) -> Path:
     path = Path(unquote(urlsplit(version.uri).path))
     if not version.uploaded or not _inside_storage(path):
-        raise DatasetUnavailable(f"dataset version {version.version} points at {path}, outside the platform's "
-                                 f"dataset storage; only uploaded files are read from disk")
+        raise DatasetUnavailable(f"dataset version {version.version} points at {version.shown_uri}, outside the "
+                                 f"platform's dataset storage; only uploaded files are read from disk")
     if not path.is_file():
-        raise DatasetUnavailable(f"the stored file of dataset version {version.version} is missing: {path}")
+        raise DatasetUnavailable(f"the stored file of dataset version {version.version} is missing: "
+                                 f"{version.shown_uri}")
     return path
 
 

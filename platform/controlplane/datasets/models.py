@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+from urllib.parse import unquote, urlsplit
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -59,8 +62,13 @@ class DatasetVersion(models.Model):
 
     @property
     def shown_uri(self) -> str:
-        """`uri` as members see it: credentials a version registered before they were refused still holds are
-        masked (`https://***@host/x`); jobs still read the stored one."""
+        """`uri` as members see it; jobs still read the stored one. An uploaded file is
+        `upload://<team>/<dataset>/v<version>/<file>`: its stored `uri` is a file:// path on the control plane, which
+        the API showed as it was (QA). Credentials a version registered before they were refused still holds are
+        masked (`https://***@host/x`)."""
+        if self.uploaded:
+            filename = PurePosixPath(unquote(urlsplit(self.uri).path)).name
+            return f"upload://{self.dataset.team.name}/{self.dataset.name}/v{self.version}/{filename}"
         return uri_without_credentials(self.uri)
 
 

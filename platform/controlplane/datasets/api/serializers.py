@@ -29,7 +29,8 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
     team = serializers.CharField(source="dataset.team.name", read_only=True)
     reference = serializers.SerializerMethodField(help_text="dataset://name@version, as job specs cite it")
     uri = serializers.CharField(source="shown_uri", read_only=True,
-                                help_text="where the data lives (credentials, if a version holds any, masked)")
+                                help_text="where the data lives: upload://team/dataset/vN/file for an uploaded "
+                                          "file; credentials, if a version holds any, masked")
 
     class Meta:
         model = DatasetVersion
