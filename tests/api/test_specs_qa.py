@@ -74,6 +74,25 @@ def test_a_worker_over_the_device_limit_names_the_accelerators_line(api, demo_cl
     assert_refused_at(response, 4, "resources.accelerators", "over the limit of 4")
 
 
+@pytest.mark.parametrize(("text", "secrets", "line", "field", "says"), [
+    (JOB, None, 1, "workers", "over the limit of 4 per job"),
+    ("# a job\n" + JOB, None, 2, "workers", "over the limit of 4 per job"),
+    (JOB.replace("H100:8", "H100:2"), {"HF": "x"}, 1, "secrets", "HF not named under secrets"),
+    (SERVICE, None, 6, "service.replicas", "replicas"),  # (the serializer or the limit check says why)
+])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_error_about_a_field_the_spec_left_out_names_it_at_the_mapping_that_would_hold_it(
+        api, demo_cluster, settings, text, secrets, line, field, says, dry_run):
+    """Found by QA: a refusal of a default the spec left out (one worker, one replica, no secrets) was reported as
+    `spec.yaml: num_nodes: ...` with `"line": null` (a field the spec never mentions) or without a line."""
+    settings.FLEETYARD_MAX_DEVICES_PER_JOB = 4
+    settings.FLEETYARD_MAX_REPLICAS_PER_DEPLOYMENT = 0
+    response = apply(api("alpha", "member"), text, dry_run=dry_run, secrets=secrets)
+    assert_refused_at(response, line, field, says)
+    assert "num_nodes" not in str(response.json())
+    assert not TrainingJob.objects.exists()
+
+
 @pytest.mark.parametrize("text", [
     JOB + "workers: {min: 1, max: 2}\nenvs: {A: b}\nsecrets: [HF]\ndataset: dataset://x@1\n"
           "checkpoint: {interval_steps: 10}\nretry: {max_restarts: 2}\nmax_duration: 2h\npriority: standard\n",

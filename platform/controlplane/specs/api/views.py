@@ -7,6 +7,7 @@ queue position) without creating anything. Every mistake is a 400 whose `spec` l
 
 from __future__ import annotations
 
+import yaml
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -113,7 +114,7 @@ class SpecApplyView(TeamScopedMixin, APIView):
         body = {k: v for k, v in spec.body.items() if not k.startswith("_")}
         create = (TrainingJobCreateSerializer if spec.kind == JOB else DeploymentCreateSerializer)(data=body)
         if not create.is_valid():
-            return _spec_errors(_issues_from(spec, create.errors), filename)
+            return _spec_errors(_issues_from(spec, create.errors, text=text), filename)
         values = dict(create.validated_data)
         try:
             team = self.resolve_team(values.pop("team", None))
@@ -134,13 +135,13 @@ class SpecApplyView(TeamScopedMixin, APIView):
         except DomainError as exc:
             if exc.status_code != 400:
                 raise
-            path, line = spec.locate(exc.field or "")
+            path, line = _locate(spec, text, exc.field or "")
             issue = SpecIssue(line, path if exc.field else "", exc.message)
             return _spec_errors([issue], filename, extra=exc.as_dict())
         except DjangoValidationError as exc:
             # A model's own validation (a column's range, say): still spec lines, not a bare REST field body.
             errors = exc.message_dict if hasattr(exc, "error_dict") else {"": exc.messages}
-            return _spec_errors(_issues_from(spec, errors), filename)
+            return _spec_errors(_issues_from(spec, errors, text=text), filename)
         return Response({"kind": spec.kind, "dry_run": dry_run, "plan": plan, "warnings": spec.warnings,
                          "object": created}, status=status.HTTP_200_OK if dry_run else status.HTTP_201_CREATED)
 
@@ -199,15 +200,50 @@ def _workload_class(spec: Spec, values: dict) -> str:
                              entrypoint=values.get("entrypoint") or "")
 
 
-def _issues_from(spec: Spec, errors, prefix: str = "") -> list[SpecIssue]:
+# A field the spec left out, by the name the spec would give it (the parser records workers as `num_nodes`, its
+# alias, when the spec gives neither).
+_LEFT_OUT_NAMES = {"num_nodes": "workers"}
+
+
+def _locate(spec: Spec, text: str, rest_field: str) -> tuple[str, int | None]:
+    """Where a REST field came from in the spec (Spec.locate). A field the spec left out (a default: workers,
+    replicas, secrets) is named as the spec would write it and placed at the line of the mapping that would hold it:
+    its error was reported as `num_nodes` without a line, a field the spec never mentions (QA)."""
+    path, line = spec.locate(rest_field)
+    head = rest_field.split(".")[0]
+    if line is not None or not (rest_field in spec.origins or head in spec.origins):
+        return path, line
+    path = _LEFT_OUT_NAMES.get(path, path)
+    return path, _mapping_line(text, path.rpartition(".")[0])
+
+
+def _mapping_line(text: str, path: str) -> int | None:
+    """The line of the mapping at `path` ("" for the top level; the key's line for a nested one) in a spec that
+    parsed, or None where there is none."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:  # pragma: no cover - the spec parsed before
+        return None
+    line = node.start_mark.line + 1 if isinstance(node, yaml.MappingNode) else None
+    for part in path.split(".") if path else []:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        found = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+        if found is None:
+            return None
+        line, node = found[0].start_mark.line + 1, found[1]
+    return line
+
+
+def _issues_from(spec: Spec, errors, prefix: str = "", *, text: str = "") -> list[SpecIssue]:
     """DRF's `{"field": ["reason"]}` (nested for sla, checkpoint) as spec issues at the spec's lines."""
     issues = []
     for name, value in errors.items():
         rest = f"{prefix}{name}"
         if isinstance(value, dict):
-            issues += _issues_from(spec, value, prefix=f"{rest}.")
+            issues += _issues_from(spec, value, prefix=f"{rest}.", text=text)
             continue
-        path, line = spec.locate(rest)
+        path, line = _locate(spec, text, rest)
         for reason in value if isinstance(value, list) else [value]:
             issues.append(SpecIssue(line, path, f"{reason}" if path == rest else f"{rest}: {reason}"))
     return issues
