@@ -201,3 +201,21 @@ def test_a_yaml_body_that_is_not_utf8_is_refused_at_its_line(api, demo_cluster, 
     ok = client.generic("POST", "/api/v1/specs/apply/?dry_run=1", ("\ufeff" + JOB).encode(),
                         content_type="text/yaml")
     assert ok.status_code == 200, ok.json()  # UTF-8, with a byte order mark or not, is read
+
+
+@pytest.mark.parametrize(("body", "content_type"), [
+    (b"", "application/yaml"), (b"", "text/yaml"), (b"  \n\n", "application/yaml"),
+    (b'{"spec": ""}', "application/json"), (b'{"spec": " \\n"}', "application/json"), (b"{}", "application/json"),
+    (b"", "application/json"),
+])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_empty_spec_is_refused_in_the_shape_of_every_spec_error(api, demo_cluster, body, content_type, dry_run):
+    """Found by QA: an empty body or an empty `spec` was DRF's `{"spec": ["This field is required."]}` (or "may not be
+    blank"), without the `errors` list every other spec mistake has."""
+    response = api("alpha", "member").post(f"/api/v1/specs/apply/?dry_run={int(dry_run)}", data=body,
+                                           content_type=content_type)
+    assert response.status_code == 400, response.content
+    reason = "the spec is empty: write a YAML mapping (name: ..., queue: ..., resources: ...)"
+    assert response.json() == {"spec": [f"spec.yaml: {reason}"],
+                               "errors": [{"line": None, "field": "", "reason": reason}]}
+    assert not TrainingJob.objects.exists()

@@ -51,7 +51,8 @@ class TextYamlParser(YamlParser):
 
 
 class SpecApplySerializer(StrictInputSerializer):
-    spec = serializers.CharField(max_length=MAX_SPEC_BYTES, trim_whitespace=False)
+    spec = serializers.CharField(max_length=MAX_SPEC_BYTES, trim_whitespace=False, allow_blank=True,
+                                 help_text="the YAML text (an empty one is refused as a spec error)")
     filename = serializers.CharField(max_length=200, required=False, default="spec.yaml")
     secrets = serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False),
                                     required=False, default=dict)
@@ -102,11 +103,18 @@ class SpecApplyView(TeamScopedMixin, APIView):
             if isinstance(request.data, bytes):
                 return _spec_errors([_not_utf8(request.data)], "spec.yaml")
             text, filename, secrets = request.data, "spec.yaml", {}
+        elif not request.data:  # an empty body (DRF parses none): an empty spec
+            text, filename, secrets = "", "spec.yaml", {}
         else:
             data = SpecApplySerializer(data=request.data)
             data.is_valid(raise_exception=True)
             text, filename, secrets = (data.validated_data[k] for k in ("spec", "filename", "secrets"))
         dry_run = _dry_run(request)
+        if not text.strip():
+            # in the shape of every other spec error (it was DRF's {"spec": ["This field is required."]} or "may not
+            # be blank", without `errors`; QA)
+            return _spec_errors([SpecIssue(None, "", "the spec is empty: write a YAML mapping (name: ..., queue: ..., "
+                                                     "resources: ...)")], filename)
         try:
             spec = parse_spec(text, filename=filename)
         except SpecError as exc:
