@@ -121,6 +121,28 @@ def test_team_creation_is_for_operators(api, world):
     assert response.status_code == 400 and "name" in response.json()
 
 
+def test_operators_list_every_team_and_others_only_their_own(api, world):
+    """QA: an operator's `GET /api/v1/teams/` listed only the teams they belonged to (none, for an operator who
+    created none), while they name any team in a cluster queue's `teams` and see every team there."""
+    from controlplane.tenancy.models import Team
+    from controlplane.tenancy.services import team_create
+
+    team_create(actor=world["ops"], name="gamma")  # made in the admin, say: the operator is no member
+    every = sorted(Team.objects.values_list("name", flat=True))
+    assert every == ["alpha", "beta", "gamma"]
+    ops = api("ops")
+    assert [t["name"] for t in ops.get("/api/v1/teams/").json()["results"]] == every
+    gamma = Team.objects.get(name="gamma")
+    assert ops.get(f"/api/v1/teams/{gamma.pk}/").json()["name"] == "gamma"
+    for role in ("admin", "member", "viewer"):
+        client = api("alpha", role)
+        assert [t["name"] for t in client.get("/api/v1/teams/").json()["results"]] == ["alpha"]
+        assert client.get(f"/api/v1/teams/{gamma.pk}/").status_code == 404
+    session = APIClient()
+    session.force_login(world["beta"]["member"])
+    assert [t["name"] for t in session.get("/api/v1/teams/").json()["results"]] == ["beta"]
+
+
 def test_every_write_is_audited(api, world):
     before = AuditEvent.objects.count()
     api("alpha", "member").post("/api/v1/datasets/", {"name": "d1"}, format="json")

@@ -36,6 +36,16 @@ def team_list(*, team_ids: list[int]) -> QuerySet[Team]:
     return Team.objects.filter(id__in=team_ids)
 
 
+def teams_listed_to(*, user, team_ids: list[int]) -> QuerySet[Team]:
+    """The teams `GET /api/v1/teams/` lists: every team to an operator, who names any team in a cluster queue's
+    `teams` and sees them all there (quotas.selectors.team_names_seen_by); anyone else their own (`team_ids`). Only
+    the teams: what a team owns stays scoped to its members (before, an operator saw only the teams they belonged
+    to; QA)."""
+    if user is not None and user.is_staff:
+        return Team.objects.all()
+    return team_list(team_ids=team_ids)
+
+
 def membership_list(*, team_ids: list[int]) -> QuerySet[Membership]:
     return Membership.objects.filter(team_id__in=team_ids).select_related("team", "user")
 

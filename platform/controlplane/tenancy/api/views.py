@@ -36,7 +36,7 @@ class TeamViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     search_fields = ["name", "display_name"]
 
     def get_queryset(self):
-        return selectors.team_list(team_ids=self.team_ids)
+        return selectors.teams_listed_to(user=self.request.user, team_ids=self.team_ids)
 
     @extend_schema(request=s.TeamCreateSerializer, responses={201: s.TeamSerializer})
     def create(self, request):
