@@ -57,6 +57,35 @@ def test_a_quota_cut_below_running_work_says_so(api, demo_cluster, no_launch):
     assert "over_quota" not in AuditEvent.objects.filter(action="cluster_queue.update").latest("id").data
 
 
+def test_a_quota_change_reads_what_runs_over_quota_once(api, demo_cluster, no_launch, monkeypatch,
+                                                        django_assert_num_queries):
+    """The PATCH read the over-quota figures twice: the service for the audit event, the view again for `warnings`.
+    The service's one read is both (`cluster_queue_over_quota`: 4 queries here, a cohort's lenders included)."""
+    from controlplane.quotas import selectors
+
+    _submit(api("alpha", "member"), workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    ops = api("ops")
+    reads = []
+    real = selectors.cluster_queue_over_quota
+
+    def counted(*, queue):
+        reads.append(queue.name)
+        return real(queue=queue)
+
+    monkeypatch.setattr(selectors, "cluster_queue_over_quota", counted)
+    with django_assert_num_queries(25):
+        cut = ops.patch("/api/v1/cluster-queues/shared/", {"quotas": [
+            {"accelerator_type": "nvidia-h100", "nominal_quota": 8}]}, format="json")
+    assert cut.status_code == 200, cut.json()
+    assert reads == ["shared"]
+    [warning] = cut.json()["warnings"]
+    assert AuditEvent.objects.filter(action="cluster_queue.update").latest("id").data["over_quota"] == [warning]
+    # a change of other fields still answers what runs over quota (as before), from the same one read
+    described = ops.patch("/api/v1/cluster-queues/shared/", {"description": "cut"}, format="json").json()
+    assert described["warnings"] == [warning]
+    assert "over_quota" not in AuditEvent.objects.filter(action="cluster_queue.update").latest("id").data
+
+
 def test_a_queue_over_its_nominal_within_what_its_cohort_lends_is_not_over_quota(api, world, demo_cluster, no_launch):
     from controlplane.quotas.services import cluster_queue_create
 

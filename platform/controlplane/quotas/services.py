@@ -53,10 +53,11 @@ def cluster_queue_create(*, actor, name: str, cohort: str = "", description: str
 def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = None,
                          description: str | None = None, quotas: list[dict] | None = None,
                          preemption_within_queue: str | None = None,
-                         reclaim_within_cohort: str | None = None, teams=None) -> ClusterQueue:
+                         reclaim_within_cohort: str | None = None, teams=None) -> tuple[ClusterQueue, list[str]]:
     """Change what is given; `quotas` replaces the whole list (a type left out has no quota afterwards), `teams`
     the teams whose local queues may use it (empty: every team). Teams that still have local queues on it cannot be
-    left out: 409 naming those queues, nothing changed."""
+    left out: 409 naming those queues, nothing changed. Returns the queue and what admitted work of it now runs over
+    its quotas (selectors.cluster_queue_over_quota, read once: the PATCH answer's `warnings`)."""
     queue = ClusterQueue.objects.select_for_update().get(pk=queue.pk)
     changes = {}
     if teams:
@@ -97,14 +98,14 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
     if teams is not None:
         queue.teams.set(teams)
         changes["teams"] = sorted(team.name for team in teams)
-    if quotas is not None or cohort is not None:
-        # Running work is not stopped by a smaller quota; the change is kept, and the record says what now runs
-        # over it (before 2026-11-29 nothing said so; the PATCH answer's `warnings` say the same).
-        over = selectors.cluster_queue_over_quota(queue=queue)
-        if over:
-            changes["over_quota"] = over
+    # Running work is not stopped by a smaller quota; the change is kept, and the record says what now runs over it
+    # (before 2026-11-29 nothing said so; the PATCH answer's `warnings` say the same, from this one read: the view
+    # read it again).
+    over = selectors.cluster_queue_over_quota(queue=queue)
+    if over and (quotas is not None or cohort is not None):
+        changes["over_quota"] = over
     audit_record(actor=actor, team=None, action="cluster_queue.update", target=queue, data=changes)
-    return queue
+    return queue, over
 
 
 def _quotas_replace(*, queue: ClusterQueue, quotas) -> None:

@@ -40,9 +40,8 @@ class ClusterQueueViewSet(viewsets.ReadOnlyModelViewSet):
         queue = self.get_object()
         data = s.ClusterQueueUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        queue = services.cluster_queue_update(actor=request.user, queue=queue, **data.validated_data)
+        queue, warnings = services.cluster_queue_update(actor=request.user, queue=queue, **data.validated_data)
         queue = self.get_queryset().get(pk=queue.pk)
-        warnings = selectors.cluster_queue_over_quota(queue=queue)
         return Response(s.ClusterQueueUpdateResultSerializer(
             queue, context={**self.get_serializer_context(), "warnings": warnings}).data)
 
