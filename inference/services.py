@@ -196,7 +196,8 @@ def deployment_create(*, actor, team: Team, name: str, local_queue: LocalQueue, 
         raise ValidationFailed("SLA targets must be positive milliseconds",
                                field="sla_ttft_p95_ms" if sla_ttft_p95_ms < 1 else "sla_tpot_p95_ms")
     check_workload_request(local_queue=local_queue, accelerator_types=accelerator_types)
-    submission_rate_check(team=team)  # last: a request refused for its content takes no slot
+    # last: a request refused for its content takes no slot (the team is locked above: not a second time)
+    submission_rate_check(team=team, team_locked=True)
     deployment = Deployment(
         team=team, name=name, local_queue=local_queue, priority_class=priority_class, source_job=source_job,
         model_uri=model_uri, accelerator_types=list(accelerator_types),

@@ -118,3 +118,55 @@ def test_the_demo_password_file_holds_the_password_that_logs_in(db, settings, tm
     (tmp_path / "demo_password").unlink()
     fresh = load_demo()  # a new install
     assert fresh.password == (tmp_path / "demo_password").read_text() and len(fresh.password) == 20
+
+
+def _team_lookups(queries) -> list[str]:
+    """Statements that read the team row alone: the audit record's name lookup, or a submission lock."""
+    return [q["sql"] for q in queries if q["sql"].startswith('SELECT "tenancy_team"."')
+            and 'FROM "tenancy_team" WHERE "tenancy_team"."id" =' in q["sql"]]
+
+
+def test_a_transition_reads_its_team_with_its_lock(world, django_assert_num_queries):
+    """audit_event read the team's name in a query of its own for every single transition (given only the team's
+    id): the lock's query reads it now. Lock, update, event, audit record: 4 queries (5 before)."""
+    from controlplane.common.lifecycle import record_event
+
+    alpha = world["alpha"]
+    job = training_job_create(actor=alpha["member"], team=alpha["team"], name="j", local_queue=alpha["queue"],
+                              accelerator_types=["cpu"], devices_per_worker=0)
+    fresh = TrainingJob.objects.get(pk=job.pk)  # its team not loaded
+    with django_assert_num_queries(4) as captured:
+        transition(obj=fresh, machine=TrainingJob.machine, event_model=TrainingJobEvent, to="QUEUED", reason="x",
+                   system="test")
+    assert not _team_lookups(captured.captured_queries)
+    event = AuditEvent.objects.filter(action="trainingjob.transition", target_id=str(job.pk)).latest("id")
+    assert (event.team_id, event.team_name, event.data["to"]) == (alpha["team"].pk, "alpha", "QUEUED")
+    # an event recorded for an object whose team is loaded: its name is not read again (2 queries, 3 before)
+    loaded = TrainingJob.objects.select_related("team").get(pk=job.pk)
+    with django_assert_num_queries(2):
+        record_event(obj=loaded, event_model=TrainingJobEvent, from_state="QUEUED", to_state="QUEUED", reason="y",
+                     system="test")
+    assert AuditEvent.objects.latest("id").team_name == "alpha"
+    # and one whose team is not loaded still names it
+    record_event(obj=TrainingJob.objects.get(pk=job.pk), event_model=TrainingJobEvent, from_state="QUEUED",
+                 to_state="QUEUED", reason="z", system="test")
+    assert AuditEvent.objects.latest("id").team_name == "alpha"
+
+
+def test_a_deployment_create_locks_its_team_once(world, settings, django_assert_num_queries):
+    """deployment_create locks the team row (its live name is checked under it), and submission_rate_check locked it
+    again when a rate limit is set: one lock now (and the deployment's first event names its team without a query).
+    """
+    from inference.models import Deployment
+    from inference.services import deployment_create
+
+    settings.FLEETYARD_MAX_SUBMISSIONS_PER_TEAM_PER_MINUTE = 5
+    alpha = world["alpha"]
+    with django_assert_num_queries(22) as captured:
+        deployment_create(actor=alpha["admin"], team=alpha["team"], name="chat", local_queue=alpha["queue"],
+                          accelerator_types=["nvidia-a100"], sla_ttft_p95_ms=450, sla_tpot_p95_ms=40,
+                          model_uri="file:///models/lm")
+    assert len(_team_lookups(captured.captured_queries)) == 1, _team_lookups(captured.captured_queries)
+    assert Deployment.objects.filter(team=alpha["team"], name="chat").exists()
+    assert set(AuditEvent.objects.filter(target_type="inference.deployment").values_list("team_name", flat=True)) \
+        == {"alpha"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 from controlplane.common.state_machine import StateMachine
@@ -18,7 +18,7 @@ from controlplane.tenancy.services import audit_event, audit_record
 def transition(*, obj: models.Model, machine: StateMachine, event_model: type[models.Model], to: str,
                reason: str, actor=None, system: str | None = None, data: dict | None = None) -> models.Model:
     """Lock `obj`, move it to `to`, and append an event. Raises InvalidTransition if the table forbids it."""
-    locked = type(obj).objects.select_for_update().get(pk=obj.pk)
+    locked = _locked_with_team(obj)
     current = locked.state
     machine.check_transition(current, to)
     now = timezone.now()
@@ -33,6 +33,22 @@ def transition(*, obj: models.Model, machine: StateMachine, event_model: type[mo
     record_event(obj=locked, event_model=event_model, from_state=current, to_state=to, reason=reason,
                  actor=actor, system=system, data=data)
     return locked
+
+
+def _locked_with_team(obj: models.Model) -> models.Model:
+    """`obj`'s row, locked, with its team read in the same query (the audit record names the team: it was one more
+    query per transition), where the database locks the object's row alone (FOR UPDATE OF); elsewhere its team is
+    read when it is recorded, as before, rather than locked too."""
+    rows = type(obj).objects
+    features = connection.features
+    if features.has_select_for_update and not features.has_select_for_update_of:
+        return rows.select_for_update().get(pk=obj.pk)
+    return rows.select_for_update(of=("self",)).select_related("team").get(pk=obj.pk)
+
+
+def _team_of(obj: models.Model):
+    """`obj`'s team where it is loaded already (no query for its name), else its id."""
+    return obj.team if type(obj).team.is_cached(obj) else obj.team_id
 
 
 def transition_many(changes: Sequence[tuple[models.Model, str, dict]], *, machine: StateMachine,
@@ -93,7 +109,7 @@ def record_event(*, obj, event_model, from_state: str, to_state: str, reason: st
         subject=obj, from_state=from_state, to_state=to_state, reason=reason, actor_label=label,
         data=data or {},
     )
-    audit_record(actor=actor, team=obj.team_id, action=f"{obj._meta.model_name}.transition", target=obj,
+    audit_record(actor=actor, team=_team_of(obj), action=f"{obj._meta.model_name}.transition", target=obj,
                  data={"from": from_state, "to": to_state, "reason": reason}, system=system)
     return event
 

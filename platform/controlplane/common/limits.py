@@ -126,16 +126,18 @@ def lock_team_submissions(*, team) -> None:
     list(Team.objects.select_for_update(no_key=no_key).filter(pk=team.pk).values_list("pk", flat=True))
 
 
-def submission_rate_check(*, team, now=None) -> None:
+def submission_rate_check(*, team, now=None, team_locked: bool = False) -> None:
     """Raise RateLimited (429, Retry-After) when the team has submitted its limit of training jobs and
     deployments in the last minute. Call it inside the transaction that records the submission: it locks the
-    team row, so concurrent submissions of one team are counted one after the other."""
+    team row (lock_team_submissions; `team_locked`: the caller holds that lock already in this transaction, and
+    it is not taken again), so concurrent submissions of one team are counted one after the other."""
     from controlplane.tenancy.models import AuditEvent
 
     limit = settings.FLEETYARD_MAX_SUBMISSIONS_PER_TEAM_PER_MINUTE
     if not limit:
         return
-    lock_team_submissions(team=team)
+    if not team_locked:
+        lock_team_submissions(team=team)
     now = now or timezone.now()
     recent = list(AuditEvent.objects.filter(team=team, action__in=SUBMISSION_ACTIONS,
                                             created_at__gt=now - SUBMISSION_WINDOW)
