@@ -228,3 +228,16 @@ def test_resolver_errors_are_refusals(monkeypatch):
     with pytest.raises(netguard.UnsafeURL, match="does not resolve"):
         netguard.check_url("https://files.example.com/x")
     assert netguard.check_url("https://files.example.com/x", require_resolution=False) == []
+
+
+def test_a_failed_fetch_does_not_repeat_credentials_a_legacy_version_holds(world, dataset, settings):
+    """A version registered before credentials in a URI were refused still holds them (members see them masked:
+    `shown_uri`); a fetch that failed repeated the stored URI, password included, in the reason a job's timeline
+    and error show."""
+    with socket.socket() as probe:  # a port nothing listens on: the connection is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings.FLEETYARD_FETCH_ALLOW_HOSTS = [f"127.0.0.1:{port}"]
+    with pytest.raises(DatasetUnavailable) as refused:
+        dataset_local_file(_row(dataset, f"http://user:hunter2@127.0.0.1:{port}/data.txt"))
+    assert "hunter2" not in str(refused.value) and f"http://***@127.0.0.1:{port}/data.txt" in str(refused.value)

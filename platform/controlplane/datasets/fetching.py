@@ -78,19 +78,19 @@ def _fetched_file(version: DatasetVersion) -> Path:
                 response.close()
                 continue
             if response.status_code != 200:
-                raise DatasetUnavailable(f"fetching dataset version {version.version} from {version.uri} "
+                raise DatasetUnavailable(f"fetching dataset version {version.version} from {version.shown_uri} "
                                          f"answered HTTP {response.status_code}")
             stored = storage.store_stream(chunks=response.iter_content(storage.CHUNK), relative_dir=target_dir,
                                           filename="data", max_bytes=limit)
             break
         else:
-            raise DatasetUnavailable(f"fetching {version.uri} was redirected more than {MAX_REDIRECTS} times")
+            raise DatasetUnavailable(f"fetching {version.shown_uri} was redirected more than {MAX_REDIRECTS} times")
     except netguard.UnsafeURL as exc:
         raise DatasetUnavailable(f"dataset version {version.version} was not fetched: {exc}") from None
     except storage.UploadTooLarge as exc:
         raise DatasetUnavailable(f"dataset version {version.version} is larger than {limit} bytes") from exc
     except requests.RequestException as exc:
-        raise DatasetUnavailable(f"fetching dataset version {version.version} from {version.uri} failed: "
+        raise DatasetUnavailable(f"fetching dataset version {version.version} from {version.shown_uri} failed: "
                                  f"{type(exc).__name__}") from exc
     finally:
         session.close()
