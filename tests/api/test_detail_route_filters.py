@@ -7,6 +7,7 @@ parameter is now a 400 naming it (controlplane.common.filters), and the list sti
 from __future__ import annotations
 
 import pytest
+
 from controlplane.datasets.services import dataset_create
 
 REFUSAL = "a filter of the list; a route of one object takes none (leave it out)"

@@ -241,3 +241,13 @@ def test_a_failed_fetch_does_not_repeat_credentials_a_legacy_version_holds(world
     with pytest.raises(DatasetUnavailable) as refused:
         dataset_local_file(_row(dataset, f"http://user:hunter2@127.0.0.1:{port}/data.txt"))
     assert "hunter2" not in str(refused.value) and f"http://***@127.0.0.1:{port}/data.txt" in str(refused.value)
+
+
+@pytest.mark.parametrize("url, says", [("https://user:s3cret@example.org:99999/x", "has an invalid port"),
+                                       ("https://user:s3cret@/x", "names no host")])
+def test_a_refused_url_does_not_repeat_its_credentials(url, says):
+    """Two refusals repeated the whole URL, so a legacy dataset version's password could reach a job's failure
+    reason, which every member of its team reads (QA)."""
+    with pytest.raises(netguard.UnsafeURL) as refused:
+        netguard.check_target(url)
+    assert says in str(refused.value) and "s3cret" not in str(refused.value) and "***@" in str(refused.value)

@@ -5,8 +5,8 @@ DRF and django-filter ignore what they do not know: `?stat=QUEUED` (for `state`)
 `?ordering=bogus` the default order. Here an unknown parameter or ordering field is a 400 naming it and listing
 what is accepted. On an object's own routes (a detail view: get, update, delete, its actions) the list's filters,
 ordering and search do not narrow the lookup: each is a 400 naming it (DRF's get_object ran them, so
-`GET /deployments/7/?name=other` answered 404). Kept apart from common/api.py for the reason common/parsers.py is (DRF reads these settings
-while importing its generic views)."""
+`GET /deployments/7/?name=other` answered 404). Kept apart from common/api.py for the reason common/parsers.py is
+(DRF reads these settings while importing its generic views)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from django import forms
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import exceptions, filters
 from rest_framework.settings import api_settings
-
 
 _DETAIL_REFUSAL = "a filter of the list; a route of one object takes none (leave it out)"
 

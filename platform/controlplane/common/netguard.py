@@ -65,13 +65,25 @@ def allowed_hosts() -> set[str]:
     return {entry.strip().lower() for entry in getattr(settings, "FLEETYARD_FETCH_ALLOW_HOSTS", []) if entry.strip()}
 
 
+def uri_without_credentials(uri: str) -> str:
+    """`uri` with any user info (`user:password@`) before its host replaced by `***` (what a message may repeat of a URL
+    a dataset version registered before credentials were refused)."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return uri
+    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
+
+
 def _host_port(url: str) -> tuple[str, int, str]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     try:
         port = parts.port or (443 if scheme == "https" else 80)
     except ValueError:
-        raise UnsafeURL(f"{url!r} has an invalid port") from None
+        raise UnsafeURL(f"{uri_without_credentials(url)!r} has an invalid port") from None
     host = (parts.hostname or "").rstrip(".").lower()
     return host, port, scheme
 
@@ -82,7 +94,7 @@ def check_target(url: str) -> tuple[str, int]:
     if scheme not in FETCH_SCHEMES:
         raise UnsafeURL(f"the platform fetches only {' and '.join(FETCH_SCHEMES)} URLs, not {scheme or 'no'} scheme")
     if not host:
-        raise UnsafeURL(f"{url!r} names no host")
+        raise UnsafeURL(f"{uri_without_credentials(url)!r} names no host")
     if f"{host}:{port}" in allowed_hosts():
         return host, port
     if host in METADATA_NAMES or host.endswith((".internal", ".localhost")) or host == "localhost":

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from controlplane.common.netguard import uri_without_credentials  # (shown_uri masks with it)
 from controlplane.tenancy.models import SLUG_VALIDATOR, Team
 
 
@@ -70,14 +71,3 @@ class DatasetVersion(models.Model):
             filename = PurePosixPath(unquote(urlsplit(self.uri).path)).name
             return f"upload://{self.dataset.team.name}/{self.dataset.name}/v{self.version}/{filename}"
         return uri_without_credentials(self.uri)
-
-
-def uri_without_credentials(uri: str) -> str:
-    """`uri` with any user info (`user:password@`) before its host replaced by `***`."""
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return uri
-    authority, slash, path = rest.partition("/")
-    if "@" not in authority:
-        return uri
-    return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
