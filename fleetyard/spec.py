@@ -580,7 +580,8 @@ def _job(reader: _Reader, data: dict, spec: Spec, count: float) -> None:
 def _workers(reader: _Reader, data: dict, spec: Spec) -> None:
     if "workers" in data and "num_nodes" in data:
         reader.error("num_nodes", "give workers or num_nodes, not both")
-    key = "workers" if "workers" in data else "num_nodes"
+    # (left out, it is `workers`, the spec's own word: errors named `num_nodes`, a field the spec never wrote; QA)
+    key = "num_nodes" if "num_nodes" in data else "workers"
     spec.origins["workers_min"] = (key, reader.line(key))
     spec.origins["workers_max"] = (key, reader.line(key))
     value = data.get(key, 1)

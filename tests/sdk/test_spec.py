@@ -270,3 +270,12 @@ def test_a_bad_max_restarts_names_the_field_once():
     assert nested == [f"spec.yaml:{line}: retry.max_restarts: must be a whole number from 0 to 1000, got -1"]
     short = issues(JOB_YAML.replace("retry: {max_restarts: 5}", "retry: lots"))
     assert short == [f"spec.yaml:{line}: retry: max_restarts must be a whole number from 0 to 1000, got 'lots'"]
+
+
+def test_a_spec_without_workers_points_errors_about_them_at_workers():
+    """Neither `workers` nor `num_nodes` given: errors about the gang named `num_nodes`, a key the spec never wrote
+    (QA); it is `workers`, the spec's own word, and num_nodes where the spec wrote that."""
+    spec = parse_spec("name: a\nqueue: default\nresources: {accelerators: nvidia-a100:1}\n")
+    assert spec.origins["workers_min"] == spec.origins["workers_max"] == ("workers", None)
+    spec = parse_spec("name: a\nqueue: default\nnum_nodes: 2\nresources: {accelerators: nvidia-a100:1}\n")
+    assert spec.origins["workers_min"] == ("num_nodes", 3)

@@ -208,20 +208,14 @@ def _workload_class(spec: Spec, values: dict) -> str:
                              entrypoint=values.get("entrypoint") or "")
 
 
-# A field the spec left out, by the name the spec would give it (the parser records workers as `num_nodes`, its
-# alias, when the spec gives neither).
-_LEFT_OUT_NAMES = {"num_nodes": "workers"}
-
-
 def _locate(spec: Spec, text: str, rest_field: str) -> tuple[str, int | None]:
     """Where a REST field came from in the spec (Spec.locate). A field the spec left out (a default: workers,
-    replicas, secrets) is named as the spec would write it and placed at the line of the mapping that would hold it:
-    its error was reported as `num_nodes` without a line, a field the spec never mentions (QA)."""
+    replicas, secrets) is placed at the line of the mapping that would hold it; the parser names it as the spec would
+    write it (`workers`, not its alias `num_nodes`): its error was reported as `num_nodes` without a line (QA)."""
     path, line = spec.locate(rest_field)
     head = rest_field.split(".")[0]
     if line is not None or not (rest_field in spec.origins or head in spec.origins):
         return path, line
-    path = _LEFT_OUT_NAMES.get(path, path)
     return path, _mapping_line(text, path.rpartition(".")[0])
 
 
