@@ -282,36 +282,42 @@ def ref_preemption(state, pending, types, already):
                 keep = [False] * len(r.workers)
             else:
                 continue
-            for i, w in enumerate(r.workers):
-                if keep[i]:
-                    continue
-                if w.node in trial.nodes:
-                    free = trial.nodes[w.node].device_free
-                    for d, share in w.taken:
-                        if d < len(free):
-                            free[d] = max(0.0, free[d] - share)
-                trial.ledger.add(v.cluster_queue, t, v.devices_per_worker)
-                trial.running[v.id] = Running(v, t, tuple(x for j, x in enumerate(r.workers) if keep[j] or j == i),
-                                              r.work_since_checkpoint_s)
-                if ref_fits(trial, wl, t):
-                    keep[i] = True
-                    continue
-                trial.release((w,))
-                trial.ledger.add(v.cluster_queue, t, -v.devices_per_worker)
+            # a stopped one keeping too few tries again from each next worker on (the first kept may be in the way)
+            for start in range(len(r.workers) if v.id in stopped_ids else 1):
+                for i in list(range(start, len(r.workers))) + list(range(start)):
+                    w = r.workers[i]
+                    if keep[i]:
+                        continue
+                    if w.node in trial.nodes:
+                        free = trial.nodes[w.node].device_free
+                        for d, share in w.taken:
+                            if d < len(free):
+                                free[d] = max(0.0, free[d] - share)
+                    trial.ledger.add(v.cluster_queue, t, v.devices_per_worker)
+                    trial.running[v.id] = Running(v, t, tuple(x for j, x in enumerate(r.workers) if keep[j] or j == i),
+                                                  r.work_since_checkpoint_s)
+                    if ref_fits(trial, wl, t):
+                        keep[i] = True
+                        continue
+                    trial.release((w,))
+                    trial.ledger.add(v.cluster_queue, t, -v.devices_per_worker)
+                    kept = tuple(x for j, x in enumerate(r.workers) if keep[j])
+                    if kept:
+                        trial.running[v.id] = Running(v, t, kept, r.work_since_checkpoint_s)
+                    else:
+                        trial.running.pop(v.id)
+                n = sum(keep)
                 kept = tuple(x for j, x in enumerate(r.workers) if keep[j])
-                if kept:
-                    trial.running[v.id] = Running(v, t, kept, r.work_since_checkpoint_s)
-                else:
-                    trial.running.pop(v.id)
+                if v.id not in stopped_ids or n >= max(1, v.workers_min) or not kept:
+                    break
+                trial.release(kept)
+                trial.ledger.add(v.cluster_queue, t, -len(kept) * v.devices_per_worker)
+                trial.running.pop(v.id)
+                keep = [False] * len(r.workers)
             n = sum(keep)
             kind = "lower priority" if v.priority < wl.priority else "borrowed quota reclaimed"
             if v.id in stopped_ids:
                 if n < max(1, v.workers_min):
-                    kept = tuple(x for j, x in enumerate(r.workers) if keep[j])
-                    if kept:
-                        trial.release(kept)
-                        trial.ledger.add(v.cluster_queue, t, -len(kept) * v.devices_per_worker)
-                        trial.running.pop(v.id)
                     continue
                 victims = [x for x in victims if x.workload_id != v.id]
             if n == len(r.workers):

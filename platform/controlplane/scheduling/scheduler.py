@@ -1264,27 +1264,37 @@ def _keep_workers(state: _State, workload: Workload, accelerator_type: str, undo
             keep = [False] * len(workers)
         else:
             continue
-        for position, worker in enumerate(workers):
-            if keep[position]:
-                continue
-            before = state.running.get(victim.id)
-            undo.take((worker,))
-            undo.add(victim.cluster_queue, accelerator_type, victim.devices_per_worker)
-            undo.set_running(victim.id, Running(victim, accelerator_type, tuple(
-                w for i, w in enumerate(workers) if keep[i] or i == position), running.work_since_checkpoint_s))
-            if _fits(state, workload, accelerator_type):
-                keep[position] = True
-                continue
-            undo.release((worker,))
-            undo.add(victim.cluster_queue, accelerator_type, -victim.devices_per_worker)
-            undo.set_running(victim.id, before)
-        count = sum(keep)
-        if victim.id in stopped and count < max(1, victim.workers_min):
+        # A stopped one that keeps too few tries again from its next worker on: the workers kept first may be the
+        # ones in the preemptor's way while the rest would have been enough (before, one of 4 devices on one node was
+        # kept, its two others on a second node could not be, and it was stopped though keeping those two and giving
+        # the first back let the preemptor fit; found by QA).
+        for start in range(len(workers) if victim.id in stopped else 1):
+            for position in chain(range(start, len(workers)), range(start)):
+                worker = workers[position]
+                if keep[position]:
+                    continue
+                before = state.running.get(victim.id)
+                undo.take((worker,))
+                undo.add(victim.cluster_queue, accelerator_type, victim.devices_per_worker)
+                undo.set_running(victim.id, Running(victim, accelerator_type, tuple(
+                    w for i, w in enumerate(workers) if keep[i] or i == position), running.work_since_checkpoint_s))
+                if _fits(state, workload, accelerator_type):
+                    keep[position] = True
+                    continue
+                undo.release((worker,))
+                undo.add(victim.cluster_queue, accelerator_type, -victim.devices_per_worker)
+                undo.set_running(victim.id, before)
+            count = sum(keep)
+            if victim.id not in stopped or count >= max(1, victim.workers_min):
+                break
             kept = tuple(w for i, w in enumerate(workers) if keep[i])
-            if kept:  # too few to run: it is stopped after all
-                undo.release(kept)
-                undo.add(victim.cluster_queue, accelerator_type, -len(kept) * victim.devices_per_worker)
-                undo.set_running(victim.id, None)
+            if not kept:
+                break  # not one worker fits beside the preemptor: no other start keeps any
+            undo.release(kept)  # too few to run: given back, to try from the next worker, or it is stopped after all
+            undo.add(victim.cluster_queue, accelerator_type, -len(kept) * victim.devices_per_worker)
+            undo.set_running(victim.id, None)
+            keep = [False] * len(workers)
+        if victim.id in stopped and count < max(1, victim.workers_min):
             continue
         decided[victim.id] = None if count == len(workers) else Shrink(
             victim.id, count, tuple(w for i, w in enumerate(workers) if not keep[i]), workload.id,
