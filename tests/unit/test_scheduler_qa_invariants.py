@@ -469,3 +469,17 @@ def test_mixed_load_keeps_the_rules_before_and_through_the_cycle(seed):
 @given(st.integers(0, 2**32 - 1))
 def test_additional_workers_go_only_on_free_devices_of_schedulable_nodes(seed):
     assert check_additional_workers(random.Random(seed)) == []
+
+
+def test_a_running_workload_given_with_its_per_type_sizes_counts_at_its_size_there():
+    """A Running given the pending workload (per-type `sizes`, 4 cores on cpu, 1 device elsewhere) counted at the
+    default size: 4 cores in use counted as 1, so a queue of nominal 4 admitted 3 more cores (QA). It is sized on the
+    type it runs on now."""
+    nodes = (NodeSpec("c1", "cpu-pool", "cpu", "g", 16),)
+    queue = ClusterQueueSpec("a", {"cpu": Quota(4.0)})
+    job = Workload("big", "a", ("nvidia-h100", "cpu"), 1.0, sizes=(("cpu", 4.0),))
+    running = Running(job, "cpu", (WorkerPlacement("c1", tuple((d, 1.0) for d in range(4))),))
+    assert running.usage == 4.0 and running.workload.devices_per_worker == 4.0 and running.workload.sizes == ()
+    late = Workload("late", "a", ("cpu",), 3.0, arrival=1.0)
+    result = schedule(Snapshot(nodes, (queue,), running=(running,), pending=(late,)))
+    assert [a.workload_id for a in result.admitted] == [] and [w.workload_id for w in result.waiting] == ["late"]

@@ -79,6 +79,13 @@ class Running:
     # leave now (the platform's jobs STARTING or RECOVERING).
     settled: bool = False
 
+    def __post_init__(self) -> None:
+        # Its workload as sized on the type it runs on: given the pending workload with per-type `sizes`, its usage,
+        # release and growth were counted at the default size (4 cores on cpu counted as 1, and a queue of nominal 4
+        # admitted 3 more; found by QA).
+        if self.workload.sizes:
+            object.__setattr__(self, "workload", self.workload.on(self.accelerator_type))
+
     @property
     def usage(self) -> float:
         return len(self.workers) * self.workload.devices_per_worker
