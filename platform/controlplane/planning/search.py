@@ -153,7 +153,9 @@ class _Search:
         self.cost = CostModel(request)
         self.evaluated = 0
         self.best_per_shape: dict[tuple, Prediction] = {}
-        self.keep = request.options.max_alternatives + 1
+        # At least 2, as in _ranked: the explanation names the runner-up even when no alternative is listed (with 1,
+        # the threshold fell to the best's time and pruned the true runner-up; QA).
+        self.keep = max(request.options.max_alternatives + 1, 2)
         self.threshold = math.inf  # the keep-th best shape's step time: anything slower cannot be shown
         self.closest_miss: tuple[float, Layout, float, float] | None = None  # (share, layout, bytes, limit)
         self.model_flops = request.global_batch_size * request.model.seq_len * self.cost.model_flops_per_token
