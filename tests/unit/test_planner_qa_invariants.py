@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controlplane.cluster.accelerator_facts import facts_by_slug
-from controlplane.planning import DevicePool, PlanRequest, device_type_from_facts, plan
+from controlplane.planning import DevicePool, ModelSpec, PlanRequest, device_type_from_facts, plan
 
 H100 = device_type_from_facts(facts_by_slug()["nvidia-h100"])
 
@@ -32,3 +32,20 @@ def test_the_runner_up_named_without_alternatives_is_the_true_runner_up():
     assert runner_up.startswith("6.4% faster than the next best (DP16 x TP2 x PP1 "), runner_up
     assert runner_up in alone.reason
     assert listed.alternatives[0].layout.describe() in alone.reason
+
+
+def test_a_plan_with_no_alternative_does_not_say_it_is_the_only_layout_that_fits():
+    """One layer on one H100 at global batch 8: micro-batches 1, 2, 4 and 8 all fit (the search keeps one layout per
+    DP x TP x PP shape), yet the reason said "the only layout of 8 tried that fits"."""
+    from controlplane.planning import CostModel, Layout, Stage
+
+    request = PlanRequest(ModelSpec(layers=1, hidden=512, heads=8, seq_len=512, vocab=1000), 8,
+                          (DevicePool(H100, 1, 1, 450.0, 50.0),))
+    result = plan(request)
+    assert result.alternatives == ()
+    cost = CostModel(request)
+    fitting = [mbs for mbs in (1, 2, 4, 8)
+               if cost.evaluate(Layout(dp=1, stages=(Stage(H100.slug, 1, 1),), micro_batch_size=mbs)).fits]
+    assert len(fitting) == 4
+    assert "the only layout" not in result.reason
+    assert "the only DP x TP x PP shape that fits of " in result.reason

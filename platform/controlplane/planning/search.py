@@ -555,7 +555,9 @@ def explain(best: Prediction, others: Iterable[Prediction], request: PlanRequest
         parts.append(f"the fastest of {evaluated} layouts tried, {100 * gain:.1f}% faster than the next best "
                      f"({runner.layout.describe()})")
     else:
-        parts.append(f"the only layout of {evaluated} tried that fits")
+        # The search keeps one layout per shape: other micro-batch sizes, recomputation or ZeRO levels of this shape
+        # may fit too (it said "the only layout ... that fits" of one device, where every micro-batch size fitted; QA).
+        parts.append(f"the only DP x TP x PP shape that fits of {evaluated} layouts tried")
     why = [f"compute {_share(b['compute'], step)} of the step"]
     if layout.tp > 1:
         why.append(f"TP{layout.tp} all-reduces stay inside a node ({_share(b['tp_comm'], step)})")
