@@ -49,3 +49,33 @@ def test_a_plan_with_no_alternative_does_not_say_it_is_the_only_layout_that_fits
     assert len(fitting) == 4
     assert "the only layout" not in result.reason
     assert "the only DP x TP x PP shape that fits of " in result.reason
+
+
+def test_a_pipeline_that_crosses_nodes_sends_at_the_inter_node_bandwidth():
+    """Stage boundaries were sent at NVLink speed whenever DP x TP was smaller than a node, even where the pipeline
+    crossed nodes: 16 stages of DP1 x TP1 on two 8-device nodes, and a pipeline from an H100 node to an A100 node,
+    predicted the same step at 0.001 GB/s between nodes as at 50 GB/s (and at 0.001 GB/s the plan was a pipeline over
+    both pools, said to take 0.66 s a step)."""
+    from controlplane.planning import CostModel, Layout, Stage
+
+    a100 = device_type_from_facts(facts_by_slug()["nvidia-a100"])
+    model = ModelSpec(layers=16, hidden=4096, heads=32, seq_len=2048, vocab=32000)
+
+    def steps(pools, stages):
+        times = []
+        for inter in (50.0, 0.001):
+            request = PlanRequest(model, 64, tuple(replace(p, inter_node_gbps=inter) for p in pools))
+            times.append(CostModel(request).evaluate(Layout(dp=1, stages=stages, micro_batch_size=1)).step_time_s)
+        return times
+
+    two_nodes = DevicePool(H100, 2, 8, 450.0, 50.0)
+    fast, slow = steps((two_nodes,), tuple(Stage(H100.slug, 1, 1) for _ in range(16)))
+    assert slow > 100 * fast
+    mixed = (DevicePool(H100, 1, 8, 450.0, 50.0), DevicePool(a100, 1, 8, 300.0, 50.0))
+    fast, slow = steps(mixed, (Stage(H100.slug, 1, 8), Stage(a100.slug, 1, 8)))
+    assert slow > 100 * fast
+    one_node = DevicePool(H100, 1, 8, 450.0, 50.0)  # a pipeline inside one node never uses the inter-node link
+    fast, slow = steps((one_node,), tuple(Stage(H100.slug, 1, 2) for _ in range(8)))
+    assert fast == slow
+    best = plan(PlanRequest(model, 64, tuple(replace(p, inter_node_gbps=0.001) for p in mixed))).best
+    assert not best.layout.heterogeneous and best.step_time_s < 1, best.layout.describe()

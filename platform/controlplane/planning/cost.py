@@ -379,14 +379,18 @@ class CostModel:
         return result
 
     def pp_comm_s(self, pool: DevicePool, tp: int, dp: int, mbs: int, p: int, first: bool, last: bool,
-                  virtual_stages: int) -> float:
+                  virtual_stages: int, heterogeneous: bool = False) -> float:
         """Point-to-point sends of one micro-batch: activations forward and gradients backward to each
         neighbouring stage, 1/tp of them per device (Megatron's scatter/gather), v times when interleaved.
         Ranks are ordered TP, then DP, then PP, so neighbouring stages share a node only when DP x TP
-        is smaller than a node."""
+        is smaller than a node, and all of them only when the whole pipeline (DP x TP x PP) is: otherwise a stage
+        boundary crosses nodes, as every pipeline over two pools does, and the pipeline runs at the pace of the
+        stage that sends over it (before, 16 stages of DP1 x TP1 on two 8-device nodes, or a pipeline from H100 to
+        A100 nodes, sent at NVLink speed whatever the inter-node bandwidth; QA)."""
         if p <= 1:
             return 0.0
-        gbps = pool.inter_node_gbps if dp * tp >= pool.devices_per_node else pool.intra_node_gbps
+        crosses = heterogeneous or dp * tp * p > pool.devices_per_node
+        gbps = pool.inter_node_gbps if crosses else pool.intra_node_gbps
         boundary = BYTES_PER_VALUE * mbs * self.model.seq_len * self.model.hidden / tp
         sends = (1 if first or last else 2) * 2 * virtual_stages
         return sends * (boundary / (gbps * GB * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S)
@@ -419,8 +423,9 @@ class CostModel:
 
     def stage_figures(self, pool: DevicePool, tp: int, layers: int, index: int, p: int, dp: int, mbs: int,
                       micro: int, recompute: str, sequence_parallel: bool, zero: bool, ep: int,
-                      virtual_stages: int) -> StageFigures:
-        """Time per micro-batch, memory and gradient sync of one device of stage ``index`` (of ``p``)."""
+                      virtual_stages: int, heterogeneous: bool = False) -> StageFigures:
+        """Time per micro-batch, memory and gradient sync of one device of stage ``index`` (of ``p``);
+        ``heterogeneous``: the pipeline's stages run on more than one pool."""
         first, last = index == 0, index == p - 1
         layer = self.layer_cost(pool, tp, mbs, recompute, sequence_parallel, ep)
         extra_s, extra_flops, extra_params, extra_act = self.stage_extras(pool, tp, mbs, first, last,
@@ -429,7 +434,7 @@ class CostModel:
         compute = n * (layer.fwd_s + layer.bwd_s + layer.recompute_s) + extra_s
         tp_comm = n * layer.tp_comm_s
         ep_comm = n * layer.ep_comm_s
-        pp_comm = self.pp_comm_s(pool, tp, dp, mbs, p, first, last, virtual_stages)
+        pp_comm = self.pp_comm_s(pool, tp, dp, mbs, p, first, last, virtual_stages, heterogeneous)
         bwd = n * (layer.bwd_s + layer.recompute_s + 0.5 * layer.tp_comm_s)
 
         dense = n * layer.dense_params + extra_params
@@ -511,10 +516,12 @@ class CostModel:
         micro = req.global_batch_size // (layout.dp * layout.micro_batch_size)
         worst = None
         worst_share = -1.0
-        for stage, index, _count in self._kinds(layout):
+        kinds = self._kinds(layout)
+        heterogeneous = len({stage.pool for stage, _index, _count in kinds}) > 1  # (not walking every stage)
+        for stage, index, _count in kinds:
             fig = self.stage_figures(self.pools[stage.pool], stage.tp, stage.layers, index, layout.pp, layout.dp,
                                      layout.micro_batch_size, micro, layout.recompute, layout.sequence_parallel,
-                                     zero_level(layout), layout.ep, layout.virtual_stages)
+                                     zero_level(layout), layout.ep, layout.virtual_stages, heterogeneous)
             share = fig.memory / fig.memory_limit
             if share > worst_share:
                 worst, worst_share = fig, share
@@ -536,11 +543,13 @@ class CostModel:
         worst: StageFigures | None = None
         worst_share = -1.0
         devices_per_replica = 0
-        for stage, index, count in self._kinds(layout):
+        kinds = self._kinds(layout)
+        heterogeneous = len({stage.pool for stage, _index, _count in kinds}) > 1  # (not walking every stage)
+        for stage, index, count in kinds:
             devices_per_replica += count * stage.tp
             pool = self.pools[stage.pool]
             fig = self.stage_figures(pool, stage.tp, stage.layers, index, p, dp, mbs, micro, layout.recompute,
-                                     layout.sequence_parallel, zero_level(layout), layout.ep, v)
+                                     layout.sequence_parallel, zero_level(layout), layout.ep, v, heterogeneous)
             t_sum += count * fig.time_s
             if fig.time_s > t_max:
                 t_max = fig.time_s

@@ -418,6 +418,7 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
     state_bytes = WEIGHT_BYTES + GRAD_BYTES + optimizer_share
     per_layer, fixed, caps = [], [], []
     profiles: dict[tuple, tuple] = {}
+    heterogeneous = len({pool.name for pool, _tp in slots}) > 1
     for index, (pool, tp) in enumerate(slots):
         first, last = index == 0, index == p - 1
         profile = profiles.get((pool.name, tp, first, last))
@@ -427,7 +428,7 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
             base_bytes = extra_params * state_bytes + extra_act
             if recompute == "full":
                 base_bytes += layer.working_bytes
-            profile = (layer.time_s, extra_s + cost.pp_comm_s(pool, tp, dp, mbs, p, first, last, 1),
+            profile = (layer.time_s, extra_s + cost.pp_comm_s(pool, tp, dp, mbs, p, first, last, 1, heterogeneous),
                        (layer.dense_params + layer.expert_params) * state_bytes, layer.stored_bytes,
                        pool.device.memory_bytes * MEMORY_USABLE_FRACTION - base_bytes)
             profiles[(pool.name, tp, first, last)] = profile
