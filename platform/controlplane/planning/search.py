@@ -33,6 +33,7 @@ import itertools
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 from controlplane.planning.cost import (
     GB,
@@ -54,6 +55,7 @@ from controlplane.planning.model import (
 
 BYTES_PER_PARAMETER = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 18: the least any layout keeps in total
 HETEROGENEOUS_MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes the heterogeneous search tries
+BOUNDARY_MOVES = 4  # at most this many one-layer moves across pool boundaries per mixed shape (refine_boundaries)
 
 
 def divisors(n: int) -> list[int]:
@@ -180,6 +182,34 @@ class _Search:
             if prediction.step_time_s < self.threshold and len(self.best_per_shape) >= self.keep:
                 times = heapq.nsmallest(self.keep, (p.step_time_s for p in self.best_per_shape.values()))
                 self.threshold = times[self.keep - 1]
+
+    def refine_boundaries(self) -> None:
+        """_balance evens the stages' time per micro-batch, not what each exposes once per step (its gradient
+        all-reduce, over its own pool's links), so one layer more or less on either side of a boundary between pools
+        may be faster: each mixed shape that could rank (within 10% of the threshold) takes such moves while one is
+        faster and fits, a few at most (before, 1.5 x the NVLink bandwidth of the slower pool moved a layer to it,
+        whose all-reduce crosses its slow inter-node link, and the plan got slower; QA). After the search, on the
+        shapes kept, so it adds a few evaluations, not two per layout balanced."""
+        pools = {pool.name: pool for pool in self.request.pools}
+        for shape, prediction in list(self.best_per_shape.items()):
+            if not prediction.layout.heterogeneous or prediction.step_time_s > 1.1 * self.threshold:
+                continue
+            for _ in range(BOUNDARY_MOVES):
+                layout = prediction.layout
+                slots = [(pools[stage.pool], stage.tp) for stage in layout.stages]
+                better = None
+                for moved in _boundary_moves(slots, [stage.layers for stage in layout.stages]):
+                    self.evaluated += 1
+                    trial = self.cost.evaluate(replace(layout, stages=tuple(
+                        replace(stage, layers=n) for stage, n in zip(layout.stages, moved, strict=True))))
+                    if trial.fits and _ranks_before(trial, better or prediction):
+                        better = trial
+                if better is None:
+                    break
+                prediction = self.best_per_shape[shape] = _with_reason(better, prediction.reason)
+        times = heapq.nsmallest(self.keep, (p.step_time_s for p in self.best_per_shape.values()))
+        if len(times) >= self.keep:
+            self.threshold = times[self.keep - 1]
 
     def _miss(self, used: float, limit: float, make_layout) -> None:
         share = used / limit
@@ -383,6 +413,22 @@ class _Search:
             self._consider(layout, _ladder_note(skipped, rung, [done for done in fitted if done != rung]))
 
 
+def _boundary_moves(slots: list[tuple[DevicePool, int]], layers: list[int]) -> list[list[int]]:
+    """``layers`` with one layer moved across each boundary between stages of different pools, either way (a stage
+    keeps at least one layer)."""
+    moves = []
+    for i in range(len(slots) - 1):
+        if slots[i][0].name == slots[i + 1][0].name:
+            continue
+        for give, take in ((i, i + 1), (i + 1, i)):
+            if layers[give] > 1:
+                moved = list(layers)
+                moved[give] -= 1
+                moved[take] += 1
+                moves.append(moved)
+    return moves
+
+
 def _memory_kinds(split: tuple[int, ...]) -> tuple[int, ...]:
     """The stages that can hold the most memory: the first of each run of equal stages (most micro-batches
     in flight within the run) and the last (the logits)."""
@@ -532,8 +578,6 @@ def _ladder_note(skipped, chosen, fitted=()) -> str:
 
 
 def _with_reason(prediction: Prediction, note: str) -> Prediction:
-    from dataclasses import replace
-
     return replace(prediction, reason=note)
 
 
@@ -682,6 +726,7 @@ def plan(request: PlanRequest) -> PlanResult:
             search.homogeneous(pool)
         if request.options.allow_heterogeneous and len(capable) > 1:
             search.heterogeneous(capable)
+            search.refine_boundaries()
     ranked = _ranked(list(search.best_per_shape.values()), request.options.max_alternatives + 1) if search else []
     elapsed = time.perf_counter() - started
     evaluated = search.evaluated if search else 0
