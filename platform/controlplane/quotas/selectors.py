@@ -11,14 +11,18 @@ def cluster_queue_list() -> QuerySet[ClusterQueue]:
     return ClusterQueue.objects.prefetch_related("quotas__accelerator_type", "teams")
 
 
-def team_names_seen_by(*, user) -> set[str] | None:
+def team_names_seen_by(*, user, token=None) -> set[str] | None:
     """The team names a ClusterQueue's `teams` may show `user`: None (all of them) for an operator, else the user's
-    own teams (other teams' names are not theirs to see)."""
+    own teams (other teams' names are not theirs to see). A team API token narrows them to its team, as everywhere
+    else (before, a token of team alpha showed the name of every other team of its user: QA)."""
     if user is not None and user.is_staff:
         return None
     if user is None or not user.is_authenticated:
         return set()
-    return set(user.memberships.values_list("team__name", flat=True))
+    memberships = user.memberships.all()
+    if token is not None:
+        memberships = memberships.filter(team_id=token.team_id)
+    return set(memberships.values_list("team__name", flat=True))
 
 
 def local_queue_list(*, team_ids: list[int]) -> QuerySet[LocalQueue]:

@@ -9,7 +9,13 @@ from rest_framework.response import Response
 from controlplane.quotas import selectors, services
 from controlplane.quotas.api import serializers as s
 from controlplane.tenancy.api.scoping import IsStaffOrReadOnly, TeamScopedMixin
-from controlplane.tenancy.models import Role
+from controlplane.tenancy.models import ApiToken, Role
+
+
+def _token_of(request) -> ApiToken | None:
+    """The team API token the request is signed with (None for a session, or schema generation without a request)."""
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, ApiToken) else None
 
 
 class ClusterQueueViewSet(viewsets.ReadOnlyModelViewSet):
@@ -24,7 +30,8 @@ class ClusterQueueViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_context(self):
         return {**super().get_serializer_context(),
-                "teams_seen": selectors.team_names_seen_by(user=getattr(self.request, "user", None))}
+                "teams_seen": selectors.team_names_seen_by(user=getattr(self.request, "user", None),
+                                                           token=_token_of(self.request))}
 
     @extend_schema(request=s.ClusterQueueWriteSerializer, responses={201: s.ClusterQueueSerializer})
     def create(self, request):
