@@ -20,8 +20,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.exceptions import AuthenticationFailed
 
 from controlplane.tenancy.authentication import ApiTokenAuthentication
-from controlplane.tenancy.models import Team
-from controlplane.tenancy.selectors import visible_team_ids
+from controlplane.tenancy.models import Role, Team
+from controlplane.tenancy.selectors import has_role, visible_team_ids
 from inference.gateway import services
 from inference.gateway.openai_schema import (
     CHAT_COMPLETIONS,
@@ -51,8 +51,10 @@ def error_response(error: GatewayError, *, allow: list[str] | None = None) -> Js
     return response
 
 
-def authenticate_team(request) -> Team:
-    """The team of the request's API token, or a 401."""
+def authenticate_team(request, *, minimum: Role | None = None) -> Team:
+    """The team of the request's API token, or a 401; with `minimum`, a 403 unless the token's user has at least that
+    role in the team (a completion needs a member, as the console's playground does: a viewer, refused there, ran the
+    same completion here with a token of their own; QA)."""
     try:
         result = ApiTokenAuthentication().authenticate(request)
     except AuthenticationFailed as exc:
@@ -64,6 +66,9 @@ def authenticate_team(request) -> Team:
     if token.team_id not in visible_team_ids(user=user, token=token):
         raise GatewayError("the token's user is no longer a member of its team", status=401,
                            kind="authentication_error", code="invalid_api_key")
+    if minimum is not None and not has_role(user=user, team_id=token.team_id, minimum=minimum, token=token):
+        raise GatewayError(f"a completion needs the {minimum.value} role in team {token.team.name} (viewers may list "
+                           "its models)", status=403, kind="permission_error", code="forbidden")
     return token.team
 
 
@@ -120,7 +125,7 @@ class _CompletionView(GatewayView):
 
     def post(self, request):
         started = time.monotonic()
-        team = authenticate_team(request)
+        team = authenticate_team(request, minimum=Role.MEMBER)
         try:
             raw = request.body
         except RequestDataTooBig as exc:
