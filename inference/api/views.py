@@ -9,6 +9,7 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from controlplane.common.api import validated_query
 from controlplane.common.errors import ValidationFailed
 from controlplane.tenancy.api.scoping import TeamScopedMixin
 from controlplane.tenancy.models import Role
@@ -93,9 +94,8 @@ class DeploymentViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveM
     def metrics(self, request, pk=None):
         """TTFT/TPOT/queue percentiles, errors by status, throughput and cache hit rate over the window."""
         deployment = self.get_object()
-        query = s.MetricsQuerySerializer(data=request.query_params.dict())
-        query.is_valid(raise_exception=True)
-        metrics = selectors.deployment_metrics(deployment=deployment, window_s=query.validated_data["window"])
+        query = validated_query(request, s.MetricsQuerySerializer)
+        metrics = selectors.deployment_metrics(deployment=deployment, window_s=query["window"])
         return Response(s.DeploymentMetricsSerializer(metrics).data)
 
     def destroy(self, request, pk=None):

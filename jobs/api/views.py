@@ -14,7 +14,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from controlplane.common import references
-from controlplane.common.api import no_fields_check
+from controlplane.common.api import no_fields_check, validated_query
 from controlplane.common.parsers import BoundedJSONParser
 from controlplane.compute.registry import get_compute_backend
 from controlplane.tenancy.api.scoping import TeamScopedMixin
@@ -121,7 +121,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     def metrics(self, request, pk=None):
         """Per-worker step metrics (step, loss, step time, compute time, tokens/s), oldest first."""
         job = self.get_object()
-        query = _stream_query(request, s.MetricQuerySerializer)
+        query = validated_query(request, s.MetricQuerySerializer)
 
         def rows(after):
             return selectors.training_job_metrics(job=job, since_step=query.get("since_step"),
@@ -133,7 +133,7 @@ class TrainingJobViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.Retrieve
     def logs(self, request, pk=None):
         """The run's log lines (every worker; `worker=` for one), oldest first; `follow=true` streams."""
         job = self.get_object()
-        query = _stream_query(request, s.StreamQuerySerializer)
+        query = validated_query(request, s.StreamQuerySerializer)
 
         def rows(after):
             return selectors.training_job_logs(job=job, after_id=after, worker=query.get("worker"))
@@ -177,18 +177,6 @@ def _no_query_params(request) -> None:
     unknown = sorted(set(request.query_params) - {"format"})
     if unknown:
         raise ValidationError({name: ["unknown query parameter; accepted: format"] for name in unknown})
-
-
-def _stream_query(request, serializer_class) -> dict:
-    # Each parameter once: `.dict()` keeps the last of a repeated one, so `?after=1&after=900` quietly read from 900
-    # (a repeated page or page_size is refused as well; QA).
-    repeated = sorted(name for name, values in request.query_params.lists() if len(values) > 1)
-    if repeated:
-        raise ValidationError({name: ["give this parameter once"] for name in repeated})
-    # `format` is DRF's (the renderer), taken by every other endpoint: it was refused here as an unknown field (QA)
-    data = serializer_class(data={k: v for k, v in request.query_params.dict().items() if k != "format"})
-    data.is_valid(raise_exception=True)
-    return dict(data.validated_data)
 
 
 def _respond(job: TrainingJob, query: dict, rows, serializer):

@@ -438,6 +438,18 @@ def test_metrics_endpoint(api, backend, model_dir):
     assert bad.status_code == 400 and "window" in bad.json()
 
 
+def test_metrics_take_format_and_refuse_a_repeated_window(api, backend, model_dir):
+    """`?format=json`, which every other route takes, was a 400 "unknown field" on a deployment's metrics, and
+    `?window=60&window=900` quietly read the last (QA)."""
+    client = api("alpha", "viewer")
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    url = f"/api/v1/deployments/{deployment.pk}/metrics/"
+    response = client.get(f"{url}?window=60&format=json")
+    assert response.status_code == 200 and response.json()["window_s"] == 60, response.json()
+    twice = client.get(f"{url}?window=60&window=900")
+    assert twice.status_code == 400 and twice.json() == {"window": ["give this parameter once"]}, twice.json()
+
+
 def test_the_series_counts_requests_in_the_windows_oldest_partial_minute(api, backend, model_dir):
     """A request 0.7 s before a minute's first half second is in a 60 s window; it must be in a point too (the
     series used to start at the current minute and drop it: found by CI at 13:29:00)."""

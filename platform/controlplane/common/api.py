@@ -115,6 +115,18 @@ class NoFieldsSerializer(StrictInputSerializer):
     field sent, so `{"reason": "..."}` sent to an action that records no reason is not silently dropped."""
 
 
+def validated_query(request, serializer_class) -> dict:
+    """The query parameters of a read that takes them through a (strict) serializer: each given once (`.dict()` keeps
+    the last of a repeated one, so `?after=1&after=900` quietly read from 900), `format` left to DRF's renderer (it
+    was refused as an unknown field on a deployment's metrics; QA)."""
+    repeated = sorted(name for name, values in request.query_params.lists() if len(values) > 1)
+    if repeated:
+        raise exceptions.ValidationError({name: ["give this parameter once"] for name in repeated})
+    data = serializer_class(data={k: v for k, v in request.query_params.dict().items() if k != "format"})
+    data.is_valid(raise_exception=True)
+    return dict(data.validated_data)
+
+
 def no_fields_check(request) -> None:
     """A 400 naming each field of the request's body, for an action that takes none."""
     NoFieldsSerializer(data=request.data).is_valid(raise_exception=True)
