@@ -14,7 +14,11 @@ count (a replica is "full" when its slots are), and then steers it from what was
 
 Hysteresis, so it does not flap: after any change the policy waits a full window (the measurements
 still describe the old setting) before lowering again, and `RELAX_AFTER_WINDOWS` windows before
-raising; between the relax and breach thresholds there is a dead band where nothing changes.
+raising; between the relax and breach thresholds there is a dead band where nothing changes. A target
+that breached the SLA is remembered with the request rate it breached under: calm windows raise the
+target only below it until the rate falls under `RETRY_LOAD_FRACTION` of that rate (before, a steady
+load that breached at target 3 and was calm at 2 went 3 -> 1 -> 2 -> 3 -> breach every five windows,
+marking the deployment DEGRADED each time).
 
     decision = initial_autoscaling(Sla(500, 50), slots=4, replicas_min=1, replicas_max=3)
     decision = adjust_autoscaling(decision, ObservedWindow(at=now, window_s=60, requests=40,
@@ -38,6 +42,8 @@ RELAX_FRACTION = 0.5
 OVERLOAD_FRACTION = 0.05
 # Windows of quiet after the last change before the target is raised (lowering waits one window).
 RELAX_AFTER_WINDOWS = 2
+# A target that breached is tried again only once the request rate is below this fraction of the rate it breached at.
+RETRY_LOAD_FRACTION = 0.75
 # Serve's delays: scale up quickly when the SLA is tight, scale down slowly (replicas are costly to start).
 UPSCALE_DELAY_RANGE_S = (3.0, 30.0)
 DOWNSCALE_DELAY_S = 300.0
@@ -80,6 +86,9 @@ class AutoscalingDecision:
     breach: str | None = None
     changed: bool = False
     changed_at: float = 0.0
+    # The last target lowered for a breach, and the requests per second of the window that breached it.
+    breached_target: int | None = None
+    breached_rate: float | None = None
 
     def serve_config(self) -> dict[str, Any]:
         """The `autoscaling_config` of a Ray Serve deployment."""
@@ -153,13 +162,25 @@ def adjust_autoscaling(current: AutoscalingDecision, window: ObservedWindow, sla
                                                     f"(target {target})")
         lowered = max(1, target // 2)
         return dataclasses.replace(
-            hold, target_ongoing_requests=lowered, changed=True, changed_at=window.at,
+            hold, target_ongoing_requests=lowered, changed=True, changed_at=window.at, breached_target=target,
+            breached_rate=_rate(window),
             reason=f"{breach}: target lowered from {target} to {lowered} ongoing request(s) per replica so Serve "
                    f"adds replicas (up to {current.max_replicas})")
     if _calm(window, sla) and target < current.slots:
         if since_change < RELAX_AFTER_WINDOWS * window.window_s:
             return hold
         raised = min(current.slots, target + max(1, target // 2))
+        ceiling = current.breached_target
+        if ceiling is not None and current.breached_rate is not None \
+                and _rate(window) >= RETRY_LOAD_FRACTION * current.breached_rate:
+            if target >= ceiling - 1:  # the next step is a target that breached at about this load
+                return dataclasses.replace(
+                    hold, reason=f"target {target} ongoing request(s)/replica held: {ceiling} breached the SLA at "
+                                 f"{current.breached_rate:.3g} requests/s, and the load is {_rate(window):.3g}/s "
+                                 f"(it is tried again under {RETRY_LOAD_FRACTION:.0%} of that)")
+            raised = min(raised, ceiling - 1)
+        elif ceiling is not None:  # the load fell: the breached target may be tried again
+            hold = dataclasses.replace(hold, breached_target=None, breached_rate=None)
         return dataclasses.replace(
             hold, target_ongoing_requests=raised, changed=True, changed_at=window.at,
             reason=f"TTFT p95 {_ms(window.ttft_p95_ms)} ms and TPOT p95 {_ms(window.tpot_p95_ms)} ms under "
@@ -169,6 +190,11 @@ def adjust_autoscaling(current: AutoscalingDecision, window: ObservedWindow, sla
         return dataclasses.replace(hold, reason=f"SLA met again over {window.requests} requests in the last "
                                                 f"{window.window_s:g} s; target {target} ongoing request(s)/replica")
     return hold
+
+
+def _rate(window: ObservedWindow) -> float:
+    """The window's requests per second (what the replicas were asked to carry)."""
+    return window.requests / window.window_s if window.window_s > 0 else float(window.requests)
 
 
 def percentile(values: list[float], q: float) -> float | None:

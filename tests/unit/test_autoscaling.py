@@ -124,3 +124,43 @@ def test_the_reason_says_when_the_sla_is_met_again():
 def test_percentile(values, q, expected):
     result = percentile(values, q)
     assert result == (None if expected is None else pytest.approx(expected))
+
+
+def _steady(decision, ttft_at_target, *, windows: int, start: float = 0.0, requests: int = 40):
+    """Runs the policy for `windows` windows of one steady load whose TTFT p95 depends only on the target."""
+    seen = []
+    for i in range(1, windows + 1):
+        at = start + i * 61.0
+        decision = adjust_autoscaling(decision, window(at, requests=requests,
+                                                       ttft=ttft_at_target[decision.target_ongoing_requests]), SLA)
+        seen.append((decision.target_ongoing_requests, decision.breach is not None))
+    return decision, seen
+
+
+# A steady load: target 4 and 3 breach the 500 ms SLA, 2 is calm (under half of it), 1 calmer still.
+STEADY = {4: 900.0, 3: 700.0, 2: 200.0, 1: 100.0}
+
+
+def test_a_steady_load_does_not_flap_back_to_a_target_that_breached():
+    """QA: a steady load that breached at target 3 and was calm at 2 went 3 -> 1 -> 2 -> 3 -> breach every five
+    windows (DEGRADED each time); a target that breached is not tried again at the load it breached under."""
+    decision, seen = _steady(initial_autoscaling(SLA, 4, 1, 3), STEADY, windows=40)
+    settled = seen[10:]
+    assert not any(breach for _, breach in settled), seen
+    assert {target for target, _ in settled} == {2}, seen
+    assert "held" in decision.reason and "3 breached the SLA" in decision.reason
+    assert AutoscalingDecision.from_dict(decision.to_dict()) == decision
+
+
+def test_a_target_that_breached_is_tried_again_once_the_load_falls():
+    decision, _ = _steady(initial_autoscaling(SLA, 4, 1, 3), STEADY, windows=20)
+    assert decision.target_ongoing_requests == 2
+    calm = {4: 200.0, 3: 150.0, 2: 100.0, 1: 80.0}  # half the requests: every target is calm
+    decision, seen = _steady(decision, calm, windows=10, start=20 * 61.0, requests=20)
+    assert decision.target_ongoing_requests == 4 and decision.breached_target is None, seen
+
+
+def test_a_decision_stored_before_the_breach_memory_still_loads():
+    stored = initial_autoscaling(SLA, 4, 1, 3).to_dict()
+    del stored["breached_target"], stored["breached_rate"]
+    assert AutoscalingDecision.from_dict(stored).breached_target is None
