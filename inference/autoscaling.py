@@ -70,6 +70,12 @@ class ObservedWindow:
     replicas_running: int = 0
     output_tokens_per_s: float | None = None
     cache_hit_rate: float | None = None
+    # The requests answered (2xx) whose timings the p95s are taken over; None: all `requests`.
+    measured: int | None = None
+
+    @property
+    def latency_samples(self) -> int:
+        return self.requests if self.measured is None else min(self.measured, self.requests)
 
 
 @dataclass(frozen=True)
@@ -125,14 +131,17 @@ def initial_autoscaling(sla: Sla, slots: int, replicas_min: int, replicas_max: i
 
 
 def find_breach(window: ObservedWindow, sla: Sla) -> str | None:
-    """The first SLA breach the window shows, in words, or None (also with too few requests to tell)."""
+    """The first SLA breach the window shows, in words, or None (also with too few requests to tell). A p95 counts
+    only over at least MIN_REQUESTS answered requests (before, one slow answer among 19 refused requests was a "TTFT
+    p95 ... over 20 requests" breach)."""
     if window.requests < MIN_REQUESTS:
         return None
-    span = f"over {window.requests} requests in the last {window.window_s:g} s"
-    if window.ttft_p95_ms is not None and window.ttft_p95_ms > sla.ttft_p95_ms:
-        return f"TTFT p95 {_ms(window.ttft_p95_ms)} ms > SLA {_ms(sla.ttft_p95_ms)} ms {span}"
-    if window.tpot_p95_ms is not None and window.tpot_p95_ms > sla.tpot_p95_ms:
-        return f"TPOT p95 {_ms(window.tpot_p95_ms)} ms > SLA {_ms(sla.tpot_p95_ms)} ms {span}"
+    span = f"over {window.latency_samples} requests in the last {window.window_s:g} s"
+    if window.latency_samples >= MIN_REQUESTS:
+        if window.ttft_p95_ms is not None and window.ttft_p95_ms > sla.ttft_p95_ms:
+            return f"TTFT p95 {_ms(window.ttft_p95_ms)} ms > SLA {_ms(sla.ttft_p95_ms)} ms {span}"
+        if window.tpot_p95_ms is not None and window.tpot_p95_ms > sla.tpot_p95_ms:
+            return f"TPOT p95 {_ms(window.tpot_p95_ms)} ms > SLA {_ms(sla.tpot_p95_ms)} ms {span}"
     if window.overloaded > OVERLOAD_FRACTION * window.requests:
         return (f"{window.overloaded} of {window.requests} requests refused as overloaded (429) "
                 f"in the last {window.window_s:g} s")
@@ -140,7 +149,7 @@ def find_breach(window: ObservedWindow, sla: Sla) -> str | None:
 
 
 def _calm(window: ObservedWindow, sla: Sla) -> bool:
-    if window.requests < MIN_REQUESTS or window.overloaded or window.ttft_p95_ms is None:
+    if window.latency_samples < MIN_REQUESTS or window.overloaded or window.ttft_p95_ms is None:
         return False
     if window.ttft_p95_ms >= RELAX_FRACTION * sla.ttft_p95_ms:
         return False
@@ -184,8 +193,8 @@ def adjust_autoscaling(current: AutoscalingDecision, window: ObservedWindow, sla
         return dataclasses.replace(
             hold, target_ongoing_requests=raised, changed=True, changed_at=window.at,
             reason=f"TTFT p95 {_ms(window.ttft_p95_ms)} ms and TPOT p95 {_ms(window.tpot_p95_ms)} ms under "
-                   f"{RELAX_FRACTION:.0%} of the SLA over {window.requests} requests: target raised from {target} "
-                   f"to {raised} (the engine's {current.slots} slots at most)")
+                   f"{RELAX_FRACTION:.0%} of the SLA over {window.latency_samples} requests: target raised from "
+                   f"{target} to {raised} (the engine's {current.slots} slots at most)")
     if current.breach is not None:
         return dataclasses.replace(hold, reason=f"SLA met again over {window.requests} requests in the last "
                                                 f"{window.window_s:g} s; target {target} ongoing request(s)/replica")

@@ -225,7 +225,7 @@ def observed_window(*, deployment: Deployment, window_s: float, replicas_running
         ttft_p95_ms=_round(percentile([r[1] for r in ok if r[1] is not None], 95)),
         tpot_p95_ms=_round(percentile([r[2] for r in ok if r[2] is not None], 95)),
         errors=sum(1 for r in rows if r[0] >= 500), overloaded=sum(1 for r in rows if r[0] == 429),
-        replicas_running=replicas_running,
+        replicas_running=replicas_running, measured=len(ok),
         output_tokens_per_s=round(sum(r[3] for r in ok) / window_s, 3) if window_s else None,
         cache_hit_rate=round(sum(r[5] for r in ok) / prompt, 4) if prompt else None,
     )

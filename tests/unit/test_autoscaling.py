@@ -164,3 +164,16 @@ def test_a_decision_stored_before_the_breach_memory_still_loads():
     stored = initial_autoscaling(SLA, 4, 1, 3).to_dict()
     del stored["breached_target"], stored["breached_rate"]
     assert AutoscalingDecision.from_dict(stored).breached_target is None
+
+
+def test_a_p95_over_too_few_answered_requests_is_no_breach_and_not_calm():
+    """QA: 19 requests refused (400) and one slow answer were a "TTFT p95 900 ms ... over 20 requests" breach."""
+    few = ObservedWindow(at=1000.0, window_s=60, requests=20, ttft_p95_ms=900.0, tpot_p95_ms=10.0, measured=1)
+    assert find_breach(few, SLA) is None
+    start = dataclasses.replace(initial_autoscaling(SLA, 4, 1, 3), target_ongoing_requests=1)
+    fast = dataclasses.replace(few, ttft_p95_ms=10.0, at=10_000.0)
+    assert not adjust_autoscaling(start, fast, SLA).changed  # nor calm: one answer says nothing of a p95
+    enough = dataclasses.replace(few, requests=60, measured=MIN_REQUESTS)
+    assert find_breach(enough, SLA) == f"TTFT p95 900 ms > SLA 500 ms over {MIN_REQUESTS} requests in the last 60 s"
+    refused = dataclasses.replace(few, ttft_p95_ms=None, tpot_p95_ms=None, overloaded=20, measured=0)
+    assert "20 of 20 requests refused as overloaded" in find_breach(refused, SLA)  # 429s still count
