@@ -517,6 +517,11 @@ def _apply_health(deployment: Deployment, status: ServiceStatus, breach: str | N
     if state == S.UPDATING:
         if current and enough:
             return move(S.SERVING, f"revision {deployment.revision} applied: {replicas}{note}")
+        if status.state == "unhealthy":  # the rollout failed (Serve's DEPLOY_FAILED) or the service broke meanwhile:
+            # before, it stayed UPDATING for good with the update's own reason, never saying so (QA)
+            return move(S.DEGRADED, f"revision {deployment.revision} cannot be applied: service unhealthy"
+                                    + (f": {status.message}" if status.message else "")
+                                    + f"; still running revision {deployment.applied_revision or '-'}")
         return deployment
     problem = None
     if not running:

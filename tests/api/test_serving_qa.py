@@ -20,3 +20,34 @@ def test_a_p95_over_one_answer_among_refused_requests_is_no_sla_breach(api, back
     deployment = sync(deployment.pk, backend)
     assert deployment.state == "DEGRADED"
     assert deployment.state_reason == "SLA breach: TTFT p95 900 ms > SLA 500 ms over 21 requests in the last 60 s"
+
+
+def test_an_update_the_service_cannot_roll_out_degrades_with_the_reason_and_recovers(api, backend,  # noqa: F811
+                                                                                    model_dir):
+    """Serve's DEPLOY_FAILED (the new revision's replicas cannot start) left the deployment UPDATING for good, its
+    reason still "rolling update to revision 2", never saying the rollout failed."""
+    from tests.api.test_deployment_lifecycle import patch
+
+    client = api("alpha", "member")
+    deployment = Deployment.objects.get(pk=create(client, model_dir)["id"])
+    deploy = backend.deploy_service
+
+    def failing(spec):
+        status = deploy(spec)
+        backend.set_service_status(spec.handle, state="unhealthy", revision=0,
+                                   message="DEPLOY_FAILED: the replica's constructor raised")
+        return status
+
+    backend.deploy_service = failing
+    try:
+        patch(client, deployment.pk, {"engine": {"slots": 8}})
+        deployment = sync(deployment.pk, backend)
+    finally:
+        backend.deploy_service = deploy
+    assert deployment.state == "DEGRADED"
+    assert deployment.state_reason == ("revision 2 cannot be applied: service unhealthy: DEPLOY_FAILED: the replica's "
+                                       "constructor raised; still running revision 1")
+    assert sync(deployment.pk, backend).state_reason == deployment.state_reason  # kept on the next pass
+    backend.set_service_status(deployment.compute_handle, state="running", revision=2, message="")
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "SERVING" and deployment.applied_revision == 2
