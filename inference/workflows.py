@@ -285,6 +285,8 @@ def build_spec(deployment: Deployment, decision: AutoscalingDecision) -> Service
         cpus_per_replica=replica_cpus(accelerator_type=accelerator_type,
                                       devices_per_replica=float(deployment.devices_per_replica)),
         router=deployment.router,
+        # as the decision says (before, Serve ran a fixed 3 s / 30 s while the API showed the decision's delays)
+        upscale_delay_s=float(decision.upscale_delay_s), downscale_delay_s=float(decision.downscale_delay_s),
     )
 
 

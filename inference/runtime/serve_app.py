@@ -258,7 +258,9 @@ def build_application(spec: dict):
         options["autoscaling_config"] = AutoscalingConfig(
             min_replicas=max(lo, 1), max_replicas=hi,
             target_ongoing_requests=float(spec["target_ongoing_requests"]),
-            upscale_delay_s=3.0, downscale_delay_s=30.0, metrics_interval_s=1.0, look_back_period_s=5.0)
+            upscale_delay_s=float(spec.get("upscale_delay_s", 3.0)),
+            downscale_delay_s=float(spec.get("downscale_delay_s", 30.0)), metrics_interval_s=1.0,
+            look_back_period_s=5.0)
     else:
         options["num_replicas"] = max(lo, 1)
     # A stable version per revision: Serve otherwise versions every deploy at random and restarts every replica

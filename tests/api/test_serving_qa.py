@@ -51,3 +51,20 @@ def test_an_update_the_service_cannot_roll_out_degrades_with_the_reason_and_reco
     backend.set_service_status(deployment.compute_handle, state="running", revision=2, message="")
     deployment = sync(deployment.pk, backend)
     assert deployment.state == "SERVING" and deployment.applied_revision == 2
+
+
+def test_serve_scales_with_the_delays_the_autoscaling_decision_shows(api, backend, model_dir):  # noqa: F811
+    """The API showed the decision's delays (scale up after 5 s for a 500 ms SLA, down after 300 s) while every Serve
+    application ran a fixed 3 s / 30 s."""
+    import dataclasses
+
+    from inference.runtime.serve_app import build_application
+
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    shown = deployment.autoscaling
+    assert (shown["upscale_delay_s"], shown["downscale_delay_s"]) == (5.0, 300.0)
+    spec = backend.services[deployment.compute_handle]
+    assert (spec.upscale_delay_s, spec.downscale_delay_s) == (5.0, 300.0)
+    config = build_application(dataclasses.asdict(spec))._bound_deployment._deployment_config.autoscaling_config
+    assert (config.upscale_delay_s, config.downscale_delay_s) == (5.0, 300.0)
+    assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 3, 4.0)

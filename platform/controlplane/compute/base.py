@@ -155,6 +155,9 @@ class ServiceSpec:
     cpus_per_replica: float = 0.25
     engine: dict = field(default_factory=dict)
     router: str = "prefix"
+    # Serve's autoscaling delays (inference.autoscaling decides them from the SLA)
+    upscale_delay_s: float = 3.0
+    downscale_delay_s: float = 30.0
 
 
 @dataclass(frozen=True)
