@@ -353,8 +353,8 @@ class _Cli:
         """`fleetyard scale ID --min N [--max M]`: the SDK's scale_deployment (before 2026-11-29 only the SDK, the
         API and the console could)."""
         if self.args.min == 0 and self.args.max is None:  # (the API then got max 0 and refused it: review)
-            raise UsageError("--min 0 scales to zero when idle: give --max too (at least 1), the most it may scale "
-                             "out to")
+            raise UsageError("--min 0 runs as 1 (scaling to zero is not built: one replica stays up while the "
+                             "deployment is): give --max too (at least 1), the most it may scale out to")
         deployment = self.client.scale_deployment(self.args.deployment_id, replicas_min=self.args.min,
                                                   replicas_max=self.args.max)
         if self.json:
@@ -611,8 +611,8 @@ def _seconds(text: str) -> float:
 
 def _whole_number(minimum: int):
     """An argparse type: a whole number from `minimum` (--limit N from 1: before, 0 or -1 went to the server and came
-    back as a 400 about `page_size`, a parameter the user never wrote; QA. scale --min N from 0: a deployment may
-    scale to zero)."""
+    back as a 400 about `page_size`, a parameter the user never wrote; QA. scale --min N from 0, which runs as
+    1: scaling to zero is not built)."""
     def parse(text: str) -> int:
         try:
             value = int(text)

@@ -70,7 +70,8 @@ class DeploymentScaleSerializer(StrictInputSerializer):
         client did not send (found by QA; the CLI's scale says the same before it calls)."""
         if attrs["replicas_min"] == 0 and attrs.get("replicas_max") is None:
             raise serializers.ValidationError({"replicas_min": [
-                "0 scales to zero when idle: give replicas_max too (at least 1), the most it may scale out to"]})
+                "0 runs as 1 (scaling to zero is not built: one replica stays up while the deployment is): give "
+                "replicas_max too (at least 1), the most it may scale out to"]})
         return attrs
 
 

@@ -125,6 +125,8 @@ def test_scaling_to_zero_without_a_maximum_names_replicas_min_and_says_what_to_s
     assert response.status_code == 400
     body = response.json()
     assert list(body) == ["replicas_min"] and "give replicas_max too" in body["replicas_min"][0]
+    # (it said "0 scales to zero when idle", which nothing does: a minimum of 0 runs one replica; QA)
+    assert "runs as 1" in body["replicas_min"][0] and "scales to zero" not in body["replicas_min"][0]
     assert Deployment.objects.get(pk=created["id"]).revision == 1
     # with a maximum, scaling down to zero is a revision like any other
     response = member.post(f"/api/v1/deployments/{created['id']}/scale/", {"replicas_min": 0, "replicas_max": 2},
