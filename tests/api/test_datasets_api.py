@@ -257,3 +257,34 @@ def test_a_uri_no_reader_could_open_is_refused_at_registration(api, uri, why):
     response = client.post(url, {"uri": uri}, format="json")
     assert response.status_code == 400 and why in response.json()["uri"][0], response.json()
     assert not DatasetVersion.objects.exists()
+
+
+def test_two_uploads_of_one_file_name_at_once_keep_their_own_bytes(world, settings, monkeypatch):
+    """Uploads staged their file at `.staging/<name>`: a second upload of the same name, stored while the first was
+    between storing and moving its file, replaced the first's bytes (the first then failed, or kept the other's
+    content under its own checksum; QA). Each upload stages in a folder of its own, removed afterwards."""
+    from controlplane.datasets import services, storage
+    from controlplane.datasets.services import dataset_create, dataset_version_upload
+
+    alpha = world["alpha"]
+    dataset = dataset_create(actor=alpha["member"], team=alpha["team"], name="corpus")
+    real_store, nested = storage.store_stream, []
+
+    def store_then_let_another_upload_in(**kwargs):
+        stored = real_store(**kwargs)
+        if not nested:
+            nested.append(None)  # (the second upload stores without letting a third in)
+            nested[0] = dataset_version_upload(actor=alpha["member"], dataset=dataset,
+                                               upload=SimpleUploadedFile("data.txt", b"second upload"))
+        return stored
+
+    monkeypatch.setattr(services.storage, "store_stream", store_then_let_another_upload_in)
+    first = dataset_version_upload(actor=alpha["member"], dataset=dataset,
+                                   upload=SimpleUploadedFile("data.txt", b"first upload"))
+    second = nested[0]
+    for version, content in ((first, b"first upload"), (second, b"second upload")):
+        path = Path(urlparse(version.uri).path)
+        assert path.read_bytes() == content, version
+        assert version.checksum_sha256 == hashlib.sha256(content).hexdigest()
+    staging = Path(settings.MEDIA_ROOT) / "datasets" / "alpha" / "corpus" / ".staging"
+    assert not staging.exists() or list(staging.iterdir()) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -107,7 +108,18 @@ def dataset_version_upload(*, actor, dataset: Dataset, upload, fmt: str = Datase
         raise ValidationFailed("attach a file", field="file")
     if checksum_sha256 and not SHA256.match(checksum_sha256):
         raise ValidationFailed("checksum must be 64 lowercase hex digits (SHA-256)", field="checksum_sha256")
-    staging = f"datasets/{dataset.team.name}/{dataset.name}/.staging"
+    # A folder of its own per upload: two uploads of one file name at once shared `.staging/<name>`, so the second
+    # replaced the first's bytes before the first moved them to its version (QA).
+    staging = f"datasets/{dataset.team.name}/{dataset.name}/.staging/{uuid.uuid4().hex}"
+    try:
+        return _upload_staged(actor=actor, dataset=dataset, upload=upload, staging=staging, fmt=fmt,
+                              description=description, size_bytes=size_bytes, checksum_sha256=checksum_sha256)
+    finally:
+        storage.remove_empty_dir(storage.storage_root() / staging)
+
+
+def _upload_staged(*, actor, dataset: Dataset, upload, staging: str, fmt: str, description: str,
+                   size_bytes: int | None, checksum_sha256: str) -> DatasetVersion:
     try:
         stored = storage.store_stream(chunks=upload.chunks(), relative_dir=staging, filename=upload.name,
                                       max_bytes=settings.FLEETYARD_MAX_DATASET_UPLOAD_BYTES)

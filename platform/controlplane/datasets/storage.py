@@ -5,6 +5,7 @@ A reader never sees a partial file: the final name appears only after the bytes 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -68,3 +69,9 @@ def store_stream(*, chunks, relative_dir: str, filename: str, max_bytes: int) ->
 
 def remove_stored(path: Path) -> None:
     path.unlink(missing_ok=True)
+
+
+def remove_empty_dir(path: Path) -> None:
+    """Remove the folder `path` if it exists and is empty (an upload's own staging folder, once its file moved)."""
+    with contextlib.suppress(OSError):  # gone, or not empty
+        path.rmdir()
