@@ -513,6 +513,8 @@ def _apply_health(deployment: Deployment, status: ServiceStatus, breach: str | N
     if state == S.DEPLOYING:
         if current and enough:
             return move(S.SERVING, f"serving: {replicas}{note}")
+        if status.state == "unhealthy":  # Serve's DEPLOY_FAILED: its replicas cannot start
+            return _unhealthy_first_deploy(deployment, status)
         _note(deployment, f"deploying revision {deployment.revision}: {status.state}, {replicas}"
                           + (f" ({status.message})" if status.message else ""))
         return deployment
@@ -541,6 +543,24 @@ def _apply_health(deployment: Deployment, status: ServiceStatus, breach: str | N
             return move(S.SERVING, f"healthy again: {replicas}, SLA met{note}")
         if "cannot be applied" not in deployment.state_reason:  # keep the more telling reason of a failed update
             _note(deployment, problem)
+    return deployment
+
+
+def _unhealthy_first_deploy(deployment: Deployment, status: ServiceStatus) -> Deployment:
+    """A service that never served and that the backend reports unhealthy (Serve's DEPLOY_FAILED): said on the
+    timeline once per pass, and after DEPLOY_TRIES such passes for its revision the deployment FAILS with the reason
+    and gives back its quota and devices (before, it stayed DEPLOYING for good, holding them; QA)."""
+    why = "service unhealthy" + (f": {status.message}" if status.message else "")
+    passes = deployment.events.filter(to_state=S.DEPLOYING, data__deploy_unhealthy=True,
+                                      data__revision=deployment.revision).count() + 1
+    if passes >= DEPLOY_TRIES:
+        return _fail_deploy(deployment, f"cannot deploy: revision {deployment.revision} does not start: {why} "
+                                        f"({passes} passes); its quota and devices are released")
+    reason = f"deploying revision {deployment.revision}: {why} (pass {passes} of {DEPLOY_TRIES} before it fails)"
+    Deployment.objects.filter(pk=deployment.pk).update(state_reason=reason)
+    deployment.state_reason = reason
+    record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state, to_state=deployment.state,
+                 reason=reason, system=SYSTEM, data={"revision": deployment.revision, "deploy_unhealthy": True})
     return deployment
 
 

@@ -68,3 +68,35 @@ def test_serve_scales_with_the_delays_the_autoscaling_decision_shows(api, backen
     config = build_application(dataclasses.asdict(spec))._bound_deployment._deployment_config.autoscaling_config
     assert (config.upscale_delay_s, config.downscale_delay_s) == (5.0, 300.0)
     assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 3, 4.0)
+
+
+def test_a_first_deploy_the_service_reports_unhealthy_fails_and_gives_back_its_capacity(api, backend,  # noqa: F811
+                                                                                       model_dir):
+    """A service that never served and that Serve marks DEPLOY_FAILED (its replicas cannot start) left the deployment
+    DEPLOYING for good, holding its quota and devices: only a deploy call that raised counted towards the tries that
+    end in FAILED."""
+    from inference.workflows import DEPLOY_TRIES
+
+    deploy = backend.deploy_service
+
+    def failing(spec):
+        status = deploy(spec)
+        backend.set_service_status(spec.handle, state="unhealthy", revision=0,
+                                   message="DEPLOY_FAILED: the replica's constructor raised")
+        return status
+
+    backend.deploy_service = failing
+    try:
+        deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    finally:
+        backend.deploy_service = deploy
+    assert deployment.state == "DEPLOYING", deployment.state_reason
+    for _ in range(DEPLOY_TRIES - 2):
+        deployment = sync(deployment.pk, backend)
+        assert deployment.state == "DEPLOYING" and "DEPLOY_FAILED" in deployment.state_reason
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "FAILED", deployment.state_reason
+    assert deployment.state_reason.startswith("cannot deploy: revision 1 does not start: service unhealthy: "
+                                              "DEPLOY_FAILED"), deployment.state_reason
+    assert deployment.capacity_held == [] and deployment.replicas_limit is None
+    assert sync(deployment.pk, backend).state == "FAILED"  # (and the orphan sweep removes its service)
