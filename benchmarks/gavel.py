@@ -197,7 +197,7 @@ def parse_trace(lines: Iterable[str], name: str = "trace") -> Trace:
 
 def load_trace(path: str | Path) -> Trace:
     path = Path(path)
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:  # a byte order mark is not part of the first job type
         return parse_trace(handle, name=path.stem)
 
 
