@@ -151,6 +151,13 @@ def convert_scale(job_type: str, scale_factor: int) -> int | None:
     return min(1 << (scale_factor.bit_length() - 1), MAX_SCALE)
 
 
+def _number(kind: type, field_name: str, text: str) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{field_name} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
 def parse_trace(lines: Iterable[str], name: str = "trace") -> Trace:
     """Parse Gavel's 7-field trace format; bad lines are reported with their line numbers and skipped."""
     jobs: list[TraceJob] = []
@@ -172,11 +179,11 @@ def parse_trace(lines: Iterable[str], name: str = "trace") -> Trace:
             problem = f"needs_data_dir must be 0 or 1, got {needs_data_dir!r}"
         if problem is None:
             try:
-                steps_value = int(total_steps)
-                arrival_value = float(arrival)
-                scale_value = int(scale)
+                steps_value = _number(int, "total_steps", total_steps)
+                arrival_value = _number(float, "arrival_time", arrival)
+                scale_value = _number(int, "scale_factor", scale)
             except ValueError as error:
-                problem = f"bad number: {error}"
+                problem = str(error)
             else:
                 if steps_value <= 0:
                     problem = f"total_steps must be positive, got {steps_value}"

@@ -17,3 +17,15 @@ def test_a_byte_order_mark_is_not_part_of_the_first_job_type(tmp_path):
     trace = gavel.load_trace(path)
     assert [job.job_type for job in trace.jobs] == ["ResNet-18 (batch size 32)"] * 2
     assert trace.jobs[0].gpus == 4  # the family is recognised, so Gavel's scale conversion applies
+
+
+def test_a_bad_number_is_reported_with_the_name_of_its_field():
+    from benchmarks import gavel
+
+    trace = gavel.parse_trace([_line(steps="abc"), _line(arrival="soon"), _line(scale="x"), _line()])
+    assert [job.line for job in trace.jobs] == [4]
+    assert [str(error) for error in trace.errors] == [
+        "line 1: total_steps must be an integer, got 'abc'",
+        "line 2: arrival_time must be a number, got 'soon'",
+        "line 3: scale_factor must be an integer, got 'x'",
+    ]
