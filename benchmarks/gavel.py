@@ -187,6 +187,8 @@ def parse_trace(lines: Iterable[str], name: str = "trace") -> Trace:
             else:
                 if steps_value <= 0:
                     problem = f"total_steps must be positive, got {steps_value}"
+                elif steps_value > sys.float_info.max:  # run times are floats: total_steps / rate would overflow
+                    problem = f"total_steps is too large, got a {len(str(steps_value))}-digit number"
                 elif not math.isfinite(arrival_value) or arrival_value < 0:
                     problem = f"arrival_time must be a finite number >= 0, got {arrival!r}"
                 elif scale_value < 0:

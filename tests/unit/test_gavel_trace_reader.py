@@ -29,3 +29,14 @@ def test_a_bad_number_is_reported_with_the_name_of_its_field():
         "line 2: arrival_time must be a number, got 'soon'",
         "line 3: scale_factor must be an integer, got 'x'",
     ]
+
+
+def test_a_step_count_too_large_for_a_float_is_a_bad_line_not_a_crash_of_the_simulation():
+    from benchmarks import gavel
+
+    trace = gavel.parse_trace([_line(steps="9" * 400), _line(steps=10**15)])
+    assert [str(error) for error in trace.errors] == ["line 1: total_steps is too large, got a 400-digit number"]
+    assert [job.total_steps for job in trace.jobs] == [10**15]  # huge but representable: kept
+    policy = gavel.make_policy("fifo", lambda job, chip: 1.0, gavel.CHIPS, 0)
+    result = gavel.simulate(trace.jobs, {"v100": 1, "p100": 0, "k80": 0}, policy)
+    assert result.jobs == 1 and result.avg_jct_h == 10**15 / 3600.0
