@@ -59,9 +59,11 @@ preemptive and round-based, so they are not directly comparable with ours. Resul
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import datetime as dt
 import heapq
+import io
 import json
 import math
 import random
@@ -205,9 +207,17 @@ def parse_trace(lines: Iterable[str], name: str = "trace") -> Trace:
 
 
 def load_trace(path: str | Path) -> Trace:
+    """Read a trace file (UTF-8, any line endings); ValueError naming the file and line if it is not UTF-8 text."""
     path = Path(path)
-    with open(path, encoding="utf-8-sig") as handle:  # a byte order mark is not part of the first job type
-        return parse_trace(handle, name=path.stem)
+    data = path.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):  # a byte order mark is not part of the first job type
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 text ({error.reason})") from None
+    return parse_trace(io.StringIO(text, newline=None), name=path.stem)
 
 
 # -- simulator -----------------------------------------------------------------------------------------------
@@ -687,14 +697,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in paths:
         if not path.exists():
             parser.error(f"trace {path} not found")
-        trace = load_trace(path)
+        try:
+            trace = load_trace(path)
+        except (OSError, ValueError) as error:
+            parser.error(f"cannot read trace: {error}")
         for error in trace.errors:
             print(f"{path}: {error}", file=sys.stderr)
         if args.limit is not None:
             trace.jobs = trace.jobs[: args.limit]
         traces.append(trace)
 
-    matrix = load_gavel_matrix(matrix_path)
+    try:
+        matrix = load_gavel_matrix(matrix_path)
+    except (OSError, ValueError, KeyError, TypeError, SyntaxError) as error:  # bad JSON, keys or entries
+        parser.error(f"cannot read the throughput matrix {matrix_path}: {type(error).__name__}: {error}")
     results = run_benchmark(traces, matrix, args.cluster, policies, args.seed)
     report = format_report(results, args.cluster, args.seed)
     print(report)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 LINE = "ResNet-18 (batch size 32)\tcd x && python3 train.py\t-step\t1\t{steps}\t{arrival}\t{scale}\n"
 
 
@@ -40,3 +44,58 @@ def test_a_step_count_too_large_for_a_float_is_a_bad_line_not_a_crash_of_the_sim
     policy = gavel.make_policy("fifo", lambda job, chip: 1.0, gavel.CHIPS, 0)
     result = gavel.simulate(trace.jobs, {"v100": 1, "p100": 0, "k80": 0}, policy)
     assert result.jobs == 1 and result.avg_jct_h == 10**15 / 3600.0
+
+
+def _matrix(directory, **extra):
+    """A throughput file for the three chips with one job type, 1 step/s alone on every chip."""
+    data = {chip: {"('ResNet-18 (batch size 32)', 1)": {"null": 1.0}} for chip in ("v100", "p100", "k80")}
+    data.update(extra)
+    (directory / "simulation_throughputs.json").write_text(json.dumps(data), encoding="utf-8")
+    return directory
+
+
+def test_a_trace_that_is_not_utf8_is_rejected_with_its_file_and_line(tmp_path):
+    from benchmarks import gavel
+
+    path = tmp_path / "latin1.trace"
+    path.write_bytes(_line().encode() + "R\u00e9sNet\tc\t-step\t1\t10\t0\t1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.trace: line 2: not UTF-8 text"):
+        gavel.load_trace(path)
+
+
+@pytest.mark.parametrize("case", ["directory", "latin1", "missing"])
+def test_the_command_answers_an_unreadable_trace_with_an_error_not_a_traceback(tmp_path, capsys, case):
+    from benchmarks import gavel
+
+    path = {"directory": tmp_path, "latin1": tmp_path / "latin1.trace", "missing": tmp_path / "none.trace"}[case]
+    (tmp_path / "latin1.trace").write_bytes("R\u00e9sNet\tc\t-step\t1\t10\t0\t1\n".encode("latin-1"))
+    with pytest.raises(SystemExit) as ended:
+        gavel.main(["--trace", str(path), "--data-dir", str(_matrix(tmp_path)), "--no-write"])
+    assert ended.value.code == 2
+    assert str(path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"v100": {}, "p100": {}}),
+                                     json.dumps({c: {"('A3C', 1)": {}} for c in ("v100", "p100", "k80")}),
+                                     json.dumps({c: {"A3C": {"null": 1}} for c in ("v100", "p100", "k80")})])
+def test_the_command_answers_a_bad_throughput_file_with_an_error_not_a_traceback(tmp_path, capsys, content):
+    from benchmarks import gavel
+
+    (tmp_path / "simulation_throughputs.json").write_text(content, encoding="utf-8")
+    (tmp_path / "one.trace").write_text(_line(), encoding="utf-8")
+    with pytest.raises(SystemExit) as ended:
+        gavel.main(["--trace", str(tmp_path / "one.trace"), "--data-dir", str(tmp_path), "--no-write"])
+    assert ended.value.code == 2
+    assert "simulation_throughputs.json" in capsys.readouterr().err
+
+
+def test_the_command_runs_a_trace_of_one_job_on_a_matrix_of_its_own(tmp_path, capsys):
+    from benchmarks import gavel
+
+    (tmp_path / "one.trace").write_text(_line(steps=7200), encoding="utf-8")
+    assert gavel.main(["--trace", str(tmp_path / "one.trace"), "--data-dir", str(_matrix(tmp_path)),
+                       "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "gavel.json").read_text())["results"][0]
+    for row in result["policies"].values():  # 7200 steps at 1 step/s: 2 hours, on an empty cluster
+        assert row["avg_jct_h"] == row["p99_jct_h"] == row["makespan_h"] == pytest.approx(2.0)
+        assert row["utilization"] == pytest.approx(1 / 108)
