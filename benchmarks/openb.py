@@ -128,6 +128,8 @@ def capacity_by_model(nodes: Sequence[Node]) -> dict[str, int]:
 def build_arrivals(pods: Sequence[Pod], gpu_capacity_milli: int, seed: int, ratio: float = TARGET_RATIO) -> list[Pod]:
     """The simulator's order: the pod list shuffled, then random resamples appended until the next one would
     take the GPU requests over `ratio` of capacity (or random pods dropped while they are above it)."""
+    if not any(p.total_gpu_milli for p in pods):  # resampling would never reach the target
+        raise ValueError("no pod asks for a GPU: nothing to measure")
     rng = random.Random(seed)
     arrivals = list(pods)
     rng.shuffle(arrivals)
