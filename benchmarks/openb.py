@@ -6,7 +6,9 @@ with the seed, then random resamples of it appended (or random pods dropped) unt
 total 130% of GPU capacity; pods are placed one at a time, never leave, and a pod that does not fit
 anywhere is skipped. A node fits a pod when its CPU, memory, GPU model (gpu_spec) and GPU shares allow
 it. Reported: the share of GPU capacity allocated when the arrived GPU requests reach 80/90/95/100/130%
-of capacity, and when the first pod could not be placed, averaged over seeds.
+of capacity, and when the first pod could not be placed, averaged over seeds. Other lists of the same formats
+can be measured with --data-dir and --pod-lists NAME (openb_pod_list_NAME.csv): the columns may come in any order
+with others besides; a file that is not of the format is an error naming the file, line and field.
 
     .venv/bin/python -m benchmarks.openb [--seeds 42-51] [--pod-lists default,gpuspec33,multigpu50]
                                          [--policies first-fit,best-fit,fgd,fleetyard] [--quick] [--jobs N]
@@ -100,20 +102,65 @@ class Pod:
                              gpu_models=self.models)
 
 
+class DataError(ValueError):
+    """A node or pod list not of the documented format; the message names the file, and the line and field."""
+
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # gpu_spec and the others are optional
+
+
+def _rows(path: Path, columns: Sequence[str]):
+    """(line number, {column: value}) of a CSV file with a header: columns in any order, extra columns ignored;
+    a byte order mark, CRLF line ends, blank lines and spaces around values are accepted."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = [name.strip() for name in next(reader, [])]
+            if not header:
+                raise DataError(f"{path}: empty file, expected a header naming {', '.join(columns)}")
+            missing = [name for name in columns if name not in header]
+            if missing:
+                raise DataError(f"{path}: line 1: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+            for row in reader:
+                if not any(cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    raise DataError(f"{path}: line {reader.line_num}: expected {len(header)} fields, got {len(row)}")
+                yield reader.line_num, {name: cell.strip() for name, cell in zip(header, row, strict=True)}
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error.reason})") from None
+
+
+def _count(path: Path, line: int, row: dict[str, str], field: str) -> int:
+    try:
+        value = int(row[field])
+    except ValueError:
+        raise DataError(f"{path}: line {line}: {field} must be an integer, got {row[field]!r}") from None
+    if value < 0:
+        raise DataError(f"{path}: line {line}: {field} must be >= 0, got {value}")
+    return value
+
+
 def load_nodes(path: Path) -> list[Node]:
-    with open(path, newline="") as fh:
-        return [Node(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r["model"])
-                for r in csv.DictReader(fh)]
+    return [Node(r["sn"], _count(path, line, r, "cpu_milli"), _count(path, line, r, "memory_mib"),
+                 _count(path, line, r, "gpu"), r["model"])
+            for line, r in _rows(path, NODE_COLUMNS)]
 
 
 def load_pods(path: Path) -> list[Pod]:
     pods = []
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            num_gpu = int(r["num_gpu"])
-            spec = r.get("gpu_spec") or ""
-            pods.append(Pod(r["name"], int(r["cpu_milli"]), int(r["memory_mib"]), num_gpu,
-                            int(r["gpu_milli"]) if num_gpu else 0, frozenset(m for m in spec.split("|") if m)))
+    for line, r in _rows(path, POD_COLUMNS):
+        num_gpu = _count(path, line, r, "num_gpu")
+        gpu_milli = _count(path, line, r, "gpu_milli") if num_gpu else 0
+        if num_gpu and not 0 < gpu_milli <= MILLI:
+            raise DataError(f"{path}: line {line}: gpu_milli must be in 1..{MILLI} when num_gpu > 0, got {gpu_milli}")
+        if gpu_milli < MILLI and num_gpu > 1:
+            raise DataError(f"{path}: line {line}: gpu_milli {gpu_milli} is a share of one GPU, "
+                            f"but num_gpu is {num_gpu}")
+        spec = r.get("gpu_spec") or ""
+        pods.append(Pod(r["name"], _count(path, line, r, "cpu_milli"), _count(path, line, r, "memory_mib"), num_gpu,
+                        gpu_milli, frozenset(m.strip() for m in spec.split("|") if m.strip())))
     pods.sort(key=lambda p: p.name)
     return pods
 
@@ -568,6 +615,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     data_dir = Path(args.data_dir)
     if not (data_dir / "openb_node_list_gpu_node.csv").exists():
         print(f"data not found under {data_dir}", file=sys.stderr)
+        return 2
+    try:  # read every list once here, so a bad file is one clear error rather than a traceback from a worker
+        node_path = data_dir / "openb_node_list_gpu_node.csv"
+        if not any(n.gpus for n in load_nodes(node_path)):
+            raise DataError(f"{node_path}: no node has a GPU: nothing to measure")
+        for pod_list in pod_lists:
+            pod_path = data_dir / f"openb_pod_list_{pod_list}.csv"
+            if not pod_path.is_file():
+                raise DataError(f"{pod_path}: not found (--pod-lists names openb_pod_list_<name>.csv in --data-dir)")
+            if not any(p.total_gpu_milli for p in load_pods(pod_path)):
+                raise DataError(f"{pod_path}: no pod asks for a GPU: nothing to measure")
+    except (OSError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
 
     config = replace(FLEETYARD, pressure=args.pressure)
