@@ -399,15 +399,16 @@ def simulate(nodes: Sequence[Node], arrivals: Sequence[Pod], policy: str, seed: 
 
 # -- driver -----------------------------------------------------------------------------------------------
 
-_CACHE: dict[str, tuple] = {}
+_CACHE: dict[tuple[Path, str], tuple] = {}
 
 
 def _inputs(data_dir: Path, pod_list: str) -> tuple[list[Node], list[Pod]]:
-    if pod_list not in _CACHE:
+    key = (data_dir, pod_list)
+    if key not in _CACHE:
         nodes = load_nodes(data_dir / "openb_node_list_gpu_node.csv")
         pods = load_pods(data_dir / f"openb_pod_list_{pod_list}.csv")
-        _CACHE[pod_list] = (nodes, pods)
-    return _CACHE[pod_list]
+        _CACHE[key] = (nodes, pods)
+    return _CACHE[key]
 
 
 def gpu_only(nodes: Sequence[Node], pods: Sequence[Pod]) -> tuple[list[Node], list[Pod]]:

@@ -138,3 +138,17 @@ def test_the_command_runs_a_small_pod_list_deterministically(tmp_path):
         runs.append([{k: v for k, v in run.items() if k not in ("wall_s", "cpu_s")}
                      for run in json.loads((tmp_path / out / "openb.json").read_text())["runs"]])
     assert runs[0] == runs[1]
+
+
+def test_a_run_reads_the_pod_list_of_its_own_data_directory(tmp_path):
+    from benchmarks import openb
+
+    results = []
+    for name, gpus in (("one", 1), ("two", 2)):
+        directory = tmp_path / name
+        directory.mkdir()
+        nodes = f"sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1000,{gpus},T4\n"
+        (directory / "openb_node_list_gpu_node.csv").write_text(nodes)
+        _pod_list(directory, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,0,0,1,1000\n", name="same")
+        results.append(openb.run_one(str(directory), "same", "first-fit", 1))
+    assert [r["pods"] for r in results] == [1, 2]  # 130% of 1 GPU: one 1-GPU pod; of 2 GPUs: two
