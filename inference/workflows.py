@@ -34,7 +34,13 @@ from controlplane.common.lifecycle import record_event, transition
 from controlplane.compute.base import ServiceSpec, ServiceStatus
 from controlplane.quotas.services import lock_cluster_queues
 from inference import selectors
-from inference.autoscaling import AutoscalingDecision, Sla, adjust_autoscaling, initial_autoscaling
+from inference.autoscaling import (
+    MIN_REQUESTS,
+    AutoscalingDecision,
+    Sla,
+    adjust_autoscaling,
+    initial_autoscaling,
+)
 from inference.models import Deployment, DeploymentEvent
 from inference.runtime.engine_config import EngineConfig
 from inference.states import DeploymentState
@@ -540,10 +546,24 @@ def _apply_health(deployment: Deployment, status: ServiceStatus, breach: str | N
         return move(S.DEGRADED, problem, breach=breach)
     if state == S.DEGRADED:
         if problem is None:
-            return move(S.SERVING, f"healthy again: {replicas}, SLA met{note}")
+            return move(S.SERVING, f"healthy again: {replicas}, {_sla_said(deployment)}{note}")
         if "cannot be applied" not in deployment.state_reason:  # keep the more telling reason of a failed update
             _note(deployment, problem)
     return deployment
+
+
+def _sla_said(deployment: Deployment) -> str:
+    """"SLA met" where the window measured it (at least MIN_REQUESTS answered requests), else how few there were:
+    a window with no traffic read "SLA met" though it measured nothing (QA)."""
+    observed = deployment.observed or {}
+    measured = observed.get("measured")
+    if measured is None:  # (a window from before `measured`: every request counted)
+        measured = observed.get("requests", MIN_REQUESTS)
+    if measured >= MIN_REQUESTS:
+        return "SLA met"
+    window = observed.get("window_s")
+    return (f"SLA not measured: {measured} answered request(s) in the last "
+            f"{format(window, 'g') if isinstance(window, int | float) else '?'} s, fewer than {MIN_REQUESTS}")
 
 
 def _unhealthy_first_deploy(deployment: Deployment, status: ServiceStatus) -> Deployment:

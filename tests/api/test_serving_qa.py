@@ -100,3 +100,23 @@ def test_a_first_deploy_the_service_reports_unhealthy_fails_and_gives_back_its_c
                                               "DEPLOY_FAILED"), deployment.state_reason
     assert deployment.capacity_held == [] and deployment.replicas_limit is None
     assert sync(deployment.pk, backend).state == "FAILED"  # (and the orphan sweep removes its service)
+
+
+def test_a_degraded_deployment_with_no_traffic_left_is_not_said_to_meet_its_sla(api, backend, model_dir):  # noqa: F811
+    """A deployment DEGRADED by an SLA breach went back to SERVING with "healthy again: ..., SLA met" once its
+    window held no requests at all: nothing was measured (QA). It still goes back (nothing says it is unhealthy), and
+    the reason says how few answers there were."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from inference.models import InferenceRequest
+
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    log_requests(deployment, 40, ttft_ms=812.0)
+    assert sync(deployment.pk, backend).state == "DEGRADED"
+    InferenceRequest.objects.filter(deployment=deployment).update(created_at=timezone.now() - timedelta(minutes=5))
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "SERVING", deployment.state_reason
+    assert "SLA met" not in deployment.state_reason
+    assert "SLA not measured: 0 answered request(s) in the last 60 s, fewer than 20" in deployment.state_reason
