@@ -99,3 +99,14 @@ def test_the_command_runs_a_trace_of_one_job_on_a_matrix_of_its_own(tmp_path, ca
     for row in result["policies"].values():  # 7200 steps at 1 step/s: 2 hours, on an empty cluster
         assert row["avg_jct_h"] == row["p99_jct_h"] == row["makespan_h"] == pytest.approx(2.0)
         assert row["utilization"] == pytest.approx(1 / 108)
+
+
+def test_a_trace_with_no_job_to_simulate_is_left_out_of_the_target(tmp_path, capsys):
+    """A trace whose every line is bad (or empty) was judged against the target with NaN JCTs: "MISSED (nanx)"."""
+    from benchmarks import gavel
+
+    (tmp_path / "bad.trace").write_text("not a trace line\n", encoding="utf-8")
+    gavel.main(["--trace", str(tmp_path / "bad.trace"), "--data-dir", str(_matrix(tmp_path)), "--no-write"])
+    out = capsys.readouterr().out
+    assert "nanx" not in out and "MISSED" not in out, out
+    assert "bad: no job was simulated: left out of the target" in out and "not judged" in out, out
