@@ -415,9 +415,34 @@ def _limit_replicas(limits: dict[str, tuple[int, str]]) -> None:
     record_events_many(changed, event_model=DeploymentEvent, system="scheduler")
 
 
+def _withdraw_admissions_off_unschedulable_nodes() -> None:
+    """ADMITTED -> QUEUED for every job admitted onto a node that has since been cordoned or become unhealthy and that
+    has not launched yet (a preemptor holding its admission while its victims stop, or a launch not run yet): its
+    admission is withdrawn before the cycle loads its snapshot, so the cycle places it again in the same pass. Before,
+    it stayed admitted there, and once its victims had stopped it was launched onto the cordoned node (new work where
+    none may go), only to be moved off it after a checkpoint, or to wait on it for good (found by QA)."""
+    admitted = list(TrainingJob.objects.filter(state=JobState.ADMITTED).select_for_update(of=("self",))
+                    .order_by("id"))
+    if not admitted:
+        return
+    schedulable = set(Node.objects.filter(health=NodeHealth.HEALTHY, cordoned=False).values_list("name", flat=True))
+    changes = []
+    for job in admitted:
+        off = sorted({worker["node"] for worker in job.placement or []} - schedulable)
+        if not off:
+            continue
+        job.admitted_accelerator_type, job.placement, job.waits_for = "", [], []
+        verb = "is" if len(off) == 1 else "are"
+        changes.append((job, f"admission withdrawn before it launched: {', '.join(off)} {verb} cordoned or not "
+                             "healthy; waiting to be admitted again", {"nodes": off}))
+    transition_many(changes, machine=TrainingJob.machine, event_model=TrainingJobEvent, to=JobState.QUEUED,
+                    system="scheduler", fields=["admitted_accelerator_type", "placement", "waits_for"])
+
+
 @transaction.atomic
 def run_cycle() -> CycleResult:
     lock_cluster_queues()
+    _withdraw_admissions_off_unschedulable_nodes()
     snapshot, jobs = load_snapshot()
     result = _schedule_with_serving(snapshot)
     from jobs.tasks import launch_training_job, stop_training_run

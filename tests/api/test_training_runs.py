@@ -846,3 +846,31 @@ def test_a_checkpoint_request_for_a_run_that_vanished_is_a_409_not_a_500(api, ba
     assert response.status_code == 409, response.content[:300]
     assert "run is not there now" in response.json()["state"][0]
     assert not AuditEvent.objects.filter(action="training_job.checkpoint").exists()
+
+
+def test_a_held_preemptor_whose_node_is_cordoned_is_placed_again_not_launched_there(api, backend, world):
+    """A preemptor holding its admission while its victim stopped was launched, once the victim had gone, onto the
+    node an operator had cordoned meanwhile (new work where none may go), to be moved off it after a checkpoint. Its
+    admission is now withdrawn and the cycle places it again."""
+    from controlplane.cluster.services import node_set_cordoned
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    for name in ("a", "b"):
+        sync(submit(client, name=name, workers_min=1, workers_max=1, hyperparameters={"steps": 1000}), backend)
+    urgent = submit(client, name="urgent", workers_min=1, workers_max=1, priority="urgent")
+    assert urgent.state == "ADMITTED" and urgent.waits_for
+    node = urgent.placement[0]["node"]
+    node_set_cordoned(actor=world["ops"], node=Node.objects.get(name=node), cordoned=True, reason="maintenance")
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()
+    urgent = TrainingJob.objects.get(pk=urgent.pk)
+    assert node not in [w["node"] for w in urgent.placement], urgent.placement
+    assert any(e.reason == f"admission withdrawn before it launched: {node} is cordoned or not healthy; waiting to "
+               "be admitted again" for e in urgent.events.all())
+    for _ in range(2):
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            tasks.sync_training_jobs()
+    urgent = TrainingJob.objects.get(pk=urgent.pk)
+    assert urgent.state in ("STARTING", "RUNNING") and node not in backend.runs[urgent.compute_handle].nodes
