@@ -635,6 +635,20 @@ def victims_still_stopping(victim_ids: list[int]) -> list[int]:
     return sorted(stopping)
 
 
+def held_reason(job: TrainingJob, stopping: list[int]) -> str:
+    """A held admission's reason while the victims `stopping` (victims_still_stopping) are still going: "admitted (1 x 8
+    nvidia-h100 held); launches once job 12 checkpoints and shrinks". A victim preempted while running stops; one that
+    still holds its admission was shrunk and keeps running smaller."""
+    shrinking = set(TrainingJob.objects.filter(pk__in=stopping, state__in=HOLDING_STATES).values_list("pk", flat=True))
+    stop = [str(v) for v in stopping if v not in shrinking]
+    shrink = [str(v) for v in stopping if v in shrinking]
+    waits = [waits_on(ids, verb) for ids, verb in ((stop, "stop"), (shrink, "shrink")) if ids]
+    # (the size too: "1 x nvidia-h100 held" read as one device for a worker of 8; QA)
+    size = job.cpus_per_worker if job.admitted_accelerator_type == "cpu" else job.devices_per_worker
+    return (f"admitted ({len(job.placement or [])} x {size:g} {job.admitted_accelerator_type} held); launches once "
+            f"{' and '.join(waits)}")
+
+
 def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_of: dict[str, list[str]],
                started: set[str] = frozenset(), shrinking: set[str] = frozenset()) -> None:
     """QUEUED -> ADMITTED on the devices the core chose, for every (job, admit, waits_for) of the cycle at once. A

@@ -107,11 +107,13 @@ def training_job_launch(*, job_id: int, backend) -> TrainingJob | None:
         if job is None or job.state != JobState.ADMITTED or not job.placement:
             return job
         if job.waits_for:  # admitted onto devices preempted runs still hold: free once they have stopped
-            from jobs.admission import victims_still_stopping, waits_on
+            from jobs.admission import held_reason, victims_still_stopping
 
             stopping = victims_still_stopping(job.waits_for)
             if stopping:
-                reason = f"admitted; launches once {waits_on([str(pk) for pk in stopping], 'stop')}"
+                # (before, "admitted; launches once job 12 checkpoints and stops" for a victim that shrinks and runs on;
+                # the sweep of ADMITTED jobs retries the launch every pass, so the cycle's reason was overwritten; QA)
+                reason = held_reason(job, stopping)
                 if job.state_reason != reason:
                     TrainingJob.objects.filter(pk=job.pk).update(state_reason=reason)
                 return job

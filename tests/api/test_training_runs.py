@@ -874,3 +874,27 @@ def test_a_held_preemptor_whose_node_is_cordoned_is_placed_again_not_launched_th
             tasks.sync_training_jobs()
     urgent = TrainingJob.objects.get(pk=urgent.pk)
     assert urgent.state in ("STARTING", "RUNNING") and node not in backend.runs[urgent.compute_handle].nodes
+
+
+def test_a_held_preemptors_reason_still_says_its_victim_shrinks_after_the_launch_sweep(api, backend, world):
+    """The sync pass retries the launch of every job ADMITTED for over 30 s; for a preemptor whose elastic victim was
+    still shrinking it rewrote the reason to "admitted; launches once job 1 checkpoints and stops" (the victim runs
+    on, smaller, and the size held was dropped)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.quotas.services import priority_class_create
+
+    priority_class_create(actor=world["ops"], name="urgent", value=1000)
+    client = api("alpha", "member")
+    elastic = sync(submit(client, name="elastic", workers_min=1, workers_max=2,
+                          hyperparameters={"steps": 1000}), backend)
+    urgent = submit(client, name="urgent", workers_min=1, workers_max=1, priority="urgent")
+    expected = f"admitted (1 x 8 nvidia-h100 held); launches once job {elastic.pk} checkpoints and shrinks"
+    assert urgent.state_reason == expected
+    TrainingJob.objects.filter(pk=urgent.pk).update(state_changed_at=timezone.now() - timedelta(minutes=5))
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        tasks.sync_training_jobs()  # tells the run to shrink, and retries the stale launch: still shrinking
+    urgent = TrainingJob.objects.get(pk=urgent.pk)
+    assert urgent.state == "ADMITTED" and urgent.state_reason == expected, urgent.state_reason
