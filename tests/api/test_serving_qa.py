@@ -3,8 +3,28 @@ each test failed on the code before its fix."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from inference.models import Deployment
 from tests.api.test_deployment_lifecycle import backend, create, log_requests, sync  # noqa: F401
+
+
+@contextmanager
+def deploys_failing(memory_backend):
+    """Every deploy meanwhile ends as Serve's DEPLOY_FAILED: the service exists, unhealthy, running no revision."""
+    deploy = memory_backend.deploy_service
+
+    def failing(spec):
+        status = deploy(spec)
+        memory_backend.set_service_status(spec.handle, state="unhealthy", revision=0,
+                                          message="DEPLOY_FAILED: the replica's constructor raised")
+        return status
+
+    memory_backend.deploy_service = failing
+    try:
+        yield
+    finally:
+        memory_backend.deploy_service = deploy
 
 
 def test_a_p95_over_one_answer_among_refused_requests_is_no_sla_breach(api, backend, model_dir):  # noqa: F811
@@ -30,20 +50,9 @@ def test_an_update_the_service_cannot_roll_out_degrades_with_the_reason_and_reco
 
     client = api("alpha", "member")
     deployment = Deployment.objects.get(pk=create(client, model_dir)["id"])
-    deploy = backend.deploy_service
-
-    def failing(spec):
-        status = deploy(spec)
-        backend.set_service_status(spec.handle, state="unhealthy", revision=0,
-                                   message="DEPLOY_FAILED: the replica's constructor raised")
-        return status
-
-    backend.deploy_service = failing
-    try:
+    with deploys_failing(backend):
         patch(client, deployment.pk, {"engine": {"slots": 8}})
         deployment = sync(deployment.pk, backend)
-    finally:
-        backend.deploy_service = deploy
     assert deployment.state == "DEGRADED"
     assert deployment.state_reason == ("revision 2 cannot be applied: service unhealthy: DEPLOY_FAILED: the replica's "
                                        "constructor raised; still running revision 1")
@@ -77,19 +86,8 @@ def test_a_first_deploy_the_service_reports_unhealthy_fails_and_gives_back_its_c
     end in FAILED."""
     from inference.workflows import DEPLOY_TRIES
 
-    deploy = backend.deploy_service
-
-    def failing(spec):
-        status = deploy(spec)
-        backend.set_service_status(spec.handle, state="unhealthy", revision=0,
-                                   message="DEPLOY_FAILED: the replica's constructor raised")
-        return status
-
-    backend.deploy_service = failing
-    try:
+    with deploys_failing(backend):
         deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
-    finally:
-        backend.deploy_service = deploy
     assert deployment.state == "DEPLOYING", deployment.state_reason
     for _ in range(DEPLOY_TRIES - 2):
         deployment = sync(deployment.pk, backend)
