@@ -44,6 +44,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.celery, pytest.mark.django_db(tr
 SOAK_S = float(os.environ.get("FLEETYARD_SOAK_SECONDS", "40"))
 THREADS = 4
 MONITOR_PERIOD_S = 0.1
+MIN_OPERATIONS = 1000  # the soak runs past SOAK_S (up to 3 x) until it has done this many
 QUOTAS = {"nvidia-h100": (4, 8), "nvidia-a100": (4, 4)}  # per team: nominal, borrowing limit
 CAPACITY = {"nvidia-h100": 16, "nvidia-a100": 16}  # the demo topology: 2 nodes x 8 of each
 
@@ -226,6 +227,13 @@ def test_q1_quota_is_never_exceeded_under_concurrent_load(cohort, tmp_path, sett
         for thread in threads:
             thread.start()
         time.sleep(SOAK_S)
+        # On a busy machine (CI beside other work) the soak's time held fewer operations than it is meant to test
+        # (863 in 40 s once): it goes on until it has done MIN_OPERATIONS, for at most 3 x SOAK_S in all.
+        while time.monotonic() - started < 3 * SOAK_S:
+            with lock:
+                if sum(ops.values()) >= MIN_OPERATIONS:
+                    break
+            time.sleep(1.0)
         stop.set()
         for thread in threads:
             thread.join(60)
@@ -249,7 +257,7 @@ def test_q1_quota_is_never_exceeded_under_concurrent_load(cohort, tmp_path, sett
     print(f"  preemptions: {dict(kinds)}")
     assert not errors, errors[:10]
     assert not violations, violations[:10]
-    assert total >= 1000 and samples >= SOAK_S / MONITOR_PERIOD_S / 3, (total, samples)
+    assert total >= MIN_OPERATIONS and samples >= SOAK_S / MONITOR_PERIOD_S / 3, (total, samples)
     assert admitted > 50 and preempted > 0, (admitted, preempted)
     assert max(peak.values()) > 0.5  # the load did press on the quota
 
