@@ -423,14 +423,14 @@ def _limit_to_quota(deployment: Deployment) -> str:
     return f" (its cluster queue's quota takes {replicas_allowed(deployment)} now)"
 
 
-def _note(deployment: Deployment, reason: str) -> None:
+def _note(deployment: Deployment, reason: str, data: dict | None = None) -> None:
     """A new reason without a state change (recorded once, not on every pass)."""
     if deployment.state_reason == reason:
         return
     Deployment.objects.filter(pk=deployment.pk).update(state_reason=reason)
     deployment.state_reason = reason
     record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state, to_state=deployment.state,
-                 reason=reason, system=SYSTEM)
+                 reason=reason, system=SYSTEM, data=data)
 
 
 # ------------------------------------------------------------------------------------------ sync
@@ -576,11 +576,8 @@ def _unhealthy_first_deploy(deployment: Deployment, status: ServiceStatus) -> De
     if passes >= DEPLOY_TRIES:
         return _fail_deploy(deployment, f"cannot deploy: revision {deployment.revision} does not start: {why} "
                                         f"({passes} passes); its quota and devices are released")
-    reason = f"deploying revision {deployment.revision}: {why} (pass {passes} of {DEPLOY_TRIES} before it fails)"
-    Deployment.objects.filter(pk=deployment.pk).update(state_reason=reason)
-    deployment.state_reason = reason
-    record_event(obj=deployment, event_model=DeploymentEvent, from_state=deployment.state, to_state=deployment.state,
-                 reason=reason, system=SYSTEM, data={"revision": deployment.revision, "deploy_unhealthy": True})
+    _note(deployment, f"deploying revision {deployment.revision}: {why} (pass {passes} of {DEPLOY_TRIES} before it "
+                      "fails)", data={"revision": deployment.revision, "deploy_unhealthy": True})
     return deployment
 
 

@@ -639,9 +639,16 @@ def held_reason(job: TrainingJob, stopping: list[int]) -> str:
     """A held admission's reason while the victims `stopping` (victims_still_stopping) are still going: "admitted (1 x 8
     nvidia-h100 held); launches once job 12 checkpoints and shrinks". A victim preempted while running stops; one that
     still holds its admission was shrunk and keeps running smaller."""
-    shrinking = set(TrainingJob.objects.filter(pk__in=stopping, state__in=HOLDING_STATES).values_list("pk", flat=True))
-    stop = [str(v) for v in stopping if v not in shrinking]
-    shrink = [str(v) for v in stopping if v in shrinking]
+    shrinking = {str(pk) for pk in TrainingJob.objects.filter(pk__in=stopping, state__in=HOLDING_STATES)
+                 .values_list("pk", flat=True)}
+    return _held_text(job, stopping, shrinking)
+
+
+def _held_text(job: TrainingJob, waits_for: list[int], shrinking: set[str]) -> str:
+    """The reason of `job`, admitted (placement and type set) and waiting for `waits_for`, those in `shrinking` (ids
+    as strings) shrinking, the others stopping."""
+    stop = [str(v) for v in waits_for if str(v) not in shrinking]
+    shrink = [str(v) for v in waits_for if str(v) in shrinking]
     waits = [waits_on(ids, verb) for ids, verb in ((stop, "stop"), (shrink, "shrink")) if ids]
     # (the size too: "1 x nvidia-h100 held" read as one device for a worker of 8; QA)
     size = job.cpus_per_worker if job.admitted_accelerator_type == "cpu" else job.devices_per_worker
@@ -671,13 +678,7 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
                 reason = (f"admitted onto the devices of {', '.join(victims)}, preempted for it before they started "
                           "(nothing to checkpoint)")
         if waits_for:
-            stop = [str(v) for v in waits_for if str(v) not in shrinking]
-            shrink = [str(v) for v in waits_for if str(v) in shrinking]
-            waits = [waits_on(ids, verb) for ids, verb in ((stop, "stop"), (shrink, "shrink")) if ids]
-            # (the size too: "1 x nvidia-h100 held" read as one device for a worker of 8; QA)
-            size = job.cpus_per_worker if admit.accelerator_type == "cpu" else job.devices_per_worker
-            reason = (f"admitted ({len(admit.workers)} x {size:g} {admit.accelerator_type} held); launches once "
-                      f"{' and '.join(waits)}")
+            reason = _held_text(job, waits_for, shrinking)
         changes.append((job, reason, {"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),
                                       "nodes": sorted({w.node for w in admit.workers}), "borrowed": admit.borrowed,
                                       "waits_for": waits_for}))

@@ -179,9 +179,14 @@ class _Search:
         current = self.best_per_shape.get(shape)
         if current is None or _ranks_before(prediction, current):
             self.best_per_shape[shape] = prediction
-            if prediction.step_time_s < self.threshold and len(self.best_per_shape) >= self.keep:
-                times = heapq.nsmallest(self.keep, (p.step_time_s for p in self.best_per_shape.values()))
-                self.threshold = times[self.keep - 1]
+            if prediction.step_time_s < self.threshold:
+                self._lower_threshold()
+
+    def _lower_threshold(self) -> None:
+        """The keep-th best shape's step time, once there are that many shapes."""
+        if len(self.best_per_shape) >= self.keep:
+            times = heapq.nsmallest(self.keep, (p.step_time_s for p in self.best_per_shape.values()))
+            self.threshold = times[self.keep - 1]
 
     def refine_boundaries(self) -> None:
         """_balance evens the stages' time per micro-batch, not what each exposes once per step (its gradient
@@ -207,9 +212,7 @@ class _Search:
                 if better is None:
                     break
                 prediction = self.best_per_shape[shape] = _with_reason(better, prediction.reason)
-        times = heapq.nsmallest(self.keep, (p.step_time_s for p in self.best_per_shape.values()))
-        if len(times) >= self.keep:
-            self.threshold = times[self.keep - 1]
+        self._lower_threshold()
 
     def _miss(self, used: float, limit: float, make_layout) -> None:
         share = used / limit
