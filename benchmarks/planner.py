@@ -86,10 +86,16 @@ MIXED_CASES = [
     (GPT3_175B, 1536, 16, 48),
     (LLAMA2_70B, 512, 16, 32),
 ]
+# The deepest model the planner accepts (1,000 layers), of small layers: every pipeline depth up to 1,000 is a candidate,
+# and all but the shallow ones must be ruled out by their step-time bounds (it took 1.2 s and 1.1 s before they
+# counted the sends and the bubble; QA, 2026-12-07).
+DEEP_1000 = ModelSpec(layers=1000, hidden=512, heads=8, seq_len=2048, vocab=32000, name="1,000 layers x 512")
 TIMING_CASES = [
     ("1,024 x H100, GPT-3 175B", GPT3_175B, 1536, 128, 0),
     ("512 x H100 + 512 x A100, GPT-3 175B", GPT3_175B, 1536, 64, 64),
     ("1,024 x A100, Llama-2 70B", LLAMA2_70B, 1024, 0, 128),
+    ("1,024 x H100, 1,000 layers x hidden 512", DEEP_1000, 1024, 128, 0),
+    ("512 x H100 + 512 x A100, 1,000 layers x 512", DEEP_1000, 1024, 64, 64),
 ]
 
 
@@ -334,7 +340,7 @@ def format_report(rows, cal, mixed, timing) -> str:
     out.append("")
     out.append(f"3. Search time on this machine ({os.cpu_count()} CPU cores, one process)")
     for t in timing:
-        out.append(f"  {t['case']:<40} median {t['median_s']:.3f} s, max {t['max_s']:.3f} s, "
+        out.append(f"  {t['case']:<44} median {t['median_s']:.3f} s, max {t['max_s']:.3f} s, "
                    f"{t['candidates']} layouts tried -> {t['best']}")
     return "\n".join(out)
 

@@ -112,6 +112,40 @@ def test_more_bandwidth_on_one_pool_never_predicts_a_slower_mixed_plan():
     assert after.step_time_s <= before.step_time_s, (before.step_time_s, after.step_time_s, after.layout.describe())
 
 
+
+@pytest.mark.parametrize("layers, hidden, nodes, batch", [(240, 256, 16, 256), (96, 2048, 4, 64)])
+def test_a_deep_model_of_small_layers_skips_the_pipelines_that_cannot_rank(layers, hidden, nodes, batch):
+    """The step-time bound was the widest stage's layers alone: a deep model of small layers evaluated every pipeline
+    depth up to its layer count, each slower by its sends and bubble than the plans already found (1,000 layers of
+    hidden 512 on 1,024 H100: 27,972 layouts, 1.2 s; 240 layers of hidden 256 on 128: 3,032). The bound now takes the
+    whole pipeline without recomputation (its sends, embedding and output layer, bubble); the plan and its
+    alternatives stay those of the search without bounds."""
+    from tests.unit.test_planner_norm_recompute import _reference_plan
+
+    model = ModelSpec(layers=layers, hidden=hidden, heads=4, seq_len=1024, vocab=32000, dropout=False)
+    request = PlanRequest(model, batch, (DevicePool(H100, nodes, 8, 450.0, 50.0),))
+    bounded, reference = plan(request), _reference_plan(request)
+    assert [(p.layout, round(p.step_time_s, 9)) for p in (bounded.best, *bounded.alternatives)] == [
+        (p.layout, round(p.step_time_s, 9)) for p in (reference.best, *reference.alternatives)]
+    if layers == 240:
+        assert bounded.candidates_evaluated < 500, bounded.candidates_evaluated
+
+
+def test_a_deep_model_over_two_pools_skips_the_mixed_pipelines_that_cannot_rank():
+    """The same over two pools: the mixed search balanced pipelines of hundreds of stages (1,000 layers of hidden 512
+    on 512 H100 + 512 A100: 2,753 layouts, 1.1 s; here 600 layers of hidden 64 on 8 + 8 nodes: 3,596), each slower
+    by its sends and bubble than the plans already found. Same plan and alternatives as without bounds."""
+    from tests.unit.test_planner_norm_recompute import _reference_plan
+
+    a100 = device_type_from_facts(facts_by_slug()["nvidia-a100"])
+    model = ModelSpec(layers=600, hidden=64, heads=4, seq_len=512, vocab=8000, dropout=False)
+    request = PlanRequest(model, 128, (DevicePool(H100, 8, 8, 450.0, 50.0), DevicePool(a100, 8, 8, 300.0, 25.0)),
+                          PlanOptions(max_alternatives=2))
+    bounded, reference = plan(request), _reference_plan(request)
+    assert [(p.layout, round(p.step_time_s, 9)) for p in (bounded.best, *bounded.alternatives)] == [
+        (p.layout, round(p.step_time_s, 9)) for p in (reference.best, *reference.alternatives)]
+    assert bounded.candidates_evaluated < 400, bounded.candidates_evaluated
+
 # -- properties -----------------------------------------------------------------------------------------------------
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,

@@ -248,13 +248,8 @@ class _Search:
         gbs = req.global_batch_size
         pp = len(split)
         widest = max(split)
-        kinds = _memory_kinds(split)
-        stages = None
-        # Interleaving: every stage's layers (or, first and last, its layer slots with the embedding or
-        # output layer) split into v chunks.
-        slots = [n + (i == 0) + (i == pp - 1) for i, n in enumerate(split)]
-        vs_all = [v for v in range(2, widest + 1)
-                  if all(n % v == 0 or k % v == 0 for n, k in zip(split, slots, strict=True))]
+        middle = (max(split[1:-1]), sum(split[1:-1])) if pp > 2 else (0, 0)
+        kinds = stages = vs_all = None  # made when a layout of the split first passes the bounds (each walks it)
         # More replicas first: they are usually faster, so the pruning threshold drops early.
         for dp in reversed(divisors(gbs)):
             if dp * tp * pp > pool.devices:
@@ -264,23 +259,36 @@ class _Search:
             if (gbs // dp) * widest * layer_flops_seq / (tp * device_rate) > self.threshold:
                 continue
             ladder = _feature_ladder(req, tp, dp, zero2=True)
+            sp = ladder[0][1]
             eps = [e for e in divisors(math.gcd(m.experts, dp))] if m.is_moe else [1]
             for mbs in divisors(gbs // dp):
                 if mbs > req.options.max_micro_batch:
                     break
                 micro = gbs // (dp * mbs)
-                vs = [1]
-                if req.options.allow_interleave and pp > 2 and micro % pp == 0:
-                    vs += vs_all
-                if stages is None:
+                # Any EP and interleaving depth: EP 1 adds no all-to-all, v only adds sends, and no v is over the
+                # widest stage's layers (which bounds how far interleaving shrinks the bubble).
+                interleaves = req.options.allow_interleave and pp > 2 and micro % pp == 0
+                if self._pipeline_bound(pool, tp, split, middle, dp, mbs, micro, 1, 1, sp,
+                                        bubble_v=widest if interleaves else 1) > self.threshold:
+                    continue
+                if kinds is None:
+                    kinds = _memory_kinds(split)
+                    # Interleaving: every stage's layers (or, first and last, its layer slots with the embedding or
+                    # output layer) split into v chunks.
+                    slots = [n + (i == 0) + (i == pp - 1) for i, n in enumerate(split)]
+                    vs_all = [v for v in range(2, widest + 1)
+                              if all(n % v == 0 or k % v == 0 for n, k in zip(split, slots, strict=True))]
                     if stage_of is None:
                         stage_of = {}
                     for n in split:
                         if n not in stage_of:
                             stage_of[n] = Stage(pool.name, tp, n)
                     stages = tuple(stage_of[n] for n in split)
+                vs = [1] + vs_all if interleaves else [1]
                 for ep in eps:
                     for v in vs:
+                        if self._pipeline_bound(pool, tp, split, middle, dp, mbs, micro, ep, v, sp) > self.threshold:
+                            continue
                         self._fit_homogeneous(pool, limit, ladder, tp, split, stages, kinds, dp, mbs, micro, ep, v)
 
     def _fit_homogeneous(self, pool, limit, ladder, tp, split, stages, kinds, dp, mbs, micro, ep, v) -> None:
@@ -289,10 +297,6 @@ class _Search:
         the last stage the logits). A ZeRO-2 rung may cost time, so the next rung that fits is tried too."""
         cost = self.cost
         pp = len(split)
-        # The widest stage runs its layers for every micro-batch: without recomputation (the cheapest rung) the
-        # step takes at least that long.
-        if micro * max(split) * cost.layer_cost(pool, tp, mbs, "none", ladder[0][1], ep).time_s > self.threshold:
-            return
 
         def peak(rung):
             recompute, sp, zero = rung
@@ -349,6 +353,32 @@ class _Search:
             else:
                 skipped.append((*rung, used / GB))
 
+    def _pipeline_bound(self, pool, tp, split, middle, dp, mbs, micro, ep, v, sequence_parallel,
+                        bubble_v=None) -> float:
+        """No rung of the ladder runs this split faster than its pipeline without recomputation: CostModel.evaluate's
+        micro x t_max + (t_sum - t_max) / v, each stage's time per micro-batch its layers, its embedding or output
+        layer and its point-to-point sends (recomputation only adds time; the gradient sync and optimizer step, left
+        out, only add more); ``bubble_v``: that v in the bubble term instead (the sends still at ``v``).
+        ``middle``: (the most layers, all layers) of the stages between the first and the last, which share one time
+        per layer count, so this does not walk every stage. Before, the bound was the widest stage's layers alone,
+        and a deep model of small layers (1,000 layers, hidden 512, on 1,024 H100) evaluated every pipeline depth up
+        to 1,000, each slower by its sends and bubble than the plans already found: 1.2 s (QA)."""
+        cost = self.cost
+        per_layer = cost.layer_cost(pool, tp, mbs, "none", sequence_parallel, ep).time_s
+        pp = len(split)
+        if pp == 1:
+            return micro * (split[0] * per_layer + cost.stage_extras(pool, tp, mbs, True, True, sequence_parallel)[0])
+        ends = cost.pp_comm_s(pool, tp, dp, mbs, pp, True, False, v)
+        first = split[0] * per_layer + cost.stage_extras(pool, tp, mbs, True, False, sequence_parallel)[0] + ends
+        last = split[-1] * per_layer + cost.stage_extras(pool, tp, mbs, False, True, sequence_parallel)[0] + ends
+        t_max, t_sum = max(first, last), first + last
+        if pp > 2:
+            sends = cost.pp_comm_s(pool, tp, dp, mbs, pp, False, False, v)
+            t_max = max(t_max, middle[0] * per_layer + sends)
+            t_sum += middle[1] * per_layer + (pp - 2) * sends
+        # (1 - 1e-9: the cost model adds the same terms in another order)
+        return (micro * t_max + (t_sum - t_max) / (bubble_v or v)) * (1 - 1e-9)
+
     # -- heterogeneous -------------------------------------------------------------------------------------
 
     def heterogeneous(self, pools: tuple[DevicePool, ...]) -> None:
@@ -400,6 +430,8 @@ class _Search:
             speed = sum(count / layer_cost(pool, tp, mbs, recompute, sp, 1).time_s for pool, tp, count in runs)
             if micro * layers_total / speed > self.threshold:
                 continue
+            if self._mixed_pipeline_bound(runs, len(slots), dp, mbs, micro, recompute, sp) > self.threshold:
+                continue
             self.evaluated += 1
             layers, capped = _balance(self.cost, slots, dp, mbs, recompute, sp, zero)
             if layers is None:
@@ -414,6 +446,27 @@ class _Search:
             layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
                             sequence_parallel=sp)
             self._consider(layout, _ladder_note(skipped, rung, [done for done in fitted if done != rung]))
+
+
+    def _mixed_pipeline_bound(self, runs, stages, dp, mbs, micro, recompute, sequence_parallel) -> float:
+        """No split of the layers over these stages runs faster than (micro - 1) x t_max + t_sum (CostModel.evaluate's
+        pipeline without interleaving): t_sum at least every layer at the fastest stage's time per layer, the
+        embedding and output layer, and every stage's sends between pools; t_max at least the compute bound's
+        L / sum(1 / c_i) and t_sum / stages. Before balancing: a deep model of small layers over two pools balanced
+        pipelines of hundreds of stages, each slower by its sends and bubble than the plans already found (1,000 layers
+        of hidden 512 on 512 H100 + 512 A100: 1.1 s; QA)."""
+        cost = self.cost
+        times = [cost.layer_cost(pool, tp, mbs, recompute, sequence_parallel, 1).time_s for pool, tp, _ in runs]
+        sends = [cost.pp_comm_s(pool, tp, dp, mbs, stages, False, False, 1, True) for pool, tp, _ in runs]
+        (first_pool, first_tp, _), (last_pool, last_tp, _) = runs[0], runs[-1]
+        t_sum = (self.request.model.layers * min(times)
+                 + sum(count * sent for (_, _, count), sent in zip(runs, sends, strict=True))
+                 - (sends[0] + sends[-1]) / 2  # the first and the last stage send one way only
+                 + cost.stage_extras(first_pool, first_tp, mbs, True, False, sequence_parallel)[0]
+                 + cost.stage_extras(last_pool, last_tp, mbs, False, True, sequence_parallel)[0])
+        speed = sum(count / time for (_, _, count), time in zip(runs, times, strict=True))
+        t_max = max(self.request.model.layers / speed, t_sum / stages)
+        return ((micro - 1) * t_max + t_sum) * (1 - 1e-9)  # (the cost model adds the same terms in another order)
 
 
 def _boundary_moves(slots: list[tuple[DevicePool, int]], layers: list[int]) -> list[list[int]]:
