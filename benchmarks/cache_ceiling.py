@@ -37,6 +37,7 @@ for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, OFFSET  # noqa: E402
 from benchmarks.mooncake import BenchRequest, ScaleSpec, build_requests, describe_scaling  # noqa: E402
 from benchmarks.serving import MODEL_SHAPE, RESULTS_DIR, TRACE_PATH, load_slice  # noqa: E402
 
@@ -46,20 +47,15 @@ CONFIGS = {"no cache": 0, "unbounded cache": 10_000_000}  # device cache blocks;
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=TRACE_PATH)
-    parser.add_argument("--start", type=int, default=0, help="first trace line (0-based)")
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--block-tokens", type=int, default=16)
-    parser.add_argument("--max-prompt-blocks", type=int, default=40)
-    parser.add_argument("--max-output-tokens", type=int, default=32)
-    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--start", type=OFFSET, default=0, help="first trace line (0-based)")
+    parser.add_argument("--requests", type=COUNT, default=1000)
+    parser.add_argument("--block-tokens", type=COUNT, default=16)
+    parser.add_argument("--max-prompt-blocks", type=COUNT, default=40)
+    parser.add_argument("--max-output-tokens", type=COUNT, default=32)
+    parser.add_argument("--slots", type=COUNT, default=4)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("requests", "block_tokens", "max_prompt_blocks", "max_output_tokens", "slots"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
-    if args.start < 0:
-        parser.error("--start must be 0 or more")
     window = MODEL_SHAPE["context"] - 1  # the longest prompt the engine accepts
     if args.block_tokens * args.max_prompt_blocks > window:
         longest = args.block_tokens * args.max_prompt_blocks

@@ -30,6 +30,8 @@ for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, OFFSET  # noqa: E402
+
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
@@ -62,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--broker", choices=["filesystem", "redis"], default="filesystem")
     parser.add_argument("--database-url", default=None, help="postgres://... (default: SQLite in a temp folder)")
-    parser.add_argument("--tasks", type=int, default=2000)
-    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--tasks", type=COUNT, default=2000)
+    parser.add_argument("--kills", type=OFFSET, default=10)
     parser.add_argument("--json", type=Path, default=None, help="default benchmarks/results/celery_kill_<broker>.json")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)

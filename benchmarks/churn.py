@@ -52,6 +52,8 @@ for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, positive_float  # noqa: E402
+
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 FREED_WITHIN_S = 60.0
 MODEL_SHAPE = {"context": 256, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64}
@@ -602,13 +604,13 @@ def build_world(topology):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=180.0, help="seconds of churn (default 180)")
-    parser.add_argument("--jobs", type=int, default=2, help="elastic jobs kept running: h100, a100, ... (max 3)")
-    parser.add_argument("--steps", type=int, default=400, help="steps per job")
+    parser.add_argument("--duration", type=positive_float, default=180.0, help="seconds of churn (default 180)")
+    parser.add_argument("--jobs", type=COUNT, default=2, help="elastic jobs kept running: h100, a100, ... (max 3)")
+    parser.add_argument("--steps", type=COUNT, default=400, help="steps per job")
     parser.add_argument("--seed", type=int, default=8)
-    parser.add_argument("--max-down", type=int, default=3,
+    parser.add_argument("--max-down", type=COUNT, default=3,
                         help="nodes away at once (default 3: kills every 5-10 s while each takes ~16 s to return)")
-    parser.add_argument("--stuck-bound", type=float, default=120.0)
+    parser.add_argument("--stuck-bound", type=positive_float, default=120.0)
     parser.add_argument("--no-deployment", action="store_true")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "churn.json")
     parser.add_argument("--no-write", action="store_true")

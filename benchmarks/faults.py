@@ -68,6 +68,7 @@ for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, OFFSET, non_negative_float, positive_float  # noqa: E402
 from jobs.runtime.goodput import (  # noqa: E402
     BAIGE_ETTR_TARGET,
     LLAMA3_FAILURES,
@@ -698,29 +699,31 @@ def run_benchmark(args, log=print) -> tuple[list[dict], dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/faults.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=100, help="training steps per run (default 100)")
-    parser.add_argument("--inject-step", type=int, default=50,
+    parser.add_argument("--steps", type=COUNT, default=100, help="training steps per run (default 100)")
+    parser.add_argument("--inject-step", type=OFFSET, default=50,
                         help="inject the fault once the run reports this step (default 50)")
-    parser.add_argument("--checkpoint-interval", type=int, default=20, help="checkpoint every N steps (default 20)")
-    parser.add_argument("--step-sleep", type=float, default=0.1,
+    parser.add_argument("--checkpoint-interval", type=COUNT, default=20, help="checkpoint every N steps (default 20)")
+    parser.add_argument("--step-sleep", type=non_negative_float, default=0.1,
                         help="per-step sleep of the built-in LM, seconds (default 0.1, ~6 steps/s)")
-    parser.add_argument("--slow-factor", type=float, default=3.0, help="slow fault: step time factor (default 3)")
+    parser.add_argument("--slow-factor", type=positive_float, default=3.0,
+                        help="slow fault: step time factor (default 3)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, from {', '.join(FAULTS)}")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per fault type (default 1)")
-    parser.add_argument("--spares", type=int, default=None,
+    parser.add_argument("--repeat", type=COUNT, default=1, help="runs per fault type (default 1)")
+    parser.add_argument("--spares", type=OFFSET, default=None,
                         help="spare a100 nodes for node-loss placement (default: one per node-loss run)")
-    parser.add_argument("--save-s", type=float, default=30.0,
+    parser.add_argument("--save-s", type=non_negative_float, default=30.0,
                         help="ASSUMED checkpoint save time of a large model for the extrapolation (default 30 s)")
-    parser.add_argument("--devices", type=int, default=LLAMA3_FAILURES["devices"],
+    parser.add_argument("--devices", type=COUNT, default=LLAMA3_FAILURES["devices"],
                         help="GPUs of the extrapolated job (default 16384)")
     parser.add_argument("--kill", choices=("both", "group", "tree"), default="both",
                         help="node loss runs: 'group' = LocalCluster.kill_node (SIGKILL of the node's process "
                              "group and every descendant, its Ray workers included), 'tree' = SIGKILL of every "
                              "process of the node found by this benchmark's own /proc walk; both kill the whole "
                              "node at once; 'both' (default): one run of each")
-    parser.add_argument("--run-timeout", type=float, default=None,
+    parser.add_argument("--run-timeout", type=positive_float, default=None,
                         help="stop a run after this many seconds (default: 3 x the baseline's wall time, >= 60 s)")
-    parser.add_argument("--poll-s", type=float, default=0.1, help="control-plane poll interval (default 0.1 s)")
+    parser.add_argument("--poll-s", type=positive_float, default=0.1,
+                        help="control-plane poll interval (default 0.1 s)")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "faults.json")
     parser.add_argument("--csv", type=Path, default=RESULTS_DIR / "faults.csv")
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -734,8 +737,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.kills = ("group", "tree") if args.kill == "both" else (args.kill,)
     if args.spares is None:
         args.spares = args.repeat * len(args.kills) if "node_loss" in args.faults else 0
-    if args.repeat < 1 or args.spares < 0 or args.save_s < 0:
-        parser.error("--repeat >= 1, --spares >= 0 and --save-s >= 0 are required")
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -74,9 +74,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT / "platform") not in sys.path:  # `platform/` is the source root of controlplane
-    sys.path.insert(0, str(REPO_ROOT / "platform"))
+for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):  # controlplane's source root; benchmarks
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT  # noqa: E402
 from controlplane.scheduling.efficiency import (  # noqa: E402
     EfficiencyMatrix,
     gavel_workload_class,
@@ -677,7 +679,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="GPU counts v100:p100:k80 (default 36:36:36)")
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from {', '.join(POLICIES)}")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=None, help="simulate only the first N jobs of each trace")
+    parser.add_argument("--limit", type=COUNT, default=None, help="simulate only the first N jobs of each trace")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where gavel.json and gavel.csv go")
     parser.add_argument("--no-write", action="store_true", help="print only")

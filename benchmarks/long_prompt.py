@@ -57,6 +57,7 @@ for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, OFFSET  # noqa: E402
 from benchmarks.serving import MODEL_SHAPE, RESULTS_DIR  # noqa: E402
 
 TARGET_TTFT_S = 0.5  # Baige: first token under 0.5 s for 16K-token prompts
@@ -76,26 +77,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from jobs.runtime.lm_config import MAX_MODEL_CONTEXT
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompt-tokens", type=int, default=16_384, help="the long prompt (the first turn)")
-    parser.add_argument("--suffix-tokens", type=int, default=64, help="new tokens of each follow-up")
-    parser.add_argument("--output-tokens", type=int, default=8, help="greedy tokens per measured request")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (the engine's default)")
-    parser.add_argument("--filler-tokens", type=int, default=1024, help="tokens per request that pushes blocks down")
-    parser.add_argument("--threads", type=int, default=1, help="the engine's torch_threads (1: as replicas run here)")
-    parser.add_argument("--verify-reps", type=int, default=1,
+    parser.add_argument("--prompt-tokens", type=COUNT, default=16_384, help="the long prompt (the first turn)")
+    parser.add_argument("--suffix-tokens", type=COUNT, default=64, help="new tokens of each follow-up")
+    parser.add_argument("--output-tokens", type=COUNT, default=8, help="greedy tokens per measured request")
+    parser.add_argument("--reps", type=COUNT, default=5)
+    parser.add_argument("--block-size", type=COUNT, default=16, help="tokens per KV block (the engine's default)")
+    parser.add_argument("--filler-tokens", type=COUNT, default=1024, help="tokens per request that pushes blocks down")
+    parser.add_argument("--threads", type=COUNT, default=1, help="the engine's torch_threads (1: as replicas run here)")
+    parser.add_argument("--verify-reps", type=OFFSET, default=1,
                         help="repetitions whose follow-ups are rerun with the cache off and compared")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=OFFSET, default=0)
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "long_prompt.json")
     parser.add_argument("--csv", type=Path, default=RESULTS_DIR / "long_prompt.csv")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("prompt_tokens", "suffix_tokens", "output_tokens", "reps", "block_size", "filler_tokens",
-                 "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
-    if args.verify_reps < 0 or args.seed < 0:
-        parser.error("--verify-reps and --seed must be 0 or more")
     if args.prompt_tokens < args.block_size or args.filler_tokens < args.block_size:
         parser.error("--prompt-tokens and --filler-tokens must be at least --block-size (whole blocks are cached)")
     window = window_for(args.prompt_tokens, args.suffix_tokens, args.output_tokens)

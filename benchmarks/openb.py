@@ -33,8 +33,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "platform"))
+for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):  # controlplane's source root; benchmarks
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT  # noqa: E402
 from controlplane.scheduling.fgd import (  # noqa: E402
     INF_CPU,
     MILLI,
@@ -591,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pod-lists", default=",".join(POD_LISTS))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--quick", action="store_true", help="2 seeds (42, 43), for smoke runs")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    parser.add_argument("--jobs", type=COUNT, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--tie-break", choices=("random", "first"), default="random",
                         help="equal best scores: random node (kube-scheduler, default) or first in node-list order; "
                              "'first' writes openb_tie-first.{json,csv}")

@@ -42,9 +42,11 @@ from dataclasses import replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT / "platform") not in sys.path:  # `platform/` is the source root of controlplane
-    sys.path.insert(0, str(REPO_ROOT / "platform"))
+for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):  # controlplane's source root; benchmarks
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT  # noqa: E402
 from controlplane.cluster.accelerator_facts import facts_by_slug  # noqa: E402
 from controlplane.planning import (  # noqa: E402
     CALIBRATED_ACHIEVABLE_FRACTION,
@@ -86,8 +88,8 @@ MIXED_CASES = [
     (GPT3_175B, 1536, 16, 48),
     (LLAMA2_70B, 512, 16, 32),
 ]
-# The deepest model the planner accepts (1,000 layers), of small layers: every pipeline depth up to 1,000 is a candidate,
-# and all but the shallow ones must be ruled out by their step-time bounds (it took 1.2 s and 1.1 s before they
+# The deepest model the planner accepts (1,000 layers), of small layers: every pipeline depth up to 1,000 is a
+# candidate, and all but the shallow ones must be ruled out by their step-time bounds (1.2 s and 1.7 s before they
 # counted the sends and the bubble; QA, 2026-12-07).
 DEEP_1000 = ModelSpec(layers=1000, hidden=512, heads=8, seq_len=2048, vocab=32000, name="1,000 layers x 512")
 TIMING_CASES = [
@@ -350,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "planner.json")
     parser.add_argument("--csv", type=Path, default=RESULTS_DIR / "planner.csv")
     parser.add_argument("--no-write", action="store_true", help="print only")
-    parser.add_argument("--repeat", type=int, default=5, help="timing repetitions (median reported)")
+    parser.add_argument("--repeat", type=COUNT, default=5, help="timing repetitions (median reported)")
     args = parser.parse_args(argv)
 
     data = load_published_runs()

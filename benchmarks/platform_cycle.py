@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
+from benchmarks._args import COUNT, OFFSET, count_list
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 FINISH_PER_CYCLE = 0.01
@@ -217,14 +219,15 @@ def _scratch_postgres(url: str, name: str, *, create: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000,10000", help="accelerators per cluster, comma-separated")
-    parser.add_argument("--pending", type=int, default=10_000)
-    parser.add_argument("--cycles", type=int, default=4, help="the first cycle and the ones that follow it")
+    parser.add_argument("--sizes", type=count_list, default="1000,10000",
+                        help="accelerators per cluster, comma-separated")
+    parser.add_argument("--pending", type=OFFSET, default=10_000)
+    parser.add_argument("--cycles", type=COUNT, default=4, help="the first cycle and the ones that follow it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--postgres", default="", help="a PostgreSQL URL; a scratch database is made next to it")
     parser.add_argument("--out", default=str(RESULTS_DIR / "platform_cycle"), help="output path without extension")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = args.sizes
     rows = []
     for size in sizes:  # a fresh process per size: Django's settings are read once, at set-up
         with tempfile.TemporaryDirectory(prefix="fy-platform-cycle-") as folder:

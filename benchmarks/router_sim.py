@@ -44,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._args import COUNT, non_negative_float, positive_float  # noqa: E402
 from benchmarks.mooncake import TRACE_PATH, BenchRequest, ScaleSpec, build_requests, read_trace  # noqa: E402
 from inference.runtime.prefix_index import PrefixIndex, ReplicaLoad, RoutingChoice, choose_replica  # noqa: E402
 
@@ -374,19 +375,22 @@ POLICIES = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=TRACE_PATH)
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--rate", type=float, default=12.0)
-    parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--slots", type=int, default=4)
-    parser.add_argument("--cache-blocks", type=int, default=4096)
-    parser.add_argument("--max-prompt-blocks", type=int, default=40)
+    parser.add_argument("--requests", type=COUNT, default=2000)
+    parser.add_argument("--rate", type=positive_float, default=12.0)
+    parser.add_argument("--replicas", type=COUNT, default=4)
+    parser.add_argument("--slots", type=COUNT, default=4)
+    parser.add_argument("--cache-blocks", type=COUNT, default=4096)
+    parser.add_argument("--max-prompt-blocks", type=COUNT, default=40)
     parser.add_argument("--exact-queues", action="store_true")
-    parser.add_argument("--cores", type=float, default=SimConfig.cores)
-    parser.add_argument("--prefill-s", type=float, default=SimConfig.prefill_s, help="CPU-s per uncached token")
-    parser.add_argument("--decode-s", type=float, default=SimConfig.decode_s, help="CPU-s per sequence per step")
-    parser.add_argument("--attn-s", type=float, default=SimConfig.attn_s,
+    parser.add_argument("--cores", type=positive_float, default=SimConfig.cores)
+    parser.add_argument("--prefill-s", type=non_negative_float, default=SimConfig.prefill_s,
+                        help="CPU-s per uncached token")
+    parser.add_argument("--decode-s", type=non_negative_float, default=SimConfig.decode_s,
+                        help="CPU-s per sequence per step")
+    parser.add_argument("--attn-s", type=non_negative_float, default=SimConfig.attn_s,
                         help="CPU-s per uncached token per token of context (attention)")
-    parser.add_argument("--iter-s", type=float, default=SimConfig.iter_s, help="CPU-s per engine iteration")
+    parser.add_argument("--iter-s", type=non_negative_float, default=SimConfig.iter_s,
+                        help="CPU-s per engine iteration")
     parser.add_argument("--policies", default="round_robin,pow2,before,prefix", help="comma-separated, or 'all'")
     args = parser.parse_args(argv)
     trace = read_trace(args.trace, limit=args.requests)

@@ -43,6 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._args import COUNT, OFFSET  # noqa: E402
 from benchmarks.mooncake import TRACE_PATH, TraceRequest, read_trace  # noqa: E402
 from benchmarks.scale import table  # noqa: E402
 
@@ -188,13 +189,13 @@ def bound_rows(prompts: list[Prompt], replica_counts: list[int], seeds: int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default=str(TRACE_PATH), help="a Mooncake-format JSONL file")
-    parser.add_argument("--start", type=int, default=0, help="records to skip first")
-    parser.add_argument("--limit", type=int, default=None, help="records to read (default: all)")
+    parser.add_argument("--start", type=OFFSET, default=0, help="records to skip first")
+    parser.add_argument("--limit", type=COUNT, default=None, help="records to read (default: all)")
     parser.add_argument("--replicas", default="2,3,4", help="comma-separated replica counts")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds for the default router's random choice")
+    parser.add_argument("--seeds", type=COUNT, default=5, help="seeds for the default router's random choice")
     parser.add_argument("--cache-blocks", default="2000,4000,8000,16000,32000,unbounded",
                         help="comma-separated cache sizes per replica, in blocks, or 'unbounded'")
-    parser.add_argument("--cap-blocks", type=int, default=None,
+    parser.add_argument("--cap-blocks", type=COUNT, default=None,
                         help="keep each prompt's first N blocks (the serving benchmarks cap at 40)")
     parser.add_argument("--json", default=None, help="write the rows and settings here")
     parser.add_argument("--csv", default=None, help="write the rows here")

@@ -46,9 +46,11 @@ import tracemalloc
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT / "platform") not in sys.path:  # `platform/` is the source root of controlplane
-    sys.path.insert(0, str(REPO_ROOT / "platform"))
+for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):  # controlplane's source root; benchmarks
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, OFFSET, count_list, positive_float  # noqa: E402
 from controlplane.scheduling.model import (  # noqa: E402
     ClusterQueueSpec,
     NodeSpec,
@@ -356,21 +358,22 @@ def table(rows: list[dict], columns=COLUMNS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000,10000,100000", help="accelerators per cluster, comma-separated")
-    parser.add_argument("--pending", type=int, default=10_000)
-    parser.add_argument("--cycles", type=int, default=20)
-    parser.add_argument("--max-cycles-large", type=int, default=10,
+    parser.add_argument("--sizes", type=count_list, default="1000,10000,100000",
+                        help="accelerators per cluster, comma-separated")
+    parser.add_argument("--pending", type=OFFSET, default=10_000)
+    parser.add_argument("--cycles", type=COUNT, default=20)
+    parser.add_argument("--max-cycles-large", type=COUNT, default=10,
                         help=f"at most this many timed cycles at {LARGE:,} accelerators or more")
-    parser.add_argument("--follow-on", type=int, default=10,
+    parser.add_argument("--follow-on", type=OFFSET, default=10,
                         help="cycles after the first, each on the state the previous one left (0: none)")
-    parser.add_argument("--steady", type=int, default=30,
+    parser.add_argument("--steady", type=OFFSET, default=30,
                         help=f"steady cycles after the follow-on ones: {STEADY_FINISH * 100:.1f}%% of the running "
                              "workloads finish per cycle and as many new ones arrive (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS_DIR / "scale"), help="output path without extension")
-    parser.add_argument("--target-ms", type=float, default=100.0, help="p99 target at the largest size")
+    parser.add_argument("--target-ms", type=positive_float, default=100.0, help="p99 target at the largest size")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    sizes = args.sizes
     rows = []
     for size in sizes:
         cycles = min(args.cycles, args.max_cycles_large) if size >= LARGE else args.cycles

@@ -45,6 +45,7 @@ for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, OFFSET, positive_float  # noqa: E402
 from benchmarks.mooncake import (  # noqa: E402
     TRACE_PATH,
     BenchRequest,
@@ -334,21 +335,22 @@ def add_workload_args(parser: argparse.ArgumentParser, *, rate: bool = True) -> 
     """The options that choose the trace slice, its scaling, the replicas and their engine (shared with
     benchmarks/serving_sla.py, which sweeps the rate instead of taking `--rate`)."""
     parser.add_argument("--trace", type=Path, default=TRACE_PATH)
-    parser.add_argument("--start", type=int, default=0, help="first trace line (0-based)")
-    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--start", type=OFFSET, default=0, help="first trace line (0-based)")
+    parser.add_argument("--requests", type=COUNT, default=1000)
     parser.add_argument("--replicas", type=int, default=2, choices=(2, 3, 4))
     if rate:
-        parser.add_argument("--rate", type=float, default=6.0, help="mean requests/s after compressing the trace")
-    parser.add_argument("--block-tokens", type=int, default=16)
-    parser.add_argument("--max-prompt-blocks", type=int, default=40)
-    parser.add_argument("--max-output-tokens", type=int, default=32)
-    parser.add_argument("--slots", type=int, default=4)
+        parser.add_argument("--rate", type=positive_float, default=6.0,
+                            help="mean requests/s after compressing the trace")
+    parser.add_argument("--block-tokens", type=COUNT, default=16)
+    parser.add_argument("--max-prompt-blocks", type=COUNT, default=40)
+    parser.add_argument("--max-output-tokens", type=COUNT, default=32)
+    parser.add_argument("--slots", type=COUNT, default=4)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_workload_args(parser)
-    parser.add_argument("--small-cache-blocks", type=int, default=48)
+    parser.add_argument("--small-cache-blocks", type=COUNT, default=48)
     parser.add_argument("--routers", default=",".join(ROUTERS))
     parser.add_argument("--skip-tiers", action="store_true")
     parser.add_argument("--skip-routers", action="store_true", help="only the cache-tier runs")
@@ -359,8 +361,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for router in args.routers.split(","):
         if router not in ROUTERS:
             parser.error(f"--routers: unknown router {router!r} (choose from {', '.join(ROUTERS)})")
-    if args.requests < 1 or args.rate <= 0:
-        parser.error("--requests and --rate must be positive")
     return args
 
 

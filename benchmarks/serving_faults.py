@@ -51,6 +51,8 @@ for _path in (str(REPO_ROOT / "platform"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from benchmarks._args import COUNT, OFFSET, positive_float  # noqa: E402
+
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 HANDLE = "fy-serve-faults"
 MODEL_NAME = "tales"
@@ -619,10 +621,10 @@ def create_rows(model_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--clients", type=int, default=6, help="steady-load client threads")
-    parser.add_argument("--kills", type=int, default=2, help="kills of each kind")
-    parser.add_argument("--overload-clients", type=int, default=64)
-    parser.add_argument("--overload-s", type=float, default=30.0)
+    parser.add_argument("--clients", type=COUNT, default=6, help="steady-load client threads")
+    parser.add_argument("--kills", type=OFFSET, default=2, help="kills of each kind")
+    parser.add_argument("--overload-clients", type=COUNT, default=64)
+    parser.add_argument("--overload-s", type=positive_float, default=30.0)
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "serving_faults.json")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)

@@ -239,8 +239,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--routers: unknown router {router!r} (choose from {', '.join(ROUTERS)})")
     if len(set(args.router_list)) != len(args.router_list):
         parser.error("--routers: a router is listed twice")
-    if args.requests < 1:
-        parser.error("--requests must be positive")
     return args
 
 

@@ -49,7 +49,7 @@ def test_bad_arguments_are_refused_with_a_clear_message_and_exit_2():
     assert parse_args([]).requests == 1000
     result = subprocess.run([sys.executable, "-m", "benchmarks.cache_ceiling", "--slots", "0", "--no-write"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "--slots must be positive" in result.stderr
+    assert result.returncode == 2 and "argument --slots: must be >= 1, got 0" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -120,7 +120,7 @@ def test_main_writes_json_and_csv_with_the_table(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--prompt-tokens", "32000", "--suffix-tokens", "1000"], "window can be at most 32768"),
     (["--filler-tokens", "8"], "at least --block-size"),
-    (["--reps", "0"], "--reps must be positive"),
+    (["--reps", "0"], "argument --reps: must be >= 1"),
     (["--threads", "999"], "torch_threads"),
 ])
 def test_bad_arguments_are_refused_up_front(argv, message, capsys):

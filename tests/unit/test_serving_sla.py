@@ -123,7 +123,7 @@ def test_arguments_defaults_and_parsing():
     (["--slas", "1s:150"], "--slas: '1s:150': the bounds must be numbers (ms)"),
     (["--slas", "1000:-1"], "the bounds must be positive and finite"),
     (["--routers", "pow2,magic"], "--routers: unknown router 'magic'"),
-    (["--requests", "0"], "--requests must be positive"),
+    (["--requests", "0"], "argument --requests: must be >= 1"),
 ])
 def test_bad_arguments_are_refused_with_a_clear_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
