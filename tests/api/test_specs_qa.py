@@ -219,3 +219,15 @@ def test_an_empty_spec_is_refused_in_the_shape_of_every_spec_error(api, demo_clu
     assert response.json() == {"spec": [f"spec.yaml: {reason}"],
                                "errors": [{"line": None, "field": "", "reason": reason}]}
     assert not TrainingJob.objects.exists()
+
+
+def test_a_filename_without_a_spec_is_refused_as_an_empty_spec_of_that_file(api, demo_cluster):
+    """`{"filename": "train.yaml"}` with no `spec` still answered DRF's `{"spec": ["This field is required."]}`,
+    without the `errors` list (noticed at stop 30)."""
+    response = api("alpha", "member").post("/api/v1/specs/apply/", data={"filename": "train.yaml"},
+                                           content_type="application/json")
+    assert response.status_code == 400, response.content
+    reason = "the spec is empty: write a YAML mapping (name: ..., queue: ..., resources: ...)"
+    assert response.json() == {"spec": [f"train.yaml: {reason}"],
+                               "errors": [{"line": None, "field": "", "reason": reason}]}
+    assert not TrainingJob.objects.exists()

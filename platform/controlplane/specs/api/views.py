@@ -51,8 +51,11 @@ class TextYamlParser(YamlParser):
 
 
 class SpecApplySerializer(StrictInputSerializer):
-    spec = serializers.CharField(max_length=MAX_SPEC_BYTES, trim_whitespace=False, allow_blank=True,
-                                 help_text="the YAML text (an empty one is refused as a spec error)")
+    # Not required: a missing one is an empty spec, refused in the shape of every spec error (with `filename`, it was
+    # DRF's "This field is required." without `errors`).
+    spec = serializers.CharField(max_length=MAX_SPEC_BYTES, trim_whitespace=False, allow_blank=True, required=False,
+                                 default="", help_text="the YAML text (an empty or missing one is refused as a spec "
+                                                       "error)")
     filename = serializers.CharField(max_length=200, required=False, default="spec.yaml")
     secrets = serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False),
                                     required=False, default=dict)
