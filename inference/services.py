@@ -150,10 +150,16 @@ def _model_dir_missing(path: Path) -> str:
     return ""
 
 
-def _validate_replicas(replicas_min: int, replicas_max: int) -> None:
+def _validate_replicas(replicas_min: int, replicas_max: int, *, sent: set[str] | None = None) -> None:
+    """`sent`: the fields the client gave (None: both). A bound the client did not send is the deployment's, so a
+    minimum above it is the minimum's fault: `PATCH {"replicas_min": 3}` on 1-2 replicas was refused as "replicas_max:
+    must be at least replicas_min (3)", a field the client never sent (QA)."""
     if replicas_min < 0:
         raise ValidationFailed("must be at least 0", field="replicas_min")
     if replicas_max < replicas_min:
+        if sent is not None and "replicas_max" not in sent:
+            raise ValidationFailed(f"must be at most replicas_max ({replicas_max}); send replicas_max too to raise "
+                                   f"both", field="replicas_min")
         raise ValidationFailed(f"must be at least replicas_min ({replicas_min})", field="replicas_max")
     if replicas_max < 1:
         raise ValidationFailed("must be at least 1", field="replicas_max")
@@ -303,7 +309,7 @@ def _validated_changes(deployment: Deployment, changes: dict) -> dict:
     if "devices_per_replica" in values:
         _validate_devices_per_replica(values["devices_per_replica"])
     _validate_replicas(values.get("replicas_min", deployment.replicas_min),
-                       values.get("replicas_max", deployment.replicas_max))
+                       values.get("replicas_max", deployment.replicas_max), sent=set(values))
     for name in ("sla_ttft_p95_ms", "sla_tpot_p95_ms"):
         if name in values and values[name] < 1:
             raise ValidationFailed("SLA targets must be positive milliseconds", field=name)

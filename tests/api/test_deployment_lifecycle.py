@@ -481,7 +481,7 @@ def test_create_rejects_bad_serving_settings(api, backend, overrides, field):
 
 
 @pytest.mark.parametrize("body,field", [
-    ({"replicas_min": 5}, "replicas_max"),
+    ({"replicas_min": 5}, "replicas_min"),  # the field sent (QA: it named replicas_max)
     ({"engine": {"block_size": 0}}, "engine.block_size"),
     ({"router": "nope"}, "router"),
     ({"model_uri": "http://x/y"}, "model_uri"),

@@ -118,3 +118,22 @@ def test_a_degraded_deployment_with_no_traffic_left_is_not_said_to_meet_its_sla(
     assert deployment.state == "SERVING", deployment.state_reason
     assert "SLA met" not in deployment.state_reason
     assert "SLA not measured: 0 answered request(s) in the last 60 s, fewer than 20" in deployment.state_reason
+
+
+def test_raising_replicas_min_above_replicas_max_names_replicas_min(api, backend, model_dir):  # noqa: F811
+    """`PATCH {"replicas_min": 3}` on a deployment of 1-2 replicas was a 400 on replicas_max ("must be at least
+    replicas_min (3)"), a field the client did not send; the 400 names replicas_min and the bound it must stay under."""
+    from tests.api.test_deployment_lifecycle import patch
+
+    client = api("alpha", "member")
+    created = create(client, model_dir, replicas_min=1, replicas_max=2)
+    body = patch(client, created["id"], {"replicas_min": 3}, expect=400)
+    assert "replicas_max" not in body, body
+    assert "must be at most replicas_max (2)" in str(body["replicas_min"]), body
+    both = patch(client, created["id"], {"replicas_min": 3, "replicas_max": 2}, expect=400)  # both sent: the max
+    assert "must be at least replicas_min (3)" in str(both["replicas_max"]), both
+    lower = patch(client, created["id"], {"replicas_max": 0}, expect=400)
+    assert "replicas_max" in lower, lower
+    deployment = Deployment.objects.get(pk=created["id"])
+    assert (deployment.replicas_min, deployment.replicas_max, deployment.revision) == (1, 2, 1)
+    assert patch(client, created["id"], {"replicas_min": 2})["spec"]["replicas_min"] == 2  # within the bound: fine
