@@ -64,12 +64,14 @@ class LLMReplica:
             replica = "local"
         self.revision = revision
         self.replica = replica
-        # owned by this process (owner.pid): removed in __del__, or by the next replica's sweep after a crash
-        self._cache_dir = str(make_disk_dir(prefix=f"fy-kv-{replica}-"))
+        # Only with a disk tier (before, every replica made one, also with disk_cache_blocks 0). Owned by this process
+        # (owner.pid): removed in __del__, or by the next replica's sweep after a crash.
+        self._cache_dir = str(make_disk_dir(prefix=f"fy-kv-{replica}-")) if config.disk_cache_blocks > 0 else None
         try:
             self.engine = LLMEngine(model, config, replica=replica, cache_dir=self._cache_dir).start()
         except BaseException:
-            shutil.rmtree(self._cache_dir, ignore_errors=True)
+            if self._cache_dir is not None:
+                shutil.rmtree(self._cache_dir, ignore_errors=True)
             raise
 
     async def generate(self, request: dict):
@@ -126,7 +128,9 @@ class LLMReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.stop()
-        shutil.rmtree(getattr(self, "_cache_dir", ""), ignore_errors=True)
+        cache_dir = getattr(self, "_cache_dir", None)
+        if cache_dir is not None:
+            shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------------- routers

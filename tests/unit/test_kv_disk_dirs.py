@@ -96,6 +96,27 @@ def test_a_killed_replicas_folder_is_swept_by_the_next_replica_and_a_stopped_one
     assert not _kv_dirs(tmp_root)
 
 
+def test_a_replica_without_a_disk_tier_makes_no_disk_folder(tmp_root, tmp_path):
+    """QA: every replica made an `fy-kv-*` folder (with its owner.pid), also when its deployment has no disk tier
+    (disk_cache_blocks 0) and nothing would ever be written there."""
+    from inference.runtime.serve_app import LLMReplica
+
+    model_dir = write_random_model_dir(tmp_path / "model", SHAPE)
+    replica = LLMReplica(str(model_dir), {**ENGINE, "disk_cache_blocks": 0}, 1)
+    try:
+        assert not _kv_dirs(tmp_root) and replica._cache_dir is None
+        assert replica.engine.cache.disk_dir is None
+    finally:
+        replica.__del__()
+    assert not _kv_dirs(tmp_root)
+    with_disk = LLMReplica(str(model_dir), ENGINE, 1)  # a disk tier still has its folder
+    try:
+        assert _kv_dirs(tmp_root) == {Path(with_disk._cache_dir)}
+    finally:
+        with_disk.__del__()
+    assert not _kv_dirs(tmp_root)
+
+
 def test_the_sweep_removes_only_folders_whose_owner_is_gone(tmp_root):
     mine = make_disk_dir()  # (it sweeps too: made first)
     dead = _dead_pid()
