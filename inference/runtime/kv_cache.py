@@ -21,8 +21,11 @@ file I/O. Callers own the tensors `match` returns: evicting a block later does n
 The disk tier's folder (`make_disk_dir`: `fy-kv-*` in the temp directory, unless the caller names one) holds an
 `owner.pid` naming the process that made it. Its owner removes it when it stops (`close`, or the replica's
 shutdown); a replica that crashed or was killed cannot, so each new folder's maker first sweeps the `fy-kv-*`
-folders whose owner process is gone (`sweep_orphan_disk_dirs`). A folder with no owner file, or made on another
-host or in another PID namespace, is left alone: nothing says its owner is gone.
+folders whose owner process is gone (`sweep_orphan_disk_dirs`). A folder made on another host or in another PID
+namespace is left alone: nothing says its owner is gone. A folder with no (readable) owner file, made by a version
+before owner files or caught being made, is swept only once nothing in it (the folder, its files) has been modified
+for `UNOWNED_MAX_IDLE_S` (a day) and no cache of this process uses it: a disk tier in use writes a file for every
+block it spills, and a file a sweep removed under a live cache is only a miss, recomputed.
 """
 
 from __future__ import annotations
@@ -48,6 +51,28 @@ TIERS = ("device", "host", "disk")
 _NUMPY_DTYPES = {torch.float32: numpy.float32, torch.float16: numpy.float16, torch.float64: numpy.float64}
 DISK_DIR_PREFIX = "fy-kv-"
 OWNER_FILE = "owner.pid"
+# A folder without an owner file is swept once nothing in it was modified for this long (seconds): one day, far more
+# than a new folder takes to get its owner file (milliseconds); a disk tier in use writes a file for each block it
+# spills, so one that spilled nothing for a day holds nothing recent (and a file swept under it is only a miss).
+UNOWNED_MAX_IDLE_S = 24 * 60 * 60
+# The disk-tier folders this process's caches use (real paths): never swept, whatever their files' age.
+_IN_USE: set[str] = set()
+_IN_USE_LOCK = threading.Lock()
+
+
+def _use_dir(path: Path, used: bool) -> None:
+    key = os.path.realpath(path)
+    with _IN_USE_LOCK:
+        if used:
+            _IN_USE.add(key)
+        else:
+            _IN_USE.discard(key)
+
+
+def _in_use(path: str) -> bool:
+    key = os.path.realpath(path)
+    with _IN_USE_LOCK:
+        return key in _IN_USE
 
 
 # ---------------------------------------------------------------------------------------------- disk-tier folders
@@ -61,6 +86,7 @@ def make_disk_dir(prefix: str = DISK_DIR_PREFIX, *, root: str | os.PathLike | No
     root = Path(root if root is not None else tempfile.gettempdir())
     sweep_orphan_disk_dirs(root)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    _use_dir(path, True)  # (until a cache using it closes; its owner file keeps it from other processes' sweeps)
     me = _process_identity(os.getpid())
     text = f"{os.getpid()}\n" + "".join(f"{key}={value}\n" for key, value in me.items())
     tmp = path / f"{OWNER_FILE}.tmp"
@@ -69,18 +95,21 @@ def make_disk_dir(prefix: str = DISK_DIR_PREFIX, *, root: str | os.PathLike | No
     return path
 
 
-def sweep_orphan_disk_dirs(root: str | os.PathLike | None = None) -> list[Path]:
+def sweep_orphan_disk_dirs(root: str | os.PathLike | None = None, *,
+                           unowned_max_idle_s: float = UNOWNED_MAX_IDLE_S) -> list[Path]:
     """Removes the `fy-kv-*` folders under `root` (the temp directory) whose owner.pid names a process that is gone
-    (no such pid, a zombie, or a pid reused by a process started later); returns them. Kept: folders of live owners
-    (this process's too), folders without a readable owner file (an older version's, or one being made), other
-    users' folders, links, and folders made on another host or in another PID namespace (their pids mean nothing
-    here)."""
+    (no such pid, a zombie, or a pid reused by a process started later), and those without a readable owner file
+    (an older version's) in which nothing was modified for `unowned_max_idle_s`; returns them. Kept: folders of live
+    owners (this process's too), folders a cache of this process uses, unowned folders modified more recently (one
+    being made), other users' folders, links, and folders made on another host or in another PID namespace (their
+    pids mean nothing here)."""
     root = Path(root if root is not None else tempfile.gettempdir())
     removed: list[Path] = []
     try:
         entries = list(os.scandir(root))
     except OSError:
         return removed
+    now = time.time()
     me = _process_identity(os.getpid())
     uid = os.getuid() if hasattr(os, "getuid") else None
     for entry in entries:
@@ -93,8 +122,14 @@ def sweep_orphan_disk_dirs(root: str | os.PathLike | None = None) -> list[Path]:
                 continue
         except OSError:
             continue
+        if _in_use(entry.path):
+            continue
         owner = _read_owner(Path(entry.path))
-        if owner is None:
+        if owner is None:  # before owner files (or being made): swept only when long idle
+            if _modified_within(entry.path, now - unowned_max_idle_s):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
             continue
         pid, recorded = owner
         if recorded.get("host", "") != me["host"] or recorded.get("pidns", "") != me["pidns"]:
@@ -104,6 +139,25 @@ def sweep_orphan_disk_dirs(root: str | os.PathLike | None = None) -> list[Path]:
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(Path(entry.path))
     return removed
+
+
+def _modified_within(path: str, since: float) -> bool:
+    """Whether the folder, or anything in it, was modified at or after `since` (epoch seconds); True when that cannot
+    be read (keep it). Stops at the first recent entry."""
+    try:
+        if os.lstat(path).st_mtime >= since:
+            return True
+        for folder, dirs, files in os.walk(path, onerror=_raise):
+            for name in itertools.chain(dirs, files):
+                if os.lstat(os.path.join(folder, name)).st_mtime >= since:
+                    return True
+    except OSError:
+        return True
+    return False
+
+
+def _raise(error: OSError) -> None:
+    raise error
 
 
 def _read_owner(path: Path) -> tuple[int, dict[str, str]] | None:
@@ -218,6 +272,7 @@ class TieredPrefixCache:
         self.disk_dir = Path(disk_dir or make_disk_dir()) if disk_blocks > 0 else None
         if self.disk_dir is not None:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
+            _use_dir(self.disk_dir, True)  # this process's sweeps leave it alone, owner file or not
         self._root = _Node(key=(), parent=None, node_id=0, tier="root")
         self._ids = itertools.count(1)
         self._lru: dict[str, OrderedDict[int, _Node]] = {tier: OrderedDict() for tier in TIERS}
@@ -318,6 +373,8 @@ class TieredPrefixCache:
             self._writer.join(timeout=30)
             self._writer = None
         self.clear()
+        if self.disk_dir is not None:
+            _use_dir(self.disk_dir, False)
         if self._own_dir and self.disk_dir is not None:
             shutil.rmtree(self.disk_dir, ignore_errors=True)
 

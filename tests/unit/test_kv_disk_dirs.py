@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from inference.runtime import kv_cache
-from inference.runtime.kv_cache import OWNER_FILE, TieredPrefixCache, make_disk_dir, sweep_orphan_disk_dirs
+from inference.runtime.kv_cache import (
+    OWNER_FILE,
+    UNOWNED_MAX_IDLE_S,
+    TieredPrefixCache,
+    make_disk_dir,
+    sweep_orphan_disk_dirs,
+)
 from jobs.runtime.lm import write_random_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +132,7 @@ def test_the_sweep_removes_only_folders_whose_owner_is_gone(tmp_root):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         live = _owned_by(tmp_root, "fy-kv-live", sleeper.pid)
-        unowned = tmp_root / "fy-kv-unowned"  # an older version's, or one being made: nothing says its owner is gone
+        unowned = tmp_root / "fy-kv-unowned"  # no owner file, just made: kept until idle for UNOWNED_MAX_IDLE_S
         unowned.mkdir()
         elsewhere = _owned_by(tmp_root, "fy-kv-elsewhere", dead, host="another-node")
         other_ns = _owned_by(tmp_root, "fy-kv-other-ns", dead, pidns="pid:[1]")
@@ -146,6 +152,51 @@ def test_the_sweep_removes_only_folders_whose_owner_is_gone(tmp_root):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def _unowned(root: Path, name: str, *, idle_s: float, fresh_file: bool = False) -> Path:
+    """A folder as a version before owner files left it: block files, no owner.pid, nothing modified for `idle_s`."""
+    path = root / name
+    path.mkdir()
+    old = time.time() - idle_s
+    for i in range(3):
+        (path / f"{i}.kv").write_bytes(b"kv")
+        os.utime(path / f"{i}.kv", (old, old))
+    if fresh_file:
+        (path / "3.kv").write_bytes(b"kv")  # written just now: its cache is in use
+    os.utime(path, (old, old))
+    return path
+
+
+def _age(path: Path) -> None:
+    for file in path.iterdir():
+        os.utime(file, (0, 0))
+    os.utime(path, (0, 0))
+
+
+def test_a_folder_without_an_owner_file_is_swept_once_long_idle_and_not_in_use(tmp_root):
+    """QA: `fy-kv-*` folders made before owner files existed (no owner.pid) were never swept, whatever their age."""
+    stale = _unowned(tmp_root, "fy-kv-stale", idle_s=UNOWNED_MAX_IDLE_S + 60)
+    recent = _unowned(tmp_root, "fy-kv-recent", idle_s=UNOWNED_MAX_IDLE_S - 600)  # idle, but not for long enough
+    written = _unowned(tmp_root, "fy-kv-written", idle_s=2 * UNOWNED_MAX_IDLE_S, fresh_file=True)
+    being_made = tmp_root / "fy-kv-new"  # made a moment ago, its owner file not written yet
+    being_made.mkdir()
+    used = _unowned(tmp_root, "fy-kv-used", idle_s=2 * UNOWNED_MAX_IDLE_S)
+    cache = TieredPrefixCache(block_size=4, device_blocks=1, disk_blocks=4, disk_dir=used)  # a cache uses it
+    try:
+        later = _unowned(tmp_root, "fy-kv-later", idle_s=2 * UNOWNED_MAX_IDLE_S)
+        made = make_disk_dir()  # the next cache or replica's folder: it sweeps first
+        assert not stale.exists() and not later.exists()  # before: kept for good
+        for kept in (recent, written, being_made, used, made):
+            assert kept.exists(), kept
+        _age(used)
+        assert sweep_orphan_disk_dirs() == []  # idle for decades, but a cache of this process uses it
+    finally:
+        cache.close()  # (empties the folder it was given, and leaves it)
+    _age(used)
+    assert sweep_orphan_disk_dirs() == [used]  # once no cache uses it, it goes too
+    assert sorted(sweep_orphan_disk_dirs(unowned_max_idle_s=3600)) == [recent]  # a shorter threshold, by argument
+    assert written.exists() and being_made.exists()
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
