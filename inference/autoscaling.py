@@ -6,10 +6,13 @@ replica's queue, and that wait is time to first token. So the policy starts the 
 count (a replica is "full" when its slots are), and then steers it from what was measured:
 
 - a p95 TTFT or TPOT above the SLA (over at least `MIN_REQUESTS` requests in the window), or too many
-  requests refused as overloaded, is a *breach*: the target is halved (never below 1) so Serve adds
-  replicas before queues build up, and the breach text is what marks the deployment DEGRADED;
-- both p95 comfortably under the SLA (below `RELAX_FRACTION` of it) is *calm*: the target goes back up
-  one step toward the slot count, so replicas are not kept idle;
+  requests not served (refused as overloaded, 429, or failed, 5xx, timeouts (504) included: they wanted service
+  and got none, so they count as SLA misses), is a *breach*: the target is halved (never below 1) so Serve adds
+  replicas before queues build up, and the breach text is what marks the deployment DEGRADED. Errors never scale
+  past `replicas_max` (the target stops at 1 per replica), and the reason says they were counted: a model that fails
+  for another reason than load gets no further replicas from its errors;
+- both p95 comfortably under the SLA (below `RELAX_FRACTION` of it), with no request refused or failed, is *calm*:
+  the target goes back up one step toward the slot count, so replicas are not kept idle;
 - anything in between holds.
 
 Hysteresis, so it does not flap: after any change the policy waits a full window (the measurements
@@ -38,7 +41,8 @@ from typing import Any
 MIN_REQUESTS = 20
 # Both p95 under this fraction of their SLA: calm, the target may rise again.
 RELAX_FRACTION = 0.5
-# More than this fraction of the window's requests refused as overloaded (429) is a breach.
+# More than this fraction of the window's requests not served (refused as overloaded, 429, or failed, 5xx, timeouts
+# included) is a breach: counted as SLA misses, they alone put the p95 over the SLA.
 OVERLOAD_FRACTION = 0.05
 # Windows of quiet after the last change before the target is raised (lowering waits one window).
 RELAX_AFTER_WINDOWS = 2
@@ -65,8 +69,9 @@ class ObservedWindow:
     requests: int
     ttft_p95_ms: float | None = None
     tpot_p95_ms: float | None = None
-    errors: int = 0
+    errors: int = 0  # answered 5xx (the gateway's timeouts, 504, included), not counting "not serving yet"
     overloaded: int = 0
+    timeouts: int = 0  # of `errors`: the model did not answer in time (504)
     replicas_running: int = 0
     output_tokens_per_s: float | None = None
     cache_hit_rate: float | None = None
@@ -142,14 +147,26 @@ def find_breach(window: ObservedWindow, sla: Sla) -> str | None:
             return f"TTFT p95 {_ms(window.ttft_p95_ms)} ms > SLA {_ms(sla.ttft_p95_ms)} ms {span}"
         if window.tpot_p95_ms is not None and window.tpot_p95_ms > sla.tpot_p95_ms:
             return f"TPOT p95 {_ms(window.tpot_p95_ms)} ms > SLA {_ms(sla.tpot_p95_ms)} ms {span}"
-    if window.overloaded > OVERLOAD_FRACTION * window.requests:
-        return (f"{window.overloaded} of {window.requests} requests refused as overloaded (429) "
-                f"in the last {window.window_s:g} s")
+    unserved = window.overloaded + window.errors
+    if unserved > OVERLOAD_FRACTION * window.requests:
+        if not window.errors:
+            return (f"{window.overloaded} of {window.requests} requests refused as overloaded (429) "
+                    f"in the last {window.window_s:g} s")
+        return (f"{unserved} of {window.requests} requests not served ({_unserved_parts(window)}) in the last "
+                f"{window.window_s:g} s; errors and timeouts count as SLA misses")
     return None
 
 
+def _unserved_parts(window: ObservedWindow) -> str:
+    timeouts = min(window.timeouts, window.errors)
+    parts = [f"{window.overloaded} refused as overloaded (429)" if window.overloaded else "",
+             f"{timeouts} timed out (504)" if timeouts else "",
+             f"{window.errors - timeouts} failed (5xx)" if window.errors - timeouts else ""]
+    return ", ".join(part for part in parts if part)
+
+
 def _calm(window: ObservedWindow, sla: Sla) -> bool:
-    if window.latency_samples < MIN_REQUESTS or window.overloaded or window.ttft_p95_ms is None:
+    if window.latency_samples < MIN_REQUESTS or window.overloaded or window.errors or window.ttft_p95_ms is None:
         return False
     if window.ttft_p95_ms >= RELAX_FRACTION * sla.ttft_p95_ms:
         return False
@@ -165,7 +182,8 @@ def adjust_autoscaling(current: AutoscalingDecision, window: ObservedWindow, sla
     if breach is not None:
         if target <= 1:
             return dataclasses.replace(hold, reason=f"{breach}; target already at 1 ongoing request per replica, "
-                                                    f"replicas capped at {current.max_replicas}")
+                                                    f"replicas capped at {current.max_replicas}"
+                                                    + _errors_note(window))
         if since_change < window.window_s:
             return dataclasses.replace(hold, reason=f"{breach}; waiting a full window after the last change "
                                                     f"(target {target})")
@@ -174,7 +192,7 @@ def adjust_autoscaling(current: AutoscalingDecision, window: ObservedWindow, sla
             hold, target_ongoing_requests=lowered, changed=True, changed_at=window.at, breached_target=target,
             breached_rate=_rate(window),
             reason=f"{breach}: target lowered from {target} to {lowered} ongoing request(s) per replica so Serve "
-                   f"adds replicas (up to {current.max_replicas})")
+                   f"adds replicas (up to {current.max_replicas})" + _errors_note(window))
     if _calm(window, sla) and target < current.slots:
         if since_change < RELAX_AFTER_WINDOWS * window.window_s:
             return hold
@@ -199,6 +217,14 @@ def adjust_autoscaling(current: AutoscalingDecision, window: ObservedWindow, sla
         return dataclasses.replace(hold, reason=f"SLA met again over {window.requests} requests in the last "
                                                 f"{window.window_s:g} s; target {target} ongoing request(s)/replica")
     return hold
+
+
+def _errors_note(window: ObservedWindow) -> str:
+    """What a decision's reason adds when the window's failed requests were counted."""
+    if not window.errors:
+        return ""
+    return (f" ({window.errors} failed or timed-out request(s) counted as SLA misses; never beyond replicas_max: "
+            f"more replicas do not help a model that fails for another reason than load)")
 
 
 def _rate(window: ObservedWindow) -> float:

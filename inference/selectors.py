@@ -18,6 +18,9 @@ from jobs.states import JOB_MACHINE
 
 # Longest window the metrics endpoint reads (and the longest per-minute series it draws).
 MAX_WINDOW_S = 24 * 3600
+# Words of the gateway's 503s for a deployment that takes no requests yet (gateway.services._check_serving): not
+# counted as errors of the replicas by the autoscaling policy.
+NOT_SERVING_YET = ("not serving yet", "has no running service yet")
 SERIES_MAX_MINUTES = 61  # an hour's window touches 61 clock minutes (its oldest one partly)
 
 
@@ -220,11 +223,17 @@ def observed_window(*, deployment: Deployment, window_s: float, replicas_running
                                                                     "cached_tokens"))
     ok = [row for row in rows if 200 <= row[0] < 300]
     prompt = sum(r[4] for r in ok)
+    # 5xx and timeouts wanted service and got none: the policy counts them as SLA misses (QA: a deployment whose
+    # replicas timed out looked idle to it). Not the gateway's "not serving yet" 503s: the state already says so.
+    not_ready = _window_rows(deployment, window_s, now).filter(status_code=503).filter(
+        Q(error__contains=NOT_SERVING_YET[0]) | Q(error__contains=NOT_SERVING_YET[1])).count() \
+        if any(r[0] == 503 for r in rows) else 0
     return ObservedWindow(
         at=now.timestamp(), window_s=float(window_s), requests=len(rows),
         ttft_p95_ms=_round(percentile([r[1] for r in ok if r[1] is not None], 95)),
         tpot_p95_ms=_round(percentile([r[2] for r in ok if r[2] is not None], 95)),
-        errors=sum(1 for r in rows if r[0] >= 500), overloaded=sum(1 for r in rows if r[0] == 429),
+        errors=sum(1 for r in rows if r[0] >= 500) - not_ready, overloaded=sum(1 for r in rows if r[0] == 429),
+        timeouts=sum(1 for r in rows if r[0] == 504),
         replicas_running=replicas_running, measured=len(ok),
         output_tokens_per_s=round(sum(r[3] for r in ok) / window_s, 3) if window_s else None,
         cache_hit_rate=round(sum(r[5] for r in ok) / prompt, 4) if prompt else None,

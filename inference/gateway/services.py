@@ -228,6 +228,7 @@ def completion_start(*, team: Team, request: CompletionRequest, started: float,
 
 
 def _check_serving(deployment: Deployment) -> None:
+    # (selectors.NOT_SERVING_YET knows these 503s by their words: the autoscaling policy does not count them)
     if deployment.state not in SERVING_STATES:
         raise GatewayError(f"the model {deployment.name!r} is {deployment.state}, not serving yet; it takes "
                            f"requests once SERVING", status=503, kind="service_unavailable_error",

@@ -137,3 +137,27 @@ def test_raising_replicas_min_above_replicas_max_names_replicas_min(api, backend
     deployment = Deployment.objects.get(pk=created["id"])
     assert (deployment.replicas_min, deployment.replicas_max, deployment.revision) == (1, 2, 1)
     assert patch(client, created["id"], {"replicas_min": 2})["spec"]["replicas_min"] == 2  # within the bound: fine
+
+
+def test_timed_out_requests_degrade_the_deployment_and_lower_its_target(api, backend, model_dir):  # noqa: F811
+    """QA: requests that timed out (504) or failed (5xx) were left out of the autoscaling window: a deployment whose
+    replicas timed out under load stayed SERVING and its target unchanged, as if it were idle. The gateway's own
+    "not serving yet" 503s (sent before the deployment serves) are not counted."""
+    from inference.models import InferenceRequest
+
+    deployment = Deployment.objects.get(pk=create(api("alpha", "member"), model_dir)["id"])
+    log_requests(deployment, 20, ttft_ms=50.0)
+    log_requests(deployment, 20, ttft_ms=0.0, status=504)
+    deployment = sync(deployment.pk, backend)
+    assert deployment.state == "DEGRADED", deployment.state_reason
+    assert deployment.state_reason == ("SLA breach: 20 of 40 requests not served (20 timed out (504)) in the last "
+                                       "60 s; errors and timeouts count as SLA misses")
+    assert deployment.observed["timeouts"] == 20 and deployment.autoscaling["target_ongoing_requests"] == 2
+    assert deployment.autoscaling["max_replicas"] == 3
+    InferenceRequest.objects.filter(deployment=deployment).delete()
+    log_requests(deployment, 30, ttft_ms=0.0, status=503)
+    InferenceRequest.objects.filter(deployment=deployment).update(
+        error=f"the model {deployment.name!r} is DEPLOYING, not serving yet; it takes requests once SERVING")
+    log_requests(deployment, 20, ttft_ms=50.0)
+    deployment = sync(deployment.pk, backend)
+    assert deployment.observed["errors"] == 0 and deployment.state == "SERVING", deployment.state_reason

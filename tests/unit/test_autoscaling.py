@@ -177,3 +177,38 @@ def test_a_p95_over_too_few_answered_requests_is_no_breach_and_not_calm():
     assert find_breach(enough, SLA) == f"TTFT p95 900 ms > SLA 500 ms over {MIN_REQUESTS} requests in the last 60 s"
     refused = dataclasses.replace(few, ttft_p95_ms=None, tpot_p95_ms=None, overloaded=20, measured=0)
     assert "20 of 20 requests refused as overloaded" in find_breach(refused, SLA)  # 429s still count
+
+
+def test_failed_requests_are_sla_misses_not_a_calm_window():
+    """QA: 5xx answers were left out of the policy: 20 fast answers and 20 failed requests were a calm window (the
+    target went up, fewer replicas), and a window of nothing but failures was no breach at all."""
+    lowered = dataclasses.replace(initial_autoscaling(SLA, 4, 1, 3), target_ongoing_requests=2, changed_at=0.0)
+    failing = ObservedWindow(at=10_000.0, window_s=60, requests=40, ttft_p95_ms=100.0, tpot_p95_ms=10.0, errors=20,
+                             measured=20)
+    decision = adjust_autoscaling(lowered, failing, SLA)
+    assert decision.breach == ("20 of 40 requests not served (20 failed (5xx)) in the last 60 s; errors and "
+                               "timeouts count as SLA misses")
+    assert decision.changed and decision.target_ongoing_requests == 1
+    assert "counted as SLA misses" in decision.reason and "up to 3" in decision.reason
+    only_errors = dataclasses.replace(failing, ttft_p95_ms=None, tpot_p95_ms=None, errors=40, measured=0)
+    assert find_breach(only_errors, SLA).startswith("40 of 40 requests not served")
+    few = dataclasses.replace(failing, errors=1, requests=40, measured=39)  # 2.5%: no breach, but not calm either
+    held = adjust_autoscaling(lowered, few, SLA)
+    assert held.breach is None and not held.changed and held.target_ongoing_requests == 2
+
+
+def test_timeouts_are_named_and_errors_never_scale_past_replicas_max():
+    """A deployment that fails for another reason than load: its errors lower the target to 1 (Serve runs up to
+    replicas_max), no further, and the reason says the errors were counted."""
+    window_ = ObservedWindow(at=0.0, window_s=60, requests=40, errors=40, timeouts=30, overloaded=0, measured=0)
+    decision = initial_autoscaling(SLA, 4, 1, 3)
+    for i in range(1, 8):
+        decision = adjust_autoscaling(decision, dataclasses.replace(window_, at=i * 61.0), SLA)
+    assert decision.breach == ("40 of 40 requests not served (30 timed out (504), 10 failed (5xx)) in the last 60 s; "
+                               "errors and timeouts count as SLA misses")
+    assert (decision.target_ongoing_requests, decision.min_replicas, decision.max_replicas) == (1, 1, 3)
+    assert not decision.changed and "replicas capped at 3" in decision.reason
+    assert "40 failed or timed-out request(s) counted as SLA misses" in decision.reason
+    mixed = dataclasses.replace(window_, errors=2, timeouts=2, overloaded=3, measured=35)
+    assert find_breach(mixed, SLA).startswith("5 of 40 requests not served (3 refused as overloaded (429), 2 timed "
+                                              "out (504))")
