@@ -52,7 +52,7 @@ from __future__ import annotations
 import gc
 import heapq
 from bisect import bisect_left, insort
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import chain, islice
 from operator import attrgetter
 
@@ -84,6 +84,7 @@ _INF = float("inf")
 _MIN_SIZE = 1e-6
 _SLACK = _WHOLE - 1e-6  # a device whose free share reaches this may be whole in the trial (sums in another order)
 _EXACT = 1048576.0  # free totals that are multiples of 2**-20 add up exactly, in any order
+_ID = attrgetter("id")
 
 
 class _Node:
@@ -909,6 +910,7 @@ def schedule(snapshot: Snapshot) -> CycleResult:
 
 def _schedule(snapshot: Snapshot) -> CycleResult:
     state = _State(snapshot)
+    _refuse_duplicate_ids(snapshot, state.running)
     result = CycleResult()
     order = _by_priority_arrival_id(snapshot.pending)
     preempted: set[str] = set()
@@ -978,6 +980,27 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
 
     _grow_elastic(state, result, preempted, waiting_types)
     return result
+
+
+def _refuse_duplicate_ids(snapshot: Snapshot, running_by_id: dict[str, Running]) -> None:
+    """ValueError naming the id when two workloads of the snapshot share one (pending or running, or one id both
+    pending and running): the cycle keys its state, decisions and the platform's rows by id, and with a duplicate it
+    admitted, preempted or counted one workload for the other. The platform's ids are primary keys, but the core is
+    public. Set sizes only (the cycle's _State has already keyed the running ones by id); the search for the id runs
+    only when there is one."""
+    pending = snapshot.pending
+    ids = set(map(_ID, pending))
+    if len(running_by_id) == len(snapshot.running) and len(ids) == len(pending) and ids.isdisjoint(running_by_id):
+        return
+    running = Counter([r.workload.id for r in snapshot.running])
+    waiting = Counter([workload.id for workload in pending])
+    for workload_id in chain(running, waiting):
+        times_running, times_pending = running[workload_id], waiting[workload_id]
+        if times_running + times_pending > 1:
+            where = "both running and pending" if times_running and times_pending else \
+                f"{'running' if times_running else 'pending'} {times_running + times_pending} times"
+            raise ValueError(f"duplicate workload id {workload_id!r} in the snapshot ({where}): each workload must "
+                             "have its own id")
 
 
 def _could_ever_run_on(state: _State, workload: Workload, types) -> tuple[str, ...]:
