@@ -636,7 +636,10 @@ class _Victims:
                 freed = per_node.get(node)
                 if freed is None:
                     freed = per_node[node] = [0, []]
+                size = len(node.device_free)
                 for index, share in worker.taken:
+                    if index >= size:  # a node that shrank since: its lost devices free nothing (as in _State)
+                        continue
                     if share >= 1.0:
                         freed[0] += 1
                     else:
