@@ -528,9 +528,13 @@ class _State:
         # The preemptible ones per type: a type's victims are set up at its first preemption trial, and until then
         # nothing changes the running workloads of that type that started before the cycle.
         self.preemptible: dict[str, list[Running]] = {}
+        # Those that may not be victims in this cycle (settled: the platform's jobs STARTING or RECOVERING, runs mixed
+        # load shrank), per type: a waiting workload's reason names them when they are what it could not preempt.
+        self.settled: dict[str, list[Running]] = {}
         for running in running_by_id.values():
-            if running.workload.preemptible and not running.settled:
-                self.preemptible.setdefault(running.accelerator_type, []).append(running)
+            if running.workload.preemptible:
+                (self.settled if running.settled else self.preemptible).setdefault(
+                    running.accelerator_type, []).append(running)
         by_type: dict[str, list[_Node]] = {}
         for node in nodes.values():
             by_type.setdefault(node.accelerator_type, []).append(node)
@@ -951,6 +955,8 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
                 continue
             plan = _plan_preemption(state, workload, types, preempted)
             if plan is None:
+                if state.settled:
+                    reasons = _with_settled_notes(state, workload, types, reasons)
                 failed[kind] = (state.versions(types), reasons)
         if plan is not None:
             victims, shrinks, accelerator_type = plan
@@ -983,6 +989,43 @@ def _schedule(snapshot: Snapshot) -> CycleResult:
 
     _grow_elastic(state, result, preempted, waiting_types)
     return result
+
+
+def _with_settled_notes(state: _State, workload: Workload, types, reasons: list[str]) -> list[str]:
+    """`reasons` (one per type, in order) with, on each type, the running workloads this one would have been allowed
+    to preempt (preemptible, of lower priority, in its own queue or a borrowing queue of its cohort, as its queue's
+    policies allow) but that are settled, so no victim in this cycle. Before, a non-preemptible job whose queue's
+    quota a lower-priority job still STARTING used was told only that "its cohort lends only 0" (true, and not what
+    kept it waiting: once that job runs, it is preempted for it)."""
+    if len(reasons) != len(types):
+        return reasons
+    ledger, own = state.ledger, workload.cluster_queue
+    spec = ledger.queues[own]
+    within, others = spec.preemption_within_queue != "Never", spec.reclaim_within_cohort != "Never"
+    noted = list(reasons)
+    for at, accelerator_type in enumerate(types):
+        settled = state.settled.get(accelerator_type)
+        if not settled or "can never" in reasons[at]:
+            continue
+        sized = workload.on(accelerator_type)
+        if state.fixed_refusal(sized, accelerator_type, sized.demand()):
+            continue  # a non-preemptible rule refuses it: preempting preemptible work would not help
+        members = ledger.members(own)
+        borrowing = ledger.borrowing(accelerator_type) if others else frozenset()
+        blockers = sorted([r for r in settled if r.workload.priority < workload.priority and (
+            (within and r.workload.cluster_queue == own)
+            or (r.workload.cluster_queue != own and r.workload.cluster_queue in members
+                and r.workload.cluster_queue in borrowing))], key=attrgetter("workload.id"))
+        if not blockers:
+            continue
+        used = sum(r.usage for r in blockers)
+        names = ", ".join(r.workload.id for r in blockers[:5]) + (f" and {len(blockers) - 5} more"
+                                                                  if len(blockers) > 5 else "")
+        one = len(blockers) == 1
+        noted[at] += (f"; lower-priority {names} ({used:g} {accelerator_type} {units_of(accelerator_type)}), which it "
+                      f"may preempt, {'is' if one else 'are'} starting, recovering or shrinking now: no victim until "
+                      f"{'it settles' if one else 'they settle'}")
+    return noted
 
 
 def _refuse_duplicate_ids(snapshot: Snapshot, running_by_id: dict[str, Running]) -> None:
