@@ -556,8 +556,7 @@ def _devices_still_in_use(preempted_now: list[TrainingJob], shrunk_now: list[tup
     preempted (now or before) that have not stopped, the workers a running elastic job releases now, and every
     device (outside its own placement) of a node where a run shrunk before still has more workers than its
     placement (which devices it still uses there is not known, so none of the node's others is taken)."""
-    stopping = list(TrainingJob.objects.filter(state=JobState.PREEMPTED).exclude(compute_handle="")
-                    .values_list("pk", "placement"))
+    stopping = list(_runs_still_stopping(TrainingJob.objects.all()).values_list("pk", "placement"))
     busy: dict[tuple[str, int], int] = {}
     for job_id, placement in [*stopping, *((job.pk, job.placement) for job in preempted_now)]:
         for worker in placement or []:
@@ -625,11 +624,23 @@ def waits_on(ids: list[str], verb: str) -> str:
     return f"jobs {', '.join(ids)} checkpoint and {verb}"
 
 
+# The runtime state a cancelled job's run gets once training_job_stop_run has stopped and released it: until then its
+# devices count as in use (a cycle gave them away at once, before the stop had run; noticed at stop 30).
+RUN_RELEASED = "stopped"
+
+
+def _runs_still_stopping(jobs):
+    """Of `jobs`, those whose run still holds its devices although the scheduler gave them away: preempted runs that
+    have not stopped (the stop clears the handle as the job is requeued), and runs of cancelled jobs not yet stopped
+    and released."""
+    return jobs.exclude(compute_handle="").filter(
+        Q(state=JobState.PREEMPTED) | (Q(state=JobState.CANCELLED) & ~Q(runtime_state=RUN_RELEASED)))
+
+
 def victims_still_stopping(victim_ids: list[int]) -> list[int]:
-    """The jobs among `victim_ids` that were preempted while running and have not stopped yet, or shrunk while
-    running and still have more workers on a node than their placement."""
-    stopping = set(TrainingJob.objects.filter(pk__in=victim_ids, state=JobState.PREEMPTED).exclude(compute_handle="")
-                   .values_list("pk", flat=True))
+    """The jobs among `victim_ids` that were preempted (or cancelled) while running and have not stopped yet, or shrunk
+    while running and still have more workers on a node than their placement."""
+    stopping = set(_runs_still_stopping(TrainingJob.objects.filter(pk__in=victim_ids)).values_list("pk", flat=True))
     stopping |= set(_still_shrinking(TrainingJob.objects.filter(pk__in=victim_ids, state__in=HOLDING_STATES)
                                      .exclude(compute_handle="").values_list("pk", "placement", "observed_nodes")))
     return sorted(stopping)
@@ -641,15 +652,24 @@ def held_reason(job: TrainingJob, stopping: list[int]) -> str:
     still holds its admission was shrunk and keeps running smaller."""
     shrinking = {str(pk) for pk in TrainingJob.objects.filter(pk__in=stopping, state__in=HOLDING_STATES)
                  .values_list("pk", flat=True)}
-    return _held_text(job, stopping, shrinking)
+    return _held_text(job, stopping, shrinking, _cancelled(stopping))
 
 
-def _held_text(job: TrainingJob, waits_for: list[int], shrinking: set[str]) -> str:
+def _cancelled(job_ids) -> set[str]:
+    """The ids (as strings) of the cancelled jobs among `job_ids`."""
+    return {str(pk) for pk in TrainingJob.objects.filter(pk__in=job_ids, state=JobState.CANCELLED)
+            .values_list("pk", flat=True)} if job_ids else set()
+
+
+def _held_text(job: TrainingJob, waits_for: list[int], shrinking: set[str], cancelled: set[str] = frozenset()) -> str:
     """The reason of `job`, admitted (placement and type set) and waiting for `waits_for`, those in `shrinking` (ids
-    as strings) shrinking, the others stopping."""
-    stop = [str(v) for v in waits_for if str(v) not in shrinking]
+    as strings) shrinking, those in `cancelled` stopping without a checkpoint, the others checkpointing and stopping."""
+    stop = [str(v) for v in waits_for if str(v) not in shrinking and str(v) not in cancelled]
     shrink = [str(v) for v in waits_for if str(v) in shrinking]
+    ended = [str(v) for v in waits_for if str(v) in cancelled and str(v) not in shrinking]
     waits = [waits_on(ids, verb) for ids, verb in ((stop, "stop"), (shrink, "shrink")) if ids]
+    if ended:
+        waits.append(f"the run of cancelled job{'s' if len(ended) > 1 else ''} {', '.join(ended)} has stopped")
     # (the size too: "1 x nvidia-h100 held" read as one device for a worker of 8; QA)
     size = job.cpus_per_worker if job.admitted_accelerator_type == "cpu" else job.devices_per_worker
     return (f"admitted ({len(job.placement or [])} x {size:g} {job.admitted_accelerator_type} held); launches once "
@@ -665,6 +685,7 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
     from jobs.tasks import launch_training_job
 
     changes = []
+    cancelled = _cancelled({pk for _, _, waits_for in admissions for pk in waits_for})
     for job, admit, waits_for in admissions:
         job.admitted_accelerator_type, job.placement = admit.accelerator_type, _placement_to_json(admit.workers)
         job.queue_position, job.waits_for = None, waits_for
@@ -678,7 +699,7 @@ def _admit_all(admissions: list[tuple[TrainingJob, object, list[int]]], victims_
                 reason = (f"admitted onto the devices of {', '.join(victims)}, preempted for it before they started "
                           "(nothing to checkpoint)")
         if waits_for:
-            reason = _held_text(job, waits_for, shrinking)
+            reason = _held_text(job, waits_for, shrinking, cancelled)
         changes.append((job, reason, {"accelerator_type": admit.accelerator_type, "workers": len(admit.workers),
                                       "nodes": sorted({w.node for w in admit.workers}), "borrowed": admit.borrowed,
                                       "waits_for": waits_for}))

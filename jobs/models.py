@@ -70,8 +70,9 @@ class TrainingJob(models.Model):
                                                  help_text="place among the waiting workloads of its ClusterQueue")
     admitted_accelerator_type = models.CharField(max_length=63, blank=True)
     waits_for = models.JSONField(default=list, blank=True,
-                                 help_text="ids of preempted jobs whose runs still hold devices this admission "
-                                           "was given (checkpointing, stopping): it launches once they are gone")
+                                 help_text="ids of preempted, shrunk or cancelled jobs whose runs still hold "
+                                           "devices this admission was given (checkpointing, stopping): it "
+                                           "launches once they are gone")
     placement = models.JSONField(default=list, blank=True,
                                  help_text="one entry per worker: node and the device shares it holds")
     # Set by the run workflow (jobs/workflows.py) from what the run reports:

@@ -525,6 +525,7 @@ def reconcile_orphan_runs(*, backend) -> list[str]:
             report = backend.observe_training(handle, since=10**12)  # state only
             if report.terminal or report.state == "unknown":
                 backend.release_training(handle)
+                _mark_run_released(handle)  # (a cancelled job's stop that never got through)
             else:  # stop first (it may be writing a final checkpoint); released on a later pass once stopped
                 log.warning("stopping orphan training run %s (%s)", handle, report.state)
                 backend.stop_training(handle, checkpoint=True, reason="no live job owns this run")
@@ -561,6 +562,7 @@ def training_job_stop_run(*, job_id: int, backend, checkpoint: bool, reason: str
     backend.stop_training(job.compute_handle, checkpoint=checkpoint, reason=reason)
     if job.is_terminal:
         backend.release_training(job.compute_handle)
+        _mark_run_released(job.compute_handle)
     if job.state == JobState.PREEMPTED:
         with transaction.atomic():
             locked = TrainingJob.objects.select_for_update().get(pk=job.pk)
@@ -575,6 +577,16 @@ def training_job_stop_run(*, job_id: int, backend, checkpoint: bool, reason: str
                 goodput = {**ledger.to_dict(), **{k: v for k, v in goodput.items() if k in PAUSE_KEYS}}
             locked.goodput = {**goodput, "paused_since": now, "pause_kind": "preempted"}
             locked.save(update_fields=["goodput"])
+
+
+def _mark_run_released(handle: str) -> None:
+    """A cancelled job's run (`handle`) was stopped and released: its devices are free for what the scheduler gave them
+    to (jobs.admission counts them in use until then), so a cycle runs and the admissions held for them launch."""
+    from jobs.admission import RUN_RELEASED
+
+    if TrainingJob.objects.filter(compute_handle=handle, state=JobState.CANCELLED).exclude(
+            runtime_state=RUN_RELEASED).update(runtime_state=RUN_RELEASED):
+        _kick_scheduler()
 
 
 def _requeue_after_preemption(job: TrainingJob) -> TrainingJob:

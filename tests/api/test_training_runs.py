@@ -898,3 +898,48 @@ def test_a_held_preemptors_reason_still_says_its_victim_shrinks_after_the_launch
         tasks.sync_training_jobs()  # tells the run to shrink, and retries the stale launch: still shrinking
     urgent = TrainingJob.objects.get(pk=urgent.pk)
     assert urgent.state == "ADMITTED" and urgent.state_reason == expected, urgent.state_reason
+
+
+def test_a_cancelled_runs_devices_go_to_the_next_job_only_once_its_run_has_stopped(api, backend):
+    """Cancelling a running job moved it to CANCELLED and queued its stop and a cycle: a cycle that ran before the stop
+    (a busy broker, a stop being retried) launched the next job onto devices the cancelled run still held. Now it is
+    admitted onto them and held until the stop has released the run (noticed at stop 30)."""
+    from jobs.services import training_job_cancel
+
+    client = api("alpha", "member")
+    running = sync(submit(client, name="first"), backend)
+    assert running.state == "RUNNING" and running.compute_handle in backend.list_training_handles()
+    waiting = submit(client, name="second")
+    assert waiting.state == "QUEUED"
+    with TestCase.captureOnCommitCallbacks(execute=False) as queued:  # the stop and the cycle wait in the broker
+        training_job_cancel(actor=running.created_by, job=running, reason="not needed")
+    assert len(queued) == 2
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_cycle()  # the cycle runs first
+    waiting = TrainingJob.objects.get(pk=waiting.pk)
+    assert waiting.state == "ADMITTED" and waiting.waits_for == [running.pk], (waiting.state, waiting.state_reason)
+    assert waiting.compute_handle == "" and waiting.state_reason.endswith(
+        f"launches once the run of cancelled job {running.pk} has stopped"), waiting.state_reason
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        workflows.training_job_launch(job_id=waiting.pk, backend=backend)  # the sweep's retry: still held
+    assert TrainingJob.objects.get(pk=waiting.pk).state == "ADMITTED"
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        tasks.stop_training_run(running.pk, checkpoint=False, reason="cancelled")  # then the stop
+    cancelled = TrainingJob.objects.get(pk=running.pk)
+    assert cancelled.runtime_state == "stopped" and running.compute_handle not in backend.list_training_handles()
+    assert TrainingJob.objects.get(pk=waiting.pk).state == "STARTING"  # the stop's cycle launched it
+
+
+def test_a_cancelled_runs_stop_that_never_got_through_is_released_by_the_orphan_reconciler(api, backend):
+    from jobs.admission import victims_still_stopping
+    from jobs.services import training_job_cancel
+
+    running = sync(submit(api("alpha", "member"), name="first"), backend)
+    with TestCase.captureOnCommitCallbacks(execute=False):
+        training_job_cancel(actor=running.created_by, job=running)
+    assert victims_still_stopping([running.pk]) == [running.pk]
+    workflows.reconcile_orphan_runs(backend=backend)  # stops it ...
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        workflows.reconcile_orphan_runs(backend=backend)  # ... and releases it once stopped
+    assert TrainingJob.objects.get(pk=running.pk).runtime_state == "stopped"
+    assert victims_still_stopping([running.pk]) == []

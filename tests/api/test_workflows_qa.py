@@ -76,6 +76,9 @@ def test_a_preemption_stop_delivered_again_after_the_job_relaunched_leaves_the_n
     with TestCase.captureOnCommitCallbacks(execute=True):  # the preemptor ends; the victim is admitted again
         client.post(f"/api/v1/training-jobs/{preemptor.pk}/cancel/")
         run_cycle()
+    assert stops[-1] == ((preemptor.pk,), {"checkpoint": False, "reason": "cancelled"})
+    with TestCase.captureOnCommitCallbacks(execute=True):  # and launched once the cancelled run has stopped
+        tasks.stop_training_run(*stops[-1][0], **stops[-1][1])
     victim = sync(TrainingJob.objects.get(pk=victim.pk), backend)
     assert victim.state == "RUNNING" and victim.compute_handle == f"fy-train-{victim.pk}-a2"
     tasks.stop_training_run(*args, **kwargs)  # the same message, delivered again
