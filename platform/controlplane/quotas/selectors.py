@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
+from controlplane.tenancy.selectors import is_operator
 
 
 def cluster_queue_list() -> QuerySet[ClusterQueue]:
@@ -14,8 +15,8 @@ def cluster_queue_list() -> QuerySet[ClusterQueue]:
 def team_names_seen_by(*, user, token=None) -> set[str] | None:
     """The team names a ClusterQueue's `teams` may show `user`: None (all of them) for an operator, else the user's
     own teams (other teams' names are not theirs to see). A team API token narrows them to its team, as everywhere
-    else (before, a token of team alpha showed the name of every other team of its user: QA)."""
-    if user is not None and user.is_staff:
+    else (before, a token of team alpha showed the name of every other team of its user: QA); a staff user's too."""
+    if is_operator(user=user, token=token):
         return None
     if user is None or not user.is_authenticated:
         return set()

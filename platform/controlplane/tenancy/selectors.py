@@ -10,6 +10,13 @@ from django.utils import timezone
 from controlplane.tenancy.models import ROLE_RANK, ApiToken, AuditEvent, LoginThrottle, Membership, Role, Team
 
 
+def is_operator(*, user, token: ApiToken | None = None) -> bool:
+    """Whether the caller acts as an operator (cluster-wide writes, every team's name, cluster-wide audit events): a
+    staff user signed in with a session. A team API token narrows its user to that team's role everywhere, a staff
+    user's too (before, a staff user's token of one team still created node pools, cluster queues and teams)."""
+    return user is not None and user.is_authenticated and user.is_staff and token is None
+
+
 def visible_team_ids(*, user, token: ApiToken | None = None) -> list[int]:
     """Teams the caller may see. A token narrows the caller to the token's own team."""
     if user is None or not user.is_authenticated:
@@ -36,12 +43,12 @@ def team_list(*, team_ids: list[int]) -> QuerySet[Team]:
     return Team.objects.filter(id__in=team_ids)
 
 
-def teams_listed_to(*, user, team_ids: list[int]) -> QuerySet[Team]:
+def teams_listed_to(*, user, team_ids: list[int], token: ApiToken | None = None) -> QuerySet[Team]:
     """The teams `GET /api/v1/teams/` lists: every team to an operator, who names any team in a cluster queue's
     `teams` and sees them all there (quotas.selectors.team_names_seen_by); anyone else their own (`team_ids`). Only
     the teams: what a team owns stays scoped to its members (before, an operator saw only the teams they belonged
-    to; QA)."""
-    if user is not None and user.is_staff:
+    to; QA). A staff user's team token is not an operator's (is_operator): its team only."""
+    if is_operator(user=user, token=token):
         return Team.objects.all()
     return team_list(team_ids=team_ids)
 

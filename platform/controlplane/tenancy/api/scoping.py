@@ -11,7 +11,7 @@ from rest_framework import permissions
 
 from controlplane.common.errors import PermissionDeniedError, ValidationFailed
 from controlplane.tenancy.models import ApiToken, Role, Team
-from controlplane.tenancy.selectors import has_role, visible_team_ids
+from controlplane.tenancy.selectors import has_role, is_operator, visible_team_ids
 
 
 class TeamScopedMixin:
@@ -25,6 +25,11 @@ class TeamScopedMixin:
     @cached_property
     def team_ids(self) -> list[int]:
         return visible_team_ids(user=self.request.user, token=self.token)
+
+    @cached_property
+    def operator(self) -> bool:
+        """Whether the caller acts as an operator (a staff session; a team token narrows staff too)."""
+        return is_operator(user=self.request.user, token=self.token)
 
     def require_role(self, team_id: int, minimum: Role) -> None:
         if not has_role(user=self.request.user, team_id=team_id, minimum=minimum, token=self.token):
@@ -47,9 +52,12 @@ class TeamScopedMixin:
 
 
 class IsStaffOrReadOnly(permissions.BasePermission):
-    """Cluster-wide objects (accelerators, pools, cluster queues) are read by all, written by operators."""
+    """Cluster-wide objects (accelerators, pools, cluster queues) are read by all, written by operators: staff signed in
+    with a session, not with a team API token (is_operator)."""
 
     def has_permission(self, request, view):
         if not request.user or not request.user.is_authenticated:
             return False
-        return request.method in permissions.SAFE_METHODS or request.user.is_staff
+        auth = getattr(request, "auth", None)
+        return (request.method in permissions.SAFE_METHODS
+                or is_operator(user=request.user, token=auth if isinstance(auth, ApiToken) else None))

@@ -36,12 +36,12 @@ class TeamViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     search_fields = ["name", "display_name"]
 
     def get_queryset(self):
-        return selectors.teams_listed_to(user=self.request.user, team_ids=self.team_ids)
+        return selectors.teams_listed_to(user=self.request.user, team_ids=self.team_ids, token=self.token)
 
     @extend_schema(request=s.TeamCreateSerializer, responses={201: s.TeamSerializer})
     def create(self, request):
-        if not request.user.is_staff:
-            raise PermissionDeniedError("only operators create teams")
+        if not self.operator:
+            raise PermissionDeniedError("only operators create teams (signed in, not with a team API token)")
         data = s.TeamCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         team = services.team_create(actor=request.user, admin=request.user, **data.validated_data)
@@ -133,4 +133,4 @@ class AuditEventViewSet(TeamScopedMixin, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at"]
 
     def get_queryset(self):
-        return selectors.audit_event_list(team_ids=self.team_ids, cluster_wide=self.request.user.is_staff)
+        return selectors.audit_event_list(team_ids=self.team_ids, cluster_wide=self.operator)
