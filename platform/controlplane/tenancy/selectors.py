@@ -70,6 +70,45 @@ def audit_event_list(*, team_ids: list[int], cluster_wide: bool = False) -> Quer
     return AuditEvent.objects.filter(scope).select_related("team")
 
 
+# Audit-event data that names API tokens: the name and prefix of a token's events, the prefixes a member's removal
+# revoked, and what the Django admin recorded about a token. Shown where GET /api/v1/api-tokens/ would list the
+# token: to its owner and the team's admins, and to operators (who see every token in the Django admin).
+TOKEN_DETAIL_KEYS = ("name", "prefix", "object", "fields")
+MEMBERSHIP_TOKEN_KEYS = ("tokens_revoked",)
+
+
+def audit_event_viewer(*, user, token: ApiToken | None = None, team_ids: list[int]) -> dict:
+    """Who reads audit events, as audit_event_data_seen_by needs it (computed once per request)."""
+    admin_teams = set(Membership.objects.filter(user=user, role=Role.ADMIN, team_id__in=team_ids)
+                      .values_list("team_id", flat=True)) if user is not None and user.is_authenticated else set()
+    return {"operator": is_operator(user=user, token=token), "user_id": getattr(user, "pk", None),
+            "username": user.get_username() if user is not None and user.is_authenticated else None,
+            "admin_teams": admin_teams}
+
+
+def audit_event_data_seen_by(*, event: AuditEvent, viewer: dict | None) -> dict:
+    """The event's data as `viewer` (audit_event_viewer) may see it: another member's token names and prefixes are
+    left out (null) for members and viewers, who still see that the event happened (before 2026-12, a viewer read the
+    name and prefix of every token deleted in the team, and the prefixes revoked with a removed member). The token's
+    owner (recorded as `owner`, or the member removed; the actor of an event recorded before `owner` was) and the
+    team's admins and operators see them all. The stored event is unchanged. No viewer: left out."""
+    data = event.data or {}
+    viewer = viewer or {"operator": False, "user_id": None, "username": None, "admin_teams": set()}
+    if viewer["operator"] or (event.team_id is not None and event.team_id in viewer["admin_teams"]):
+        return data
+    if event.target_type == ApiToken._meta.label_lower:
+        keys, owner = TOKEN_DETAIL_KEYS, data.get("owner")
+    elif event.action == "membership.delete":
+        keys, owner = MEMBERSHIP_TOKEN_KEYS, data.get("username")
+    else:
+        return data
+    if viewer["username"] is not None and owner == viewer["username"]:
+        return data
+    if owner is None and viewer["user_id"] is not None and event.actor_id == viewer["user_id"]:
+        return data
+    return {key: (None if key in keys else value) for key, value in data.items()}
+
+
 def roles_by_team(*, user, team_ids: list[int]) -> dict[int, str]:
     """{team id: the user's role} for the given teams the user belongs to."""
     if user is None or not user.is_authenticated:

@@ -143,7 +143,8 @@ def api_token_create(*, actor, team: Team, user, name: str, expires_at: datetime
     else:  # pragma: no cover
         raise ConflictError("could not generate a unique token; try again")
     audit_record(actor=actor, team=team, action="api_token.create", target=token,
-                 data={"name": token.name, "expires_at": expires_at.isoformat() if expires_at else None})
+                 data={"name": token.name, "owner": user.get_username(),
+                       "expires_at": expires_at.isoformat() if expires_at else None})
     return token, raw
 
 
@@ -154,7 +155,7 @@ def api_token_revoke(*, actor, token: ApiToken) -> ApiToken:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
         audit_record(actor=actor, team=token.team_id, action="api_token.revoke", target=token,
-                     data={"name": token.name})
+                     data={"name": token.name, "owner": token.user.get_username()})
     return token
 
 
@@ -164,7 +165,7 @@ def api_token_delete(*, actor, token: ApiToken) -> None:
     it. (DELETE used to revoke, answer 204 and leave the token readable: found by schemathesis, S7.) Revoke
     instead to keep the token's row on record."""
     audit_record(actor=actor, team=token.team_id, action="api_token.delete", target=token,
-                 data={"name": token.name, "prefix": token.prefix})
+                 data={"name": token.name, "prefix": token.prefix, "owner": token.user.get_username()})
     token.delete()
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
 from controlplane.tenancy.models import ApiToken, AuditEvent, Membership, Role, Team
+from controlplane.tenancy.selectors import audit_event_data_seen_by
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -70,8 +73,15 @@ class AuditEventSerializer(serializers.ModelSerializer):
     team = serializers.SerializerMethodField(help_text="the team's name (kept after the team is deleted); null for "
                                                        "cluster-wide events")
 
+    data = serializers.SerializerMethodField(help_text="what was written; another member's token names and prefixes "
+                                                       "are null unless you own the token or administer the team")
+
     def get_team(self, event: AuditEvent) -> str | None:
         return event.team_name or None
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_data(self, event: AuditEvent) -> dict:
+        return audit_event_data_seen_by(event=event, viewer=self.context.get("audit_viewer"))
 
     class Meta:
         model = AuditEvent

@@ -134,3 +134,10 @@ class AuditEventViewSet(TeamScopedMixin, viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         return selectors.audit_event_list(team_ids=self.team_ids, cluster_wide=self.operator)
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if not getattr(self, "swagger_fake_view", False):
+            context["audit_viewer"] = selectors.audit_event_viewer(user=self.request.user, token=self.token,
+                                                                   team_ids=self.team_ids)
+        return context
