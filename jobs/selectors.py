@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 from django.db.models import Count, Q, QuerySet
@@ -256,3 +257,90 @@ def training_job_run_view(*, job: TrainingJob, log_lines: int = 40) -> dict:
             "latest_metric": {"step": recent[0], "loss": recent[1], "tokens_per_s": recent[2]} if recent else None,
             "faults": list(training_job_faults(job=job)), "checkpoints": training_job_checkpoints(job=job),
             "log_lines": logs}
+
+
+# Workload ids in the scheduler's reasons (README, Scheduling): "job 12", "jobs 12, 14", "deployment 3", the core's
+# "serving:3", and the core's bare id lists ("waiting for 12, 14 (shrunk) to checkpoint", "admitted onto the devices
+# of 12, preempted ...", "; 12 preempted or shrunk for it", "set aside for 12, which waits ahead of it", "preempted
+# for 12 (").
+_IDS = r"\d+(?: \(shrunk\))?(?:, \d+(?: \(shrunk\))?)*"
+_NAMED_JOBS = re.compile(r"\b(?P<noun>jobs?) (?P<ids>\d+(?:, \d+)*)\b")
+_NAMED_DEPLOYMENTS = re.compile(r"\b(?:deployment |serving:)(?P<id>\d+)\b")
+_BARE_JOBS = [re.compile(rf"(?P<before>{before})(?P<ids>{_IDS})(?P<after>{after})") for before, after in (
+    (r"waiting for ", r" to checkpoint"), (r"devices of ", r", preempted"), (r"; ", r" preempted or shrunk for it"),
+    (r"set aside for ", r", which waits ahead"), (r"\bpreempted for ", r" \("), (r" workers for ", r" \("))]
+
+
+def _others(count: int, noun: str) -> str:
+    return f"another team's {noun}" if count == 1 else f"{count} {noun}s of other teams"
+
+
+def reason_shown_for_team(*, text: str, team_id: int | None) -> str:
+    """A reason of a workload of team `team_id` as its team's members read it (API and console): the ids of other
+    teams' jobs and deployments are replaced by "another team's job" ("2 jobs of other teams", "another team's
+    deployment"), so that a member learns no id of another team's workload ("launches once another team's job
+    checkpoints and stops", "preempted for another team's job (...)"). Ids of the team's own workloads stay. The
+    stored reason is unchanged (operators read it in the Django admin). Before 2026-12 the reasons named them."""
+    if not text or not any(ch.isdigit() for ch in text):
+        return text
+    job_ids = {int(n) for m in _NAMED_JOBS.finditer(text) for n in re.findall(r"\d+", m["ids"])}
+    job_ids |= {int(n) for pattern in _BARE_JOBS for m in pattern.finditer(text) for n in re.findall(r"\d+", m["ids"])}
+    deployment_ids = {int(m["id"]) for m in _NAMED_DEPLOYMENTS.finditer(text)}
+    if not job_ids and not deployment_ids:
+        return text
+    from inference.models import Deployment
+
+    own_jobs = {str(pk) for pk in TrainingJob.objects.filter(pk__in=job_ids, team_id=team_id)
+                .values_list("pk", flat=True)} if job_ids else set()
+    own_deployments = {str(pk) for pk in Deployment.objects.filter(pk__in=deployment_ids, team_id=team_id)
+                       .values_list("pk", flat=True)} if deployment_ids else set()
+
+    def named_jobs(match) -> str:
+        ids = match["ids"].split(", ")
+        mine = [i for i in ids if i in own_jobs]
+        if len(mine) == len(ids):
+            return match[0]
+        others = _others(len(ids) - len(mine), "job")
+        if not mine:
+            return others
+        return f"{'job' if len(mine) == 1 else 'jobs'} {', '.join(mine)} and {others}"
+
+    def bare_jobs(match) -> str:
+        items = match["ids"].split(", ")
+        mine = [i for i in items if i.split(" ")[0] in own_jobs]
+        if len(mine) == len(items):
+            return match[0]
+        return f"{match['before']}{', '.join([*mine, _others(len(items) - len(mine), 'job')])}{match['after']}"
+
+    def named_deployment(match) -> str:
+        return match[0] if match["id"] in own_deployments else _others(1, "deployment")
+
+    text = _NAMED_JOBS.sub(named_jobs, text)
+    for pattern in _BARE_JOBS:
+        text = pattern.sub(bare_jobs, text)
+    return _NAMED_DEPLOYMENTS.sub(named_deployment, text)
+
+
+def event_data_shown_for_team(*, data: dict, team_id: int | None) -> dict:
+    """A job event's data as its team reads it: the scheduler's `for` (the preemptor) and `waits_for` (the victims) are
+    null where they name another team's workload (see reason_shown_for_team)."""
+    if not data or ("for" not in data and "waits_for" not in data):
+        return data
+    from inference.models import Deployment
+
+    data = dict(data)
+    preemptor = str(data.get("for") or "")
+    served = preemptor.removeprefix("serving:")
+    if preemptor.isdigit():
+        own = TrainingJob.objects.filter(pk=int(preemptor), team_id=team_id).exists()
+    elif preemptor.startswith("serving:"):
+        own = served.isdigit() and Deployment.objects.filter(pk=int(served), team_id=team_id).exists()
+    else:
+        own = True
+    if not own:
+        data["for"] = None
+    if isinstance(data.get("waits_for"), list) and data["waits_for"]:
+        ids = [int(i) for i in data["waits_for"] if str(i).isdigit()]
+        own = set(TrainingJob.objects.filter(pk__in=ids, team_id=team_id).values_list("pk", flat=True))
+        data["waits_for"] = [i if str(i).isdigit() and int(i) in own else None for i in data["waits_for"]]
+    return data

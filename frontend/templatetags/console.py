@@ -57,3 +57,15 @@ def percent(value, digits: int = 2) -> str:
     if value is None:
         return "—"
     return f"{float(value) * 100:.{int(digits)}f}%"
+
+
+@register.filter
+def team_reason(obj) -> str:
+    """The reason of a job, a deployment or one of their events as its team reads it: other teams' workloads are not
+    named by id (jobs.selectors.reason_shown_for_team), as in the API."""
+    from jobs.selectors import reason_shown_for_team
+
+    subject = getattr(obj, "subject", None)
+    team_id = subject.team_id if subject is not None else getattr(obj, "team_id", None)
+    text = obj.reason if subject is not None else getattr(obj, "state_reason", "")
+    return reason_shown_for_team(text=text or "", team_id=team_id)

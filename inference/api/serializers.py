@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.api import StrictInputSerializer
 from controlplane.compute.base import ROUTERS
 from inference.models import Deployment, DeploymentEvent, DeploymentRevision
 from inference.states import DeploymentState
+from jobs.selectors import event_data_shown_for_team, reason_shown_for_team
 
 # The platform's limit on replicas (the service checks it again for every create, update and scale).
 MAX_REPLICAS = settings.FLEETYARD_MAX_REPLICAS_PER_DEPLOYMENT
@@ -155,8 +158,12 @@ class DeploymentSpecSerializer(serializers.ModelSerializer):
 
 class DeploymentStatusSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=[s.value for s in DeploymentState])
-    reason = serializers.CharField(source="state_reason")
+    reason = serializers.SerializerMethodField(help_text="why it is in its state; another team's workloads are not "
+                                                         "named by id (\"another team's job\")")
     changed_at = serializers.DateTimeField(source="state_changed_at")
+
+    def get_reason(self, obj) -> str:
+        return reason_shown_for_team(text=obj.state_reason, team_id=obj.team_id)
 
     class Meta:
         model = Deployment
@@ -184,6 +191,16 @@ class DeploymentRevisionSerializer(serializers.ModelSerializer):
 
 
 class DeploymentEventSerializer(serializers.ModelSerializer):
+    reason = serializers.SerializerMethodField(help_text="another team's workloads are not named by id")
+    data = serializers.SerializerMethodField()
+
     class Meta:
         model = DeploymentEvent
         fields = ["id", "from_state", "to_state", "reason", "actor_label", "data", "created_at"]
+
+    def get_reason(self, event) -> str:
+        return reason_shown_for_team(text=event.reason, team_id=event.subject.team_id)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_data(self, event) -> dict:
+        return event_data_shown_for_team(data=event.data, team_id=event.subject.team_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -132,7 +133,8 @@ class TrainerLayoutSerializer(serializers.Serializer):
 
 class TrainingJobStatusSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=[s.value for s in JobState])
-    reason = serializers.CharField(source="state_reason")
+    reason = serializers.SerializerMethodField(help_text="why it is in its state; another team's workloads are not "
+                                                         "named by id (\"another team's job\")")
     changed_at = serializers.DateTimeField(source="state_changed_at")
     run_state = serializers.CharField(source="runtime_state")
     step = serializers.IntegerField(source="current_step")
@@ -146,6 +148,9 @@ class TrainingJobStatusSerializer(serializers.ModelSerializer):
                   "compute_handle", "attempt", "run_state", "step", "last_checkpoint_step", "workers",
                   "observed_nodes", "restarts", "started_at", "finished_at", "goodput", "parallel_plan",
                   "trainer_layout"]
+
+    def get_reason(self, obj) -> str:
+        return selectors.reason_shown_for_team(text=obj.state_reason, team_id=obj.team_id)
 
     def get_workers(self, obj) -> int:
         return len(obj.observed_nodes or [])
@@ -172,9 +177,19 @@ class TrainingJobSerializer(serializers.ModelSerializer):
 
 
 class TrainingJobEventSerializer(serializers.ModelSerializer):
+    reason = serializers.SerializerMethodField(help_text="another team's workloads are not named by id")
+    data = serializers.SerializerMethodField()
+
     class Meta:
         model = TrainingJobEvent
         fields = ["id", "from_state", "to_state", "reason", "actor_label", "data", "created_at"]
+
+    def get_reason(self, event) -> str:
+        return selectors.reason_shown_for_team(text=event.reason, team_id=event.subject.team_id)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_data(self, event) -> dict:
+        return selectors.event_data_shown_for_team(data=event.data, team_id=event.subject.team_id)
 
 
 class CancelSerializer(StrictInputSerializer):
