@@ -669,7 +669,8 @@ def _held_text(job: TrainingJob, waits_for: list[int], shrinking: set[str], canc
     ended = [str(v) for v in waits_for if str(v) in cancelled and str(v) not in shrinking]
     waits = [waits_on(ids, verb) for ids, verb in ((stop, "stop"), (shrink, "shrink")) if ids]
     if ended:
-        waits.append(f"the run of cancelled job{'s' if len(ended) > 1 else ''} {', '.join(ended)} has stopped")
+        waits.append(f"job {ended[0]} (cancelled) has stopped" if len(ended) == 1
+                     else f"jobs {', '.join(ended)} (cancelled) have stopped")
     # (the size too: "1 x nvidia-h100 held" read as one device for a worker of 8; QA)
     size = job.cpus_per_worker if job.admitted_accelerator_type == "cpu" else job.devices_per_worker
     return (f"admitted ({len(job.placement or [])} x {size:g} {job.admitted_accelerator_type} held); launches once "

@@ -268,7 +268,8 @@ _NAMED_JOBS = re.compile(r"\b(?P<noun>jobs?) (?P<ids>\d+(?:, \d+)*)\b")
 _NAMED_DEPLOYMENTS = re.compile(r"\b(?:deployment |serving:)(?P<id>\d+)\b")
 _BARE_JOBS = [re.compile(rf"(?P<before>{before})(?P<ids>{_IDS})(?P<after>{after})") for before, after in (
     (r"waiting for ", r" to checkpoint"), (r"devices of ", r", preempted"), (r"; ", r" preempted or shrunk for it"),
-    (r"set aside for ", r", which waits ahead"), (r"\bpreempted for ", r" \("), (r" workers for ", r" \("))]
+    (r"set aside for ", r", which waits ahead"), (r"\bpreempted for ", r" \("), (r" workers for ", r" \("),
+    (r"\blower-priority ", r" (?:and \d+ more )?\("))]
 
 
 def _others(count: int, noun: str) -> str:

@@ -919,7 +919,7 @@ def test_a_cancelled_runs_devices_go_to_the_next_job_only_once_its_run_has_stopp
     waiting = TrainingJob.objects.get(pk=waiting.pk)
     assert waiting.state == "ADMITTED" and waiting.waits_for == [running.pk], (waiting.state, waiting.state_reason)
     assert waiting.compute_handle == "" and waiting.state_reason.endswith(
-        f"launches once the run of cancelled job {running.pk} has stopped"), waiting.state_reason
+        f"launches once job {running.pk} (cancelled) has stopped"), waiting.state_reason
     with TestCase.captureOnCommitCallbacks(execute=True):
         workflows.training_job_launch(job_id=waiting.pk, backend=backend)  # the sweep's retry: still held
     assert TrainingJob.objects.get(pk=waiting.pk).state == "ADMITTED"

@@ -91,6 +91,11 @@ def test_own_ids_stay_and_every_form_of_another_teams_id_is_replaced(world):
         f"(8 nvidia-h100 of shared's quota set aside for {other}, which waits ahead of it)":
             "(8 nvidia-h100 of shared's quota set aside for another team's job, which waits ahead of it)",
         "held by deployment 999999's replica": "held by another team's deployment's replica",
+        f"lends only 0 now; lower-priority {other}, {mine} (16 nvidia-h100 devices), which it may preempt, are "
+        "starting": f"lends only 0 now; lower-priority {mine}, another team's job (16 nvidia-h100 devices), which it "
+                    "may preempt, are starting",
+        f"launches once job {other} (cancelled) has stopped":
+            "launches once another team's job (cancelled) has stopped",
         "position 2 in cluster queue shared: needs to borrow 8 nvidia-a100": "position 2 in cluster queue shared: "
                                                                             "needs to borrow 8 nvidia-a100",
     }
