@@ -102,6 +102,12 @@ def cluster_queue_specs() -> list[ClusterQueueSpec]:
     return queues
 
 
+# JSON fields of a job the cycle never reads (loaded on access, one query each): decoding them for every waiting job
+# was a fifth of loading the snapshot (8,000 jobs, 11 JSON fields each).
+CYCLE_UNUSED_FIELDS = ("envs", "secret_envs", "parallelism", "parallel_plan", "recovery_exclude", "observed_nodes",
+                       "goodput")
+
+
 def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
     """The scheduler's view of the database (call inside the cycle's transaction)."""
     nodes = node_specs()
@@ -111,7 +117,7 @@ def load_snapshot() -> tuple[Snapshot, dict[str, TrainingJob]]:
     # from a stale state and the whole cycle failed (found by the quota soak, tests/reliability).
     jobs = {str(job.pk): job for job in TrainingJob.objects.select_related(
         "local_queue__cluster_queue", "priority_class").filter(state__in=[JobState.QUEUED, *HOLDING_STATES])
-        .select_for_update(of=("self",)).order_by("id")}
+        .defer(*CYCLE_UNUSED_FIELDS).select_for_update(of=("self",)).order_by("id")}
     now = timezone.now()
     running = tuple(
         Running(_workload(job, job.admitted_accelerator_type), job.admitted_accelerator_type,

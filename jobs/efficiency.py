@@ -13,7 +13,9 @@ A read-only selector: nothing is written.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import time
 from dataclasses import dataclass
 
@@ -42,6 +44,22 @@ def workload_class_of(*, trainer: str, hyperparameters: dict | None = None, entr
     if trainer == Trainer.ENTRYPOINT:
         digest = hashlib.sha256((entrypoint or "").strip().encode("utf-8")).hexdigest()[:12]
         return f"entrypoint:{digest}"
+    try:
+        key = json.dumps(hyperparameters or {}, sort_keys=True)
+    except (TypeError, ValueError):  # (not JSON: never from the database; parsed as it is)
+        return _builtin_class(hyperparameters)
+    return _builtin_class_of_json(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _builtin_class_of_json(key: str) -> str:
+    """The built-in trainer's class of the hyperparameters `key` (canonical JSON): the scheduling cycle asks it of every
+    waiting job in every cycle, and parsing and checking the model shape each time took a quarter of loading the
+    snapshot (8,000 waiting jobs: about 0.4 s of 1.9 s under the profiler). Jobs of a team mostly share a few."""
+    return _builtin_class(json.loads(key))
+
+
+def _builtin_class(hyperparameters) -> str:
     from jobs.runtime.lm_config import TrainHyperparameters  # torch-free
 
     try:

@@ -51,6 +51,23 @@ def test_workload_classes_group_jobs_that_do_the_same_work_per_step():
                                                                           hyperparameters={"batch_size": 16})
 
 
+def test_the_builtin_class_is_parsed_once_per_set_of_hyperparameters(monkeypatch):
+    """The scheduling cycle asks every waiting job's class in every cycle; parsing and checking the model shape each
+    time was a quarter of loading the snapshot. Equal hyperparameters (keys in any order) share one parse; an invalid
+    set is still the plain class; a value JSON cannot hold is parsed as it is."""
+    from jobs.runtime import lm_config
+
+    parsed = []
+    original = lm_config.TrainHyperparameters.from_dict
+    monkeypatch.setattr(lm_config.TrainHyperparameters, "from_dict",
+                        classmethod(lambda cls, data: parsed.append(dict(data)) or original.__func__(cls, data)))
+    first = workload_class_of(trainer="builtin-transformer-lm", hyperparameters={"batch_size": 24, "context": 48})
+    again = workload_class_of(trainer="builtin-transformer-lm", hyperparameters={"context": 48, "batch_size": 24})
+    assert first == again and first.startswith("builtin_lm:") and len(parsed) <= 1
+    assert workload_class_of(trainer="builtin-transformer-lm", hyperparameters={"batch_size": -5}) == "builtin_lm"
+    assert workload_class_of(trainer="builtin-transformer-lm", hyperparameters={"x": {1, 2}}).startswith("builtin_lm")
+
+
 def test_measured_step_times_on_real_nodes_decide_the_type_choice(api, demo_cluster):
     client = api("alpha", "member")
     workload_class = job_workload_class(submit(client, name="probe"))
