@@ -386,6 +386,9 @@ class _Search:
         gbs = req.global_batch_size
         tps = {pool.name: _tensor_degrees(req, pool) for pool in pools}
         rates = {pool.name: pool.device.peak(m.precision) * 1e12 * pool.device.achievable_fraction for pool in pools}
+        # (dp, mbs, each pool's (tp, stages)) -> a bound on every order of those parts (_mixed_pipeline_bound with
+        # any_order): the threshold only falls, so parts past it are skipped in every later order without a new bound.
+        bounds: dict[tuple, float] = {}
         for order in itertools.permutations(pools):
             for dp in reversed(divisors(gbs)):
                 if any(dp * min(tps[p.name] or [math.inf]) > p.devices for p in order):
@@ -406,13 +409,21 @@ class _Search:
                         if self._lower_bound(rate) > self.threshold:
                             continue
                         runs = tuple(zip(order, tp_choice, stage_counts, strict=True))
-                        slots = [(pool, tp) for pool, tp, count in runs for _ in range(count)]
+                        parts = tuple(sorted((pool.name, tp, count) for pool, tp, count in runs))
                         for mbs in HETEROGENEOUS_MICRO_BATCHES:
                             if mbs > req.options.max_micro_batch or gbs % (dp * mbs):
                                 continue
-                            self._fit_heterogeneous(ladder, slots, runs, dp, mbs)
+                            key = (dp, mbs, parts)
+                            bound = bounds.get(key)
+                            if bound is None:
+                                bound = bounds[key] = self._mixed_pipeline_bound(
+                                    runs, sum(stage_counts), dp, mbs, gbs // (dp * mbs), "none", ladder[0][1],
+                                    any_order=True)
+                            if bound > self.threshold:
+                                continue
+                            self._fit_heterogeneous(ladder, runs, dp, mbs)
 
-    def _fit_heterogeneous(self, ladder, slots, runs, dp, mbs) -> None:
+    def _fit_heterogeneous(self, ladder, runs, dp, mbs) -> None:
         """Evaluate the cheapest rung of the feature ladder whose layers fit (``runs``: the slots as (pool, tp,
         stages) runs). A rung that cannot fit costs little (balance_layers stops at the memory caps). Bounds on
         the step time skip what cannot rank: before balancing, with per-layer times c_i of the rung, L layers need
@@ -420,17 +431,20 @@ class _Search:
         makes the rungs it is never slower than unnecessary (``_dominated``) only where memory held no stage
         back: otherwise a rung that saves memory may give a faster chip more layers."""
         micro = self.request.global_batch_size // (dp * mbs)
-        layers_total = self.request.model.layers
         layer_cost = self.cost.layer_cost
         skipped, fitted = [], []
+        stage_count = sum(count for _, _, count in runs)
+        # No rung is faster than the first's recomputation, none: past the bound there (this order's first and last
+        # stage), nothing of these runs ranks.
+        if self._mixed_pipeline_bound(runs, stage_count, dp, mbs, micro, "none", ladder[0][1]) > self.threshold:
+            return
+        slots = [(pool, tp) for pool, tp, count in runs for _ in range(count)]
         for rung in ladder:
             recompute, sp, zero = rung
             if _dominated(rung, fitted):
                 continue
-            speed = sum(count / layer_cost(pool, tp, mbs, recompute, sp, 1).time_s for pool, tp, count in runs)
-            if micro * layers_total / speed > self.threshold:
-                continue
-            if self._mixed_pipeline_bound(runs, len(slots), dp, mbs, micro, recompute, sp) > self.threshold:
+            if recompute != "none" and \
+                    self._mixed_pipeline_bound(runs, stage_count, dp, mbs, micro, recompute, sp) > self.threshold:
                 continue
             self.evaluated += 1
             layers, capped = _balance(self.cost, slots, dp, mbs, recompute, sp, zero)
@@ -448,24 +462,36 @@ class _Search:
             self._consider(layout, _ladder_note(skipped, rung, [done for done in fitted if done != rung]))
 
 
-    def _mixed_pipeline_bound(self, runs, stages, dp, mbs, micro, recompute, sequence_parallel) -> float:
+    def _mixed_pipeline_bound(self, runs, stages, dp, mbs, micro, recompute, sequence_parallel,
+                              any_order: bool = False) -> float:
         """No split of the layers over these stages runs faster than (micro - 1) x t_max + t_sum (CostModel.evaluate's
-        pipeline without interleaving): t_sum at least every layer at the fastest stage's time per layer, the
-        embedding and output layer, and every stage's sends between pools; t_max at least the compute bound's
-        L / sum(1 / c_i) and t_sum / stages. Before balancing: a deep model of small layers over two pools balanced
-        pipelines of hundreds of stages, each slower by its sends and bubble than the plans already found (1,000 layers
-        of hidden 512 on 512 H100 + 512 A100: 1.1 s; QA)."""
+        pipeline without interleaving). Each stage i takes n_i c_i + f_i per micro-batch (its layers; f_i its sends
+        between pools, and the embedding or the output layer on the first and the last). t_sum is at least every layer
+        at the fastest stage's time per layer plus every f_i; t_max at least t_sum / stages, and at least the common
+        time T at which the stages hold all L layers, T = (L + sum f_i / c_i) / sum 1 / c_i (memory caps only raise
+        it). Before balancing: a deep model of small layers over two pools balanced pipelines of hundreds of stages,
+        each slower by its sends and bubble than the plans already found (1,000 layers of hidden 512 on 512 H100 +
+        512 A100: 1.1 s; QA), and three pools balanced 20,000 pipelines for a 1,024-device GPT-3 (2.2 s).
+        ``any_order``: a bound for every order of the runs (whichever pool holds the embedding and the output layer)."""
         cost = self.cost
+        layers = self.request.model.layers
         times = [cost.layer_cost(pool, tp, mbs, recompute, sequence_parallel, 1).time_s for pool, tp, _ in runs]
         sends = [cost.pp_comm_s(pool, tp, dp, mbs, stages, False, False, 1, True) for pool, tp, _ in runs]
-        (first_pool, first_tp, _), (last_pool, last_tp, _) = runs[0], runs[-1]
-        t_sum = (self.request.model.layers * min(times)
-                 + sum(count * sent for (_, _, count), sent in zip(runs, sends, strict=True))
-                 - (sends[0] + sends[-1]) / 2  # the first and the last stage send one way only
-                 + cost.stage_extras(first_pool, first_tp, mbs, True, False, sequence_parallel)[0]
-                 + cost.stage_extras(last_pool, last_tp, mbs, False, True, sequence_parallel)[0])
+        # the first and the last stage send one way only, and hold the embedding and the output layer
+        ends = [(cost.stage_extras(pool, tp, mbs, True, False, sequence_parallel)[0] - sent / 2,
+                 cost.stage_extras(pool, tp, mbs, False, True, sequence_parallel)[0] - sent / 2, time)
+                for (pool, tp, _), sent, time in zip(runs, sends, times, strict=True)]
+        if any_order:
+            first, last = min(end[0] for end in ends), min(end[1] for end in ends)
+            share = min(end[0] / end[2] for end in ends) + min(end[1] / end[2] for end in ends)
+        else:
+            first, last = ends[0][0], ends[-1][1]
+            share = first / times[0] + last / times[-1]
+        t_sum = (layers * min(times) + sum(count * sent for (_, _, count), sent in zip(runs, sends, strict=True))
+                 + first + last)
         speed = sum(count / time for (_, _, count), time in zip(runs, times, strict=True))
-        t_max = max(self.request.model.layers / speed, t_sum / stages)
+        fixed = sum(count * sent / time for (_, _, count), sent, time in zip(runs, sends, times, strict=True)) + share
+        t_max = max((layers + fixed) / speed, t_sum / stages)
         return ((micro - 1) * t_max + t_sum) * (1 - 1e-9)  # (the cost model adds the same terms in another order)
 
 
