@@ -377,7 +377,9 @@ class Client:
             if self.training_job(job_id).is_terminal:
                 tail = self.get(path, after=after, worker=worker, limit=1000)["results"]
                 for item in tail:
-                    yield LogLine.from_dict(item)
+                    line = LogLine.from_dict(item)
+                    after = line.id  # (left behind, the next stream sent these lines again; QA)
+                    yield line
                 if not tail:
                     return
 

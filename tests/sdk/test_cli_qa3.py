@@ -1,0 +1,102 @@
+"""A third QA pass over the CLI and the SDK (2026-12): each test failed on the code before its fix. No Django here:
+a tiny HTTP server plays the API, answering from a table of routes, and records what it was asked."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from fleetyard.cli import main
+from fleetyard.client import Client
+
+
+def _job(job_id: int, state: str = "SUCCEEDED", **status) -> dict:
+    return {"id": job_id, "name": f"job-{job_id}", "team": "alpha",
+            "spec": {"queue": "default", "accelerator_types": ["nvidia-h100"]},
+            "status": {"state": state, "reason": "as scripted", "step": 10, **status}}
+
+
+def _log(line_id: int) -> dict:
+    return {"id": line_id, "attempt": 0, "worker": 0, "line": f"line {line_id}", "recorded_at": ""}
+
+
+class Api:
+    """The stub API: `routes` maps a path to a function of the query (a dict, `_method` and `_body` added) returning
+    (status, content type, body bytes); `asked` lists every (method, path?query) asked, in order."""
+
+    def __init__(self) -> None:
+        self.routes: dict = {}
+        self.asked: list[tuple[str, str]] = []
+        self.url = ""
+
+    def json(self, path: str, answer, status: int = 200) -> None:
+        """`answer`: a document, or a function of the query returning one."""
+        self.routes[path] = lambda query: (status, "application/json",
+                                           json.dumps(answer(query) if callable(answer) else answer).encode())
+
+
+@pytest.fixture
+def api():
+    stub = Api()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            parts = urllib.parse.urlsplit(self.path)
+            stub.asked.append((self.command, self.path))
+            route = stub.routes.get(parts.path)
+            query = {**dict(urllib.parse.parse_qsl(parts.query)), "_method": self.command, "_body": body}
+            status, kind, data = route(query) if route else (404, "application/json", b'{"detail": "Not found."}')
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_DELETE = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    stub.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    yield stub
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(autouse=True)
+def environment(monkeypatch, tmp_path, api):
+    monkeypatch.setenv("FLEETYARD_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.setenv("FLEETYARD_URL", api.url)
+    monkeypatch.setenv("FLEETYARD_TOKEN", "fy_qa3")
+
+
+# ------------------------------------------------------------------------------ a followed log's last lines
+
+def test_the_lines_read_after_a_followed_stream_ended_are_not_repeated(api, capsys):
+    """A stream that ended at its timeout just before the job did (lines 3 and 4 written in between): the tail read
+    after it yielded 3 and 4 but left `after` at 2, so the next stream sent them again ([1, 2, 3, 4, 3, 4])."""
+    def logs(query):
+        after = int(query.get("after", 0))
+        if query.get("follow") == "true":
+            last = 2 if after == 0 else 4  # the first stream ends (its timeout) after line 2
+            return 200, "application/x-ndjson", b"".join(json.dumps(_log(i)).encode() + b"\n"
+                                                         for i in range(after + 1, last + 1))
+        rows = [_log(i) for i in range(after + 1, 5)]
+        return 200, "application/json", json.dumps({"results": rows, "next_after": rows[-1]["id"] if rows
+                                                    else after}).encode()
+    api.routes["/api/v1/training-jobs/7/logs/"] = logs
+    api.json("/api/v1/training-jobs/7/", _job(7))
+    client = Client(api.url, "fy_qa3", backoff=0.001)
+    assert [line.id for line in client.logs(7, follow=True)] == [1, 2, 3, 4]
+    assert main(["jobs", "logs", "7", "-f", "--json"]) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4]
