@@ -25,11 +25,12 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
@@ -39,6 +40,21 @@ from fleetyard.spec import DEPLOYMENT, JOB, parse_spec
 
 EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `seq 1000000 | head -1` leaves seq with
+
+
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # SGR colour codes (a training script's coloured log lines)
+# C0 and C1 control characters but tab and newline, and the bidi marks, embeddings, overrides and isolates
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape(text: str) -> str:
+    """Text from the server (names, reasons, descriptions, log lines, error messages) for the terminal: rich markup
+    escaped, colour codes dropped, and every other control character shown as \\x1b, \\u202e, ..., not obeyed.
+    Before, a dataset description or a cancel reason any team member wrote reached the terminal as it was: an ESC
+    sequence could write the clipboard (OSC 52), set the title or clear the screen, a bidi override reorder the
+    line (QA)."""
+    text = _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), _COLOURS.sub("", str(text)))
+    return _markup_escape(text)
 
 
 class UsageError(FleetyardError):
@@ -157,7 +173,7 @@ class _Cli:
         chosen = (plan.get("chosen") or {}).get("accelerator_type")
         for option in plan["options"]:
             mark = "[bold green]*[/] " if option["accelerator_type"] == chosen else "  "
-            table.add_row(mark + option["accelerator_type"], f"{option['units']:g} {option['unit']}",
+            table.add_row(mark + escape(option["accelerator_type"]), f"{option['units']:g} {option['unit']}",
                           _money(option["cost_per_hour_usd"]), f"{option['free_units']:g}",
                           "-" if option["quota_left"] is None else f"{option['quota_left']:g}",
                           "yes" if option["fits_now"] else "no")
@@ -189,8 +205,8 @@ class _Cli:
             return EXIT_OK
         result = self.client.apply_spec(text, secrets=secrets, filename=path.name)
         job = result["object"]
-        self.info(f"Launched training job [bold]{job['id']}[/] ({escape(job['name'])}): {job['status']['state']} - "
-                  f"{escape(job['status']['reason'])}")
+        self.info(f"Launched training job [bold]{job['id']}[/] ({escape(job['name'])}): "
+                  f"{escape(job['status']['state'])} - {escape(job['status']['reason'])}")
         if self.args.detach:
             if self.json:
                 self.emit({"plan": result["plan"], "job": job})
@@ -226,7 +242,7 @@ class _Cli:
             table.add_column(column)
         for j in jobs:
             table.add_row(str(j.id), escape(j.name), escape(j.queue), str(j.queue_position or "-"),
-                          ", ".join(j.accelerator_types), escape(j.reason))
+                          escape(", ".join(j.accelerator_types)), escape(j.reason))
         self.out.print(table if jobs else "No jobs are waiting.")
         return EXIT_OK
 
@@ -264,7 +280,7 @@ class _Cli:
             table.add_column(column)
         for j in jobs:
             table.add_row(str(j.id), escape(j.name), escape(j.team), escape(j.queue), _state(j.state),
-                          j.admitted_accelerator_type or "-", _step(j.step), escape(j.reason))
+                          escape(j.admitted_accelerator_type or "-"), _step(j.step), escape(j.reason))
         self.out.print(table if jobs else "No training jobs.")
         return EXIT_OK
 
@@ -314,7 +330,7 @@ class _Cli:
         result = self.client.apply_spec(text, secrets=secrets, filename=path.name)
         deployment = result["object"]
         self.info(f"Created deployment [bold]{deployment['id']}[/] ({escape(deployment['name'])}): "
-                  f"{deployment['status']['state']} - {escape(deployment['status']['reason'])}")
+                  f"{escape(deployment['status']['state'])} - {escape(deployment['status']['reason'])}")
         if self.args.wait:
             try:
                 deployment = self.client.wait_for_deployment(deployment["id"], timeout=self.args.wait).raw
@@ -344,7 +360,7 @@ class _Cli:
             spec, status = d.raw["spec"], d.raw["status"]
             table.add_row(str(d.id), escape(d.name), escape(d.team), _state(d.state),
                           f"{status.get('replicas_ready', 0)}/{status.get('replicas_target', 0)}",
-                          status.get("accelerator_type") or "-",
+                          escape(status.get("accelerator_type") or "-"),
                           f"{spec['sla']['ttft_p95_ms']} / {spec['sla']['tpot_p95_ms']} ms", escape(d.reason))
         self.out.print(table if deployments else "No deployments.")
         return EXIT_OK
@@ -544,7 +560,7 @@ class _Cli:
             table.add_column(column)
         for r in rows:
             table.add_row(escape(r["team"]), escape(r["queue"]), escape(r["cluster_queue"]), escape(r["cohort"]),
-                          r["accelerator_type"], f"{r['nominal_quota']:g}", _limit(r["borrowing_limit"]),
+                          escape(r["accelerator_type"]), f"{r['nominal_quota']:g}", _limit(r["borrowing_limit"]),
                           _limit(r["lending_limit"]))
         self.out.print(table if rows else "No queues.")
         return EXIT_OK
@@ -674,7 +690,7 @@ def _step(value) -> str:
 def _state(state: str) -> str:
     color = {"SUCCEEDED": "green", "RUNNING": "cyan", "SERVING": "green", "FAILED": "red", "CANCELLED": "yellow",
              "QUEUED": "magenta", "DEGRADED": "yellow"}.get(state)
-    return f"[{color}]{state}[/]" if color else state
+    return f"[{color}]{state}[/]" if color else escape(state)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -100,3 +100,34 @@ def test_the_lines_read_after_a_followed_stream_ended_are_not_repeated(api, caps
     assert [line.id for line in client.logs(7, follow=True)] == [1, 2, 3, 4]
     assert main(["jobs", "logs", "7", "-f", "--json"]) == 0
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------ terminal escapes in server text
+
+EVIL = "ok \x1b]52;c;cHduZWQ=\x07\x1b[2J\x9b31m \u202eevil"
+
+
+@pytest.mark.parametrize("argv", [["datasets", "list"], ["jobs", "status", "7"], ["jobs", "status"], ["jobs", "queue"],
+                                  ["jobs", "logs", "7"], ["endpoints"]])
+def test_control_characters_in_server_text_are_shown_not_obeyed(api, capsys, argv):
+    """A dataset's description or a cancel reason (free text any team member writes), an accelerator type an operator
+    named, or a log line went to the terminal as it was: ESC sequences that write the clipboard (OSC 52), set the title
+    or clear the screen, and bidi overrides that reorder what is shown. Now they are shown as \\x1b, \\u202e."""
+    api.json("/api/v1/datasets/", {"results": [{"id": 1, "name": "d", "team": "alpha", "version_count": 0,
+                                                "latest_version": None, "description": EVIL}], "next": None})
+    job = _job(7, "QUEUED", reason=EVIL, admitted_accelerator_type=EVIL)
+    job["spec"]["accelerator_types"] = [EVIL]
+    api.json("/api/v1/training-jobs/7/", job)
+    api.json("/api/v1/training-jobs/", {"results": [job], "next": None})
+    api.json("/api/v1/training-jobs/7/logs/", lambda query: {"results": [] if query.get("after") else
+                                                               [{**_log(1), "line": EVIL}], "next_after": 1})
+    api.json("/api/v1/deployments/", {"results": [{"id": 3, "name": "chat", "team": "alpha",
+                                                   "spec": {"sla": {"ttft_p95_ms": 500, "tpot_p95_ms": 50}},
+                                                   "status": {"state": EVIL, "reason": EVIL,
+                                                              "accelerator_type": EVIL}}], "next": None})
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    shown = out + err
+    assert "evil" in shown
+    assert not any(ch in shown for ch in "\x1b\x07\x9b\u202e"), repr(shown)
+    assert "\\x1b]52" in shown and "\\u202e" in shown
