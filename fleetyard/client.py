@@ -106,6 +106,7 @@ class TrainingJob:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainingJob:
+        _check_object(data, "a training job")
         spec, status = data.get("spec", {}), data.get("status", {})
         return cls(id=data["id"], name=data["name"], team=data.get("team", ""), state=status.get("state", ""),
                    reason=status.get("reason", ""), queue=spec.get("queue", ""),
@@ -130,6 +131,7 @@ class Deployment:
 
     @classmethod
     def from_dict(cls, data: dict) -> Deployment:
+        _check_object(data, "a deployment")
         status = data.get("status", {})
         return cls(id=data["id"], name=data["name"], team=data.get("team", ""), state=status.get("state", ""),
                    reason=status.get("reason", ""), raw=data)
@@ -145,8 +147,33 @@ class LogLine:
 
     @classmethod
     def from_dict(cls, data: dict) -> LogLine:
+        if not (isinstance(data, dict) and isinstance(data.get("id"), int) and isinstance(data.get("line"), str)):
+            raise _not_the_api(data, "a log line")
         return cls(id=data["id"], attempt=data.get("attempt", 0), worker=data.get("worker"), line=data["line"],
                    recorded_at=data.get("recorded_at", ""))
+
+
+def _not_the_api(data, what: str) -> ApiError:
+    """The server answered JSON, but not the API's (another service at that address, a proxy's JSON page): before,
+    a KeyError or AttributeError traceback from the first field read (QA)."""
+    preview = json.dumps(data)
+    preview = preview if len(preview) <= 80 else preview[:77] + "..."
+    return ApiError(f"the server answered {preview} where {what} was expected: not the Fleetyard API's answer (is "
+                    "the server URL right?)", body=data)
+
+
+def _check_object(data, what: str) -> None:
+    if not (isinstance(data, dict) and isinstance(data.get("id"), int) and isinstance(data.get("name"), str)
+            and isinstance(data.get("spec", {}), dict) and isinstance(data.get("status", {}), dict)):
+        raise _not_the_api(data, what)
+
+
+def _results(page, what: str) -> list[dict]:
+    """The `results` of a page (a list of objects), or ApiError."""
+    results = page.get("results") if isinstance(page, dict) else None
+    if not isinstance(results, list) or not all(isinstance(item, dict) for item in results):
+        raise _not_the_api(page, f"a page of {what}")
+    return results
 
 
 # ------------------------------------------------------------------------------------ the client
@@ -269,10 +296,10 @@ class Client:
         query = {"page_size": page_size, **{k: v for k, v in params.items() if v is not None}}
         while url:
             page = self._json(self.request("GET", url, params=query))
-            if isinstance(page, list):
+            if isinstance(page, list) and all(isinstance(item, dict) for item in page):
                 yield from page
                 return
-            yield from page.get("results", [])
+            yield from _results(page, "results")
             url, query = page.get("next"), None
 
     # -------------------------------------------------------------------------------- who am I
@@ -326,8 +353,9 @@ class Client:
         while limit is None or len(rows) < limit:
             want = 1000 if limit is None else min(1000, limit - len(rows))
             page = self.get(path, after=after, limit=want)
-            rows.extend(page["results"])
-            if len(page["results"]) < want:
+            results = _results(page, "metrics")
+            rows.extend(results)
+            if len(results) < want or not isinstance(page.get("next_after"), int):
                 break
             after = page["next_after"]
         return rows
@@ -339,12 +367,13 @@ class Client:
         path = f"training-jobs/{int(job_id)}/logs/"
         if not follow:
             while True:
-                page = self.get(path, after=after, worker=worker, limit=1000)
-                for item in page["results"]:
-                    yield LogLine.from_dict(item)
-                if not page["results"]:
+                page = _results(self.get(path, after=after, worker=worker, limit=1000), "log lines")
+                for item in page:
+                    line = LogLine.from_dict(item)
+                    after = line.id
+                    yield line
+                if not page:
                     return
-                after = page["next_after"]
         bad_lines = 0  # lines in a row that were not log lines, each followed by a resume
         while True:
             params = {"follow": "true", "timeout": poll_timeout, "after": after, "worker": worker}
@@ -375,7 +404,7 @@ class Client:
                 continue
             # The server ends a stream when the job ended or its timeout passed; only the first is the end.
             if self.training_job(job_id).is_terminal:
-                tail = self.get(path, after=after, worker=worker, limit=1000)["results"]
+                tail = _results(self.get(path, after=after, worker=worker, limit=1000), "log lines")
                 for item in tail:
                     line = LogLine.from_dict(item)
                     after = line.id  # (left behind, the next stream sent these lines again; QA)

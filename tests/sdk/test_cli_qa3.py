@@ -131,3 +131,25 @@ def test_control_characters_in_server_text_are_shown_not_obeyed(api, capsys, arg
     assert "evil" in shown
     assert not any(ch in shown for ch in "\x1b\x07\x9b\u202e"), repr(shown)
     assert "\\x1b]52" in shown and "\\u202e" in shown
+
+
+# ------------------------------------------------------------------------------ JSON that is not the API's
+
+@pytest.mark.parametrize("answer", [{"hello": "world"}, ["x"], "just text", {"results": "none"}, 7])
+@pytest.mark.parametrize("argv", [["jobs", "logs", "7"], ["jobs", "status", "7"], ["jobs", "status"],
+                                  ["jobs", "queue"], ["datasets", "list"], ["endpoints"], ["jobs", "cancel", "7"]])
+def test_json_of_another_shape_is_an_api_error_not_a_traceback(api, capsys, argv, answer):
+    """A URL that is some other JSON service (or a proxy's JSON page) answering 200: KeyError 'results' / 'id' and
+    AttributeError tracebacks. Now exit 3 with one line saying the answer is not the API's."""
+    for path in ("/api/v1/training-jobs/7/logs/", "/api/v1/training-jobs/7/", "/api/v1/training-jobs/",
+                 "/api/v1/datasets/", "/api/v1/deployments/", "/api/v1/training-jobs/7/cancel/"):
+        api.json(path, answer)
+    assert main(argv) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert "not the Fleetyard API's answer" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_page_of_log_lines_without_next_after_still_ends(api):
+    api.json("/api/v1/training-jobs/7/logs/", lambda query: {"results": [] if query.get("after") else [_log(1)]})
+    assert [line.id for line in Client(api.url, "fy_qa3").logs(7)] == [1]
