@@ -291,15 +291,24 @@ class Client:
         return self._json(response) if response.content else {}
 
     def paginate(self, path: str, *, page_size: int = 100, **params) -> Iterator[dict]:
-        """Every object of a paginated list, following `next` links."""
+        """Every object of a paginated list, following `next` links, each once: an object a later page shows again
+        (the list shifted while it was read: a job submitted between two pages of a newest-first list pushes the last
+        of one page onto the next) is not yielded twice (it was; QA)."""
         url: str | None = self._url(path)
         query = {"page_size": page_size, **{k: v for k, v in params.items() if v is not None}}
+        seen: set = set()
         while url:
             page = self._json(self.request("GET", url, params=query))
             if isinstance(page, list) and all(isinstance(item, dict) for item in page):
                 yield from page
                 return
-            yield from _results(page, "results")
+            for item in _results(page, "results"):
+                key = item.get("id")
+                if isinstance(key, int | str):
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                yield item
             url, query = page.get("next"), None
 
     # -------------------------------------------------------------------------------- who am I

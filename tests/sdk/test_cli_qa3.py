@@ -153,3 +153,25 @@ def test_json_of_another_shape_is_an_api_error_not_a_traceback(api, capsys, argv
 def test_a_page_of_log_lines_without_next_after_still_ends(api):
     api.json("/api/v1/training-jobs/7/logs/", lambda query: {"results": [] if query.get("after") else [_log(1)]})
     assert [line.id for line in Client(api.url, "fy_qa3").logs(7)] == [1]
+
+
+# ------------------------------------------------------------------------------ pages that shift while read
+
+def test_a_job_submitted_while_the_pages_are_read_does_not_repeat_one(api, capsys):
+    """The list is newest first, a page at a time: a job submitted between two pages pushed the last job of the first
+    page onto the second, and `jobs queue` (any list of more than a page) showed it twice."""
+    jobs = [_job(i, "QUEUED") for i in range(150, 0, -1)]
+
+    def page(query):
+        number, size = int(query.get("page", 1)), int(query.get("page_size", 100))
+        if number == 2:
+            jobs.insert(0, _job(151, "QUEUED"))  # submitted after the first page was read
+        more = number * size < len(jobs)
+        return {"count": len(jobs), "results": jobs[(number - 1) * size:number * size],
+                "next": f"{api.url}/api/v1/training-jobs/?page={number + 1}&page_size={size}" if more else None}
+    api.json("/api/v1/training-jobs/", page)
+    ids = [job.id for job in Client(api.url, "fy_qa3").training_jobs(state="QUEUED")]
+    assert sorted(ids) == list(range(1, 151))
+    jobs[:] = [_job(i, "QUEUED") for i in range(150, 0, -1)]
+    assert main(["jobs", "queue", "--json"]) == 0
+    assert sorted(job["id"] for job in json.loads(capsys.readouterr().out)) == list(range(1, 151))
