@@ -116,7 +116,7 @@ class _Cli:
     def _read_spec(self, kind: str):
         path = Path(self.args.spec)
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = _read_small(path).decode("utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError as exc:  # (a UnicodeDecodeError traceback before; QA)
@@ -473,7 +473,7 @@ class _Cli:
         if path.exists() and not path.is_file():
             raise UsageError(f"{text}: not a file (give a model preset or a JSON/YAML file of the model's fields)")
         try:
-            raw = path.read_bytes().decode("utf-8")
+            raw = _read_small(path).decode("utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
@@ -564,6 +564,20 @@ class _Cli:
                           _limit(r["lending_limit"]))
         self.out.print(table if rows else "No queues.")
         return EXIT_OK
+
+
+MAX_FILE_BYTES = 16 << 20  # a spec or a model file: a few KB (the server takes a spec of 64 KiB unless told otherwise)
+
+
+def _read_small(path: Path) -> bytes:
+    """A spec or model file's bytes, read no further than MAX_FILE_BYTES: a checkpoint or a disk image given by
+    mistake (or /dev/zero) was read whole into memory before anything was said about it (QA). OSError passes."""
+    with path.open("rb") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise UsageError(f"{path.name}: larger than {MAX_FILE_BYTES >> 20} MiB; a spec or model file is a few KB of "
+                         "YAML or JSON (is it the right file?)")
+    return data
 
 
 def _parse_fields(raw: str, name: str, *, as_json: bool):

@@ -175,3 +175,19 @@ def test_a_job_submitted_while_the_pages_are_read_does_not_repeat_one(api, capsy
     jobs[:] = [_job(i, "QUEUED") for i in range(150, 0, -1)]
     assert main(["jobs", "queue", "--json"]) == 0
     assert sorted(job["id"] for job in json.loads(capsys.readouterr().out)) == list(range(1, 151))
+
+
+# ------------------------------------------------------------------------------ a huge file given as a spec
+
+@pytest.mark.parametrize("argv", [["jobs", "launch", "{}", "--dry-run"], ["deploy", "{}", "--dry-run"],
+                                  ["plan", "{}", "--batch", "8", "--devices", "H100:8"]])
+def test_a_huge_file_given_as_a_spec_is_refused_before_it_is_read_whole(api, tmp_path, capsys, argv):
+    """A checkpoint or a disk image given by mistake (or /dev/zero) was read whole into memory before anything was
+    said about it: 4 GB of memory for a 4 GB file, and never an answer for an endless one."""
+    huge = tmp_path / "model.yaml"
+    with huge.open("wb") as handle:  # sparse: 64 MiB of zeros on no disk
+        handle.truncate(64 << 20)
+    assert main([part.replace("{}", str(huge)) for part in argv]) == 2
+    err = capsys.readouterr().err
+    assert "model.yaml: larger than 16 MiB" in err and "Traceback" not in err
+    assert api.asked == []
