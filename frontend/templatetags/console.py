@@ -69,3 +69,12 @@ def team_reason(obj) -> str:
     team_id = subject.team_id if subject is not None else getattr(obj, "team_id", None)
     text = obj.reason if subject is not None else getattr(obj, "state_reason", "")
     return reason_shown_for_team(text=text or "", team_id=team_id)
+
+
+@register.filter
+def team_data(event) -> dict:
+    """An event's data as its team reads it: the preemptor (`for`) and the victims (`waits_for`) are null where they
+    are another team's workloads (jobs.selectors.event_data_shown_for_team), as in the API's events."""
+    from jobs.selectors import event_data_shown_for_team
+
+    return event_data_shown_for_team(data=event.data, team_id=event.subject.team_id)
