@@ -21,7 +21,15 @@ from controlplane.compute.base import ROUTERS
 from controlplane.quotas.selectors import local_queue_list, priority_class_list
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role, visible_team_ids
-from frontend.views import _base_context, _id_param, _mark_simulated_deployments, _state_counts, _writable_team_ids
+from frontend.views import (
+    TIMELINE_LIMIT,
+    _base_context,
+    _id_param,
+    _mark_simulated_deployments,
+    _state_counts,
+    _timeline,
+    _writable_team_ids,
+)
 from inference.gateway import services as gateway
 from inference.gateway.openai_schema import CHAT_COMPLETIONS, GatewayError, parse_json_body, parse_request
 from inference.gateway.views import error_response, stream_response
@@ -91,14 +99,16 @@ def deployment_detail(request, deployment_id: int):
     team_ids, context = _base_context(request, "deployments")
     deployment = get_object_or_404(deployment_list(team_ids=team_ids), pk=deployment_id)
     metrics = deployment_metrics(deployment=deployment, window_s=CONSOLE_METRICS_WINDOW_S)
+    revisions = list(deployment.revisions.select_related("created_by")[:TIMELINE_LIMIT])
     context.update({
         "deployment": deployment,
         "can_write": has_role(user=request.user, team_id=deployment.team_id, minimum=Role.MEMBER),
         "live": not deployment.is_terminal,
         "serving": deployment.state in gateway.SERVING_STATES,
         "pools": deployment_pools(deployment=deployment),
-        "revisions": deployment.revisions.select_related("created_by"),
-        "events": deployment.events.all(),
+        "revisions": revisions,  # the newest first, as many as the timeline shows (the API pages through them all)
+        "revisions_total": len(revisions) if len(revisions) < TIMELINE_LIMIT else deployment.revisions.count(),
+        **_timeline(deployment.events.all(), api=f"/api/v1/deployments/{deployment.pk}/events/"),
         "metrics": metrics,
         "chart_data": {"series": metrics["series"], "sla": metrics["sla"],
                        "window_s": CONSOLE_METRICS_WINDOW_S,

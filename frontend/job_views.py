@@ -18,7 +18,14 @@ from controlplane.datasets.selectors import dataset_version_list
 from controlplane.quotas.selectors import local_queue_list, priority_class_list, quota_types_for_local_queue
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import has_role
-from frontend.views import _base_context, _id_param, _simulated_types, _state_counts, _writable_team_ids
+from frontend.views import (
+    _base_context,
+    _id_param,
+    _simulated_types,
+    _state_counts,
+    _timeline,
+    _writable_team_ids,
+)
 from inference.selectors import deployment_list
 from jobs.models import Trainer
 from jobs.runtime.lm_config import TrainHyperparameters
@@ -168,7 +175,7 @@ def job_detail(request, job_id: int):
     run = training_job_run_view(job=job)
     context.update({
         "job": job,
-        "events": training_job_events(job=job),
+        **_timeline(training_job_events(job=job), api=f"/api/v1/training-jobs/{job.pk}/events/"),
         "deployments": deployment_list(team_ids=team_ids).filter(source_job=job),
         "can_write": has_role(user=request.user, team_id=job.team_id, minimum=Role.MEMBER),
         "live": job.state in LIVE_STATES,

@@ -103,6 +103,19 @@ def _id_param(value: str) -> int | None:
     return int(value) if value.isascii() and value.isdigit() else None
 
 
+# A job's or deployment's page shows its latest events and revisions, not all of them: a long-lived elastic job or an
+# often-scaled deployment gathers thousands, and the live page re-renders every 3 s. The API lists them all (paged).
+TIMELINE_LIMIT = 100
+
+
+def _timeline(events, *, api: str) -> dict:
+    """The template context of a timeline: the latest TIMELINE_LIMIT events in time order, how many there are, and
+    the API URL that lists them all."""
+    latest = list(events.order_by("-created_at", "-id")[:TIMELINE_LIMIT])[::-1]
+    total = len(latest) if len(latest) < TIMELINE_LIMIT else events.count()
+    return {"events": latest, "events_total": total, "events_api": api}
+
+
 def _pct(fraction) -> float | None:
     return round(fraction * 100, 1) if fraction is not None else None
 

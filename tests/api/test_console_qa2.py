@@ -53,3 +53,38 @@ def test_the_timeline_data_hides_another_teams_ids_as_the_api_does(world):
     assert event_data_shown(client.get(f"/jobs/{mine.pk}/").content.decode()) == [
         {"for": None, "waits_for": [None, mine.pk]}]
     assert {"for": None} in event_data_shown(client.get(f"/deployments/{deployment.pk}/").content.decode())
+
+
+def test_a_long_timeline_shows_its_latest_events_not_every_one(world):
+    """A job's and a deployment's page listed every event and revision, and re-rendered them every 3 s while live: an
+    elastic job with 5,000 events (each grow and shrink is one) made a 3.6 MB page that took about 2 s. The pages
+    show the latest 100 in time order, say how many there are and link the API's paged list."""
+    from inference.models import DeploymentRevision
+
+    alpha = world["alpha"]
+    job = make_job(alpha, "busy")
+    TrainingJobEvent.objects.bulk_create([
+        TrainingJobEvent(subject=job, from_state="RUNNING", to_state="RUNNING", reason=f"resize number {i}",
+                         actor_label="system:launcher") for i in range(1, 301)])
+    client = session(alpha["viewer"])
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    shown = [int(n) for n in re.findall(r'<div class="timeline-reason">resize number (\d+)</div>', page)]
+    assert shown == list(range(201, 301)), shown[:3]
+    assert "The latest 100 of 301 events" in page
+    assert f'<a href="/api/v1/training-jobs/{job.pk}/events/">the API lists them all</a>' in page
+    small = make_job(alpha, "small")
+    assert "The latest" not in client.get(f"/jobs/{small.pk}/").content.decode()
+
+    deployment = make_deployment(alpha, "chat")
+    DeploymentEvent.objects.bulk_create([
+        DeploymentEvent(subject=deployment, from_state="SERVING", to_state="SERVING", reason=f"scaled number {i}",
+                        actor_label="system:autoscaler") for i in range(1, 151)])
+    DeploymentRevision.objects.bulk_create([
+        DeploymentRevision(deployment=deployment, number=n, spec={}, reason=f"revision number {n}")
+        for n in range(2, 131)])
+    page = client.get(f"/deployments/{deployment.pk}/").content.decode()
+    shown = [int(n) for n in re.findall(r'<div class="timeline-reason">scaled number (\d+)</div>', page)]
+    assert shown == list(range(51, 151)), shown[:3]
+    assert "The latest 100 of 151 events" in page and "The latest 100 of 130 revisions" in page
+    revisions = [int(n) for n in re.findall(r'<tr data-revision="(\d+)">', page)]
+    assert revisions == list(range(130, 30, -1)), revisions[:3]
