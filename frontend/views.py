@@ -106,6 +106,7 @@ def _id_param(value: str) -> int | None:
 # A job's or deployment's page shows its latest events and revisions, not all of them: a long-lived elastic job or an
 # often-scaled deployment gathers thousands, and the live page re-renders every 3 s. The API lists them all (paged).
 TIMELINE_LIMIT = 100
+WAITING_LIMIT = 100  # waiting jobs listed on the Queues page
 
 
 def _timeline(events, *, api: str) -> dict:
@@ -214,10 +215,13 @@ def queues(request):
     for lq in local_queues:
         lq.usage = sorted((slug, used) for (queue_id, slug), used in local_usage.items() if queue_id == lq.pk)
         lq.counts = local_counts.get(lq.pk, {"waiting": 0, "holding": 0})
+    # the first WAITING_LIMIT in queue order: the page re-renders every 3 s (the jobs page pages through them all)
+    waiting = list(waiting_jobs(team_ids=team_ids).select_related("priority_class")[:WAITING_LIMIT])
     context.update({
         "cluster_queues": cluster_queues,
         "quota_chart": chart_rows,
-        "waiting_jobs": waiting_jobs(team_ids=team_ids).select_related("priority_class"),
+        "waiting_jobs": waiting,
+        "waiting_total": len(waiting) if len(waiting) < WAITING_LIMIT else waiting_jobs(team_ids=team_ids).count(),
         "local_queues": local_queues,
         "priority_classes": priority_class_list(),
     })

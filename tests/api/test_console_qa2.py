@@ -88,3 +88,20 @@ def test_a_long_timeline_shows_its_latest_events_not_every_one(world):
     assert "The latest 100 of 151 events" in page and "The latest 100 of 130 revisions" in page
     revisions = [int(n) for n in re.findall(r'<tr data-revision="(\d+)">', page)]
     assert revisions == list(range(130, 30, -1)), revisions[:3]
+
+
+def test_the_queues_page_lists_the_first_waiting_jobs_not_every_one(world):
+    """The Queues page's "Pending workloads" listed every waiting job of the user's teams, each with its reason, and
+    re-rendered them every 3 s: a backlog of thousands made every refresh as long. It lists the first 100 in queue
+    order, says how many wait and links the jobs page's paged list of QUEUED jobs."""
+    alpha = world["alpha"]
+    jobs = TrainingJob.objects.bulk_create([  # (130 submissions in a minute would pass the team's rate limit)
+        TrainingJob(team=alpha["team"], name=f"wait-{i}", local_queue=alpha["queue"], accelerator_types=["nvidia-h100"],
+                    state="QUEUED", queue_position=i) for i in range(1, 131)])
+    page = session(alpha["viewer"]).get("/queues/").content.decode()
+    listed = re.findall(r'>wait-(\d+)</a>', page.split('id="waiting-jobs"')[1])
+    assert listed == [str(i) for i in range(1, 101)], listed[-3:]
+    assert "The first 100 of 130 waiting jobs" in page and 'href="/jobs/?state=QUEUED"' in page
+    TrainingJob.objects.filter(pk__in=[job.pk for job in jobs[5:]]).update(state="CANCELLED")
+    page = session(alpha["viewer"]).get("/queues/").content.decode()
+    assert "The first" not in page and len(re.findall(r'>wait-(\d+)</a>', page)) == 5
