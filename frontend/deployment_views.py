@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import RequestDataTooBig
+from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_POST
 
@@ -43,6 +45,7 @@ from inference.states import DeploymentState
 
 CONSOLE_METRICS_WINDOW_S = 900  # the deployment page shows the last 15 minutes of requests
 PLAYGROUND_MAX_TOKENS = 64  # the playground's default answer length
+DEPLOYMENTS_PER_PAGE = 50
 SLA_DEFAULTS = {"ttft_p95_ms": 500, "tpot_p95_ms": 50}
 
 
@@ -54,7 +57,10 @@ def deployment_list_page(request):
     wanted = request.GET.get("state", "").upper()
     wanted = wanted if wanted in states else ""
     deployments = everything.filter(state=wanted) if wanted else everything
-    context.update({"deployments": _mark_simulated_deployments(deployments), "state_filter": wanted,
+    # paged like the jobs list: deleted deployments stay listed, and the live region re-renders every 3 s
+    page = Paginator(deployments, DEPLOYMENTS_PER_PAGE).get_page(request.GET.get("page"))
+    context.update({"deployments": _mark_simulated_deployments(page.object_list), "page": page,
+                    "page_query": urlencode({"state": wanted} if wanted else {}), "state_filter": wanted,
                     "total": everything.count(),
                     "deployment_counts": _state_counts(everything, DeploymentState),
                     "can_create": bool(_writable_team_ids(request.user, team_ids))})

@@ -105,3 +105,36 @@ def test_the_queues_page_lists_the_first_waiting_jobs_not_every_one(world):
     TrainingJob.objects.filter(pk__in=[job.pk for job in jobs[5:]]).update(state="CANCELLED")
     page = session(alpha["viewer"]).get("/queues/").content.decode()
     assert "The first" not in page and len(re.findall(r'>wait-(\d+)</a>', page)) == 5
+
+
+def test_the_deployments_list_is_paged_like_the_jobs_list(world):
+    """The Deployments page listed every deployment of the user's teams, deleted ones included (they stay listed), and
+    re-rendered them all every 3 s. It shows 50 a page, newest first, with the jobs list's pager, which keeps the state
+    filter; a page number that is not one is the first or the last page, as on the jobs list."""
+    from datetime import timedelta
+
+    from inference.models import Deployment
+
+    alpha = world["alpha"]
+    base = make_deployment(alpha, "base")
+    Deployment.objects.bulk_create([  # (bulk: 120 creations in a minute would pass the team's rate limit)
+        Deployment(team=alpha["team"], name=f"dep-{i:03d}", local_queue=alpha["queue"], model_uri="file:///m",
+                   accelerator_types=["nvidia-a100"], sla_ttft_p95_ms=500, sla_tpot_p95_ms=50,
+                   state="DELETED" if i % 2 else "PENDING", created_at=base.created_at + timedelta(seconds=i))
+        for i in range(1, 120)])
+    client = session(alpha["viewer"])
+
+    def names(url):
+        page = client.get(url)
+        assert page.status_code == 200
+        html = page.content.decode()
+        return re.findall(r">(dep-\d+|base)</a>", html), html
+
+    first, html = names("/deployments/")
+    assert len(first) == 50 and first[0] == "dep-119" and "page 1 of 3" in html
+    assert 'href="?page=2"' in html
+    last, html = names("/deployments/?page=3")
+    assert last[-1] == "base" and len(last) == 20
+    assert names("/deployments/?page=99")[0] == last and names("/deployments/?page=x")[0] == first
+    deleted, html = names("/deployments/?state=deleted&page=2")
+    assert len(deleted) == 10 and 'href="?state=DELETED&amp;page=1"' in html
