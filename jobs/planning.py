@@ -166,8 +166,24 @@ def plan_job_gang(*, parallelism: Mapping, accelerator_types: list[str], workers
     def planned(workers: int) -> tuple[dict, int, int]:
         plan = plan_job_parallelism(parallelism=parallelism, accelerator_types=accelerator_types, workers=workers,
                                     devices_per_worker=devices_per_worker)
-        return plan, *gang_size_from_plan(plan, workers_min=workers_min, workers_max=workers,
-                                          devices_per_worker=devices_per_worker)
+        low, high = gang_size_from_plan(plan, workers_min=workers_min, workers_max=workers,
+                                        devices_per_worker=devices_per_worker)
+        # A gang the plan narrowed is planned again at its own width, until the plan is the narrowed gang's: its
+        # devices may sit on another node shape (4 x 2 devices are one node of 8, 6 x 2 six nodes of 2), where
+        # another layout is best, and the job's retry, submitted at that width, plans that one (before, 1-6 x 2 H100
+        # kept DP1 x TP2 x PP4 planned on twelve devices, while its gang of 4 and its retry got DP4 x TP2; QA).
+        while high < workers:
+            try:
+                narrower = plan_job_parallelism(parallelism=parallelism, accelerator_types=accelerator_types,
+                                                workers=high, devices_per_worker=devices_per_worker)
+            except ValidationFailed:  # (the model does not run at that width on this shape: keep the wider plan)
+                break
+            narrow_low, narrow_high = gang_size_from_plan(narrower, workers_min=workers_min, workers_max=high,
+                                                          devices_per_worker=devices_per_worker)
+            narrower["sized_by_plan"] = "; ".join(filter(None, [plan["sized_by_plan"],
+                                                                narrower.get("sized_by_plan")]))
+            plan, low, workers, high = narrower, narrow_low, high, narrow_high
+        return plan, low, high
 
     plan, low, high = planned(workers_max)
     if workers_min < workers_max and plan["model_parallel"] and not _holders(plan, low, devices_per_worker):

@@ -450,7 +450,7 @@ def test_parallelism_auto_sizes_the_gang_to_the_devices_the_best_layout_uses(api
                  parallelism={"mode": "auto", "model": "llama2-7b", "global_batch_size": 4})
     plan = job.parallel_plan
     h100 = plan["by_type"]["nvidia-h100"]
-    assert h100["layout_devices"] == h100["dp"] * h100["tp"] * h100["pp"] == 16 and plan["devices"] == 24
+    assert h100["layout_devices"] == h100["dp"] * h100["tp"] * h100["pp"] == 16 and plan["devices"] == 16
     assert (job.workers_min, job.workers_max) == (2, 2)
     assert plan["sized_by_plan"] == ("the best layouts use at most 16 of the 24 devices asked for: the gang is "
                                      "2 x 8 devices")
