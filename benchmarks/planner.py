@@ -77,6 +77,9 @@ TOLERANCE = 0.15
 H100_LINKS = {"devices_per_node": 8, "intra_node_gbps": 450.0, "inter_node_gbps": 50.0}
 # DGX A100: NVLink 3 600 GB/s both ways = 300 GB/s each way; one 200 Gb/s HDR port per GPU = 25 GB/s.
 A100_LINKS = {"devices_per_node": 8, "intra_node_gbps": 300.0, "inter_node_gbps": 25.0}
+# L40S: PCIe Gen4 x16 = 32 GB/s each way (cluster/link_defaults.py); ASSUMED 200 Gb/s per GPU between nodes, as the
+# A100 nodes (L40S servers ship with 25 to 400 Gb/s per node; only the three-pool timing case uses it).
+L40S_LINKS = {"devices_per_node": 8, "intra_node_gbps": 32.0, "inter_node_gbps": 25.0}
 
 GPT3_175B = ModelSpec(layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200, name="GPT-3 175B")
 LLAMA2_70B = ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, seq_len=4096, vocab=32000,
@@ -98,6 +101,7 @@ TIMING_CASES = [
     ("1,024 x A100, Llama-2 70B", LLAMA2_70B, 1024, 0, 128),
     ("1,024 x H100, 1,000 layers x hidden 512", DEEP_1000, 1024, 128, 0),
     ("512 x H100 + 512 x A100, 1,000 layers x 512", DEEP_1000, 1024, 64, 64),
+    ("344 H100 + 344 A100 + 336 L40S, GPT-3 175B", GPT3_175B, 1536, 43, 43, 42),
 ]
 
 
@@ -242,12 +246,15 @@ def timing_rows(repeat: int) -> list[dict]:
     h100 = device_type_from_facts(facts["nvidia-h100"])
     a100 = device_type_from_facts(facts["nvidia-a100"])
     rows = []
-    for label, model, batch, h_nodes, a_nodes in TIMING_CASES:
+    l40s = device_type_from_facts(facts["nvidia-l40s"])
+    for label, model, batch, h_nodes, a_nodes, *rest in TIMING_CASES:
         pools = []
         if h_nodes:
             pools.append(DevicePool(h100, h_nodes, **H100_LINKS))
         if a_nodes:
             pools.append(DevicePool(a100, a_nodes, **A100_LINKS))
+        if rest:
+            pools.append(DevicePool(l40s, rest[0], **L40S_LINKS))
         request = PlanRequest(model, batch, tuple(pools))
         times, result = [], None
         for _ in range(repeat):
