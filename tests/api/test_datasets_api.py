@@ -288,3 +288,15 @@ def test_two_uploads_of_one_file_name_at_once_keep_their_own_bytes(world, settin
         assert version.checksum_sha256 == hashlib.sha256(content).hexdigest()
     staging = Path(settings.MEDIA_ROOT) / "datasets" / "alpha" / "corpus" / ".staging"
     assert not staging.exists() or list(staging.iterdir()) == []
+
+
+@pytest.mark.parametrize("uri", ["https://[abc/x", "s3://[bucket/k", "https://user:hunter2@[::1/x", "hf://a]b/x"])
+def test_a_uri_python_cannot_parse_is_a_field_error_not_a_500(api, uri):
+    """QA (2026-12-07): a URI with an unclosed IPv6 bracket (`https://[abc/x`) made the URL parser raise, a 500."""
+    client = api("alpha", "member")
+    client.raise_request_exception = False
+    url = f"/api/v1/datasets/{make_dataset(client)['id']}/versions/"
+    response = client.post(url, {"uri": uri}, format="json")
+    assert response.status_code == 400 and "uri" in response.json(), response.content
+    assert "hunter2" not in response.content.decode()
+    assert not DatasetVersion.objects.exists()

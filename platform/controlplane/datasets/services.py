@@ -43,7 +43,11 @@ def _next_version(dataset: Dataset) -> int:
 
 def _check_uri(uri: str) -> None:
     """A URI a team may register: a known scheme, and for http(s) a host that is not internal (SSRF)."""
-    parsed = urlparse(uri)
+    try:
+        parsed = urlparse(uri)
+    except ValueError:  # `https://[abc/x` (an unclosed IPv6 bracket) was a 500 (QA)
+        raise ValidationFailed(f"{netguard.uri_without_credentials(uri)!r} is not a valid URI (an IPv6 host is "
+                               "written in closed brackets: https://[2001:db8::1]/x)", field="uri") from None
     if "@" in parsed.netloc:
         # A version's uri is shown to every member of the team (viewers too), in lists, the console and the audit
         # log: `https://user:password@host/...` or `s3://KEY:SECRET@bucket/...` was stored and shown as sent, and an
