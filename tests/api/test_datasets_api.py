@@ -300,3 +300,26 @@ def test_a_uri_python_cannot_parse_is_a_field_error_not_a_500(api, uri):
     assert response.status_code == 400 and "uri" in response.json(), response.content
     assert "hunter2" not in response.content.decode()
     assert not DatasetVersion.objects.exists()
+
+
+def test_an_upload_whose_dataset_is_deleted_meanwhile_is_a_409_and_leaves_no_file(api, settings, monkeypatch):
+    """QA (2026-12-07): a dataset deleted while a file was uploading to it made the upload a 500 (the dataset row was
+    gone when the version was numbered). Now a 409; the staged file is removed."""
+    from controlplane.datasets import services, storage
+
+    client = api("alpha", "member")
+    client.raise_request_exception = False
+    dataset = make_dataset(client)
+    real_store = storage.store_stream
+
+    def store_then_delete_the_dataset(**kwargs):
+        stored = real_store(**kwargs)
+        Dataset.objects.filter(pk=dataset["id"]).delete()
+        return stored
+
+    monkeypatch.setattr(services.storage, "store_stream", store_then_delete_the_dataset)
+    response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                           {"file": SimpleUploadedFile("a.txt", b"abc")}, format="multipart")
+    assert response.status_code == 409 and "deleted" in response.json()["detail"], response.content
+    assert not DatasetVersion.objects.exists()
+    assert [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()] == []

@@ -36,7 +36,11 @@ def dataset_create(*, actor, team: Team, name: str, description: str = "") -> Da
 
 def _next_version(dataset: Dataset) -> int:
     # Lock the dataset row: concurrent uploads to one dataset get distinct, gapless numbers.
-    Dataset.objects.select_for_update().get(pk=dataset.pk)
+    try:
+        Dataset.objects.select_for_update().get(pk=dataset.pk)
+    except Dataset.DoesNotExist:
+        # Deleted while the file was uploading (or the request was on its way): that was a 500 (QA).
+        raise ConflictError(f"dataset {dataset.name} was deleted; nothing was stored") from None
     latest = dataset.versions.aggregate(latest=Max("version"))["latest"] or 0
     return latest + 1
 
@@ -169,6 +173,9 @@ def _upload_staged(*, actor, dataset: Dataset, upload, staging: str, fmt: str, d
 def dataset_delete(*, actor, dataset: Dataset) -> None:
     from jobs.models import TrainingJob  # jobs depend on datasets, not the other way round
 
+    # Lock the row as uploads do (_next_version): an upload finishing during the delete either lands before it (and
+    # is deleted with its file) or finds the dataset gone (409), never a version the delete did not see.
+    Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
     citing = TrainingJob.objects.filter(dataset_version__dataset=dataset)
     if citing.exclude(state__in=TrainingJob.terminal_state_values()).exists():
         raise ConflictError(f"dataset {dataset.name} is used by a job that has not finished")
