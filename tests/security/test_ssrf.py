@@ -251,3 +251,19 @@ def test_a_refused_url_does_not_repeat_its_credentials(url, says):
     with pytest.raises(netguard.UnsafeURL) as refused:
         netguard.check_target(url)
     assert says in str(refused.value) and "s3cret" not in str(refused.value) and "***@" in str(refused.value)
+
+
+def test_deleting_a_dataset_removes_the_fetched_copies_of_its_versions(world, dataset, listener, settings):
+    """QA (2026-12-07): an https version a job read is fetched to storage/datasets/fetched/v<pk>/data; deleting the
+    dataset removed only uploaded files, and those fetched copies stayed on disk for good."""
+    from django.test import TestCase
+
+    from controlplane.datasets.services import dataset_delete
+
+    settings.FLEETYARD_FETCH_ALLOW_HOSTS = [f"127.0.0.1:{listener.port}"]
+    path = dataset_local_file(_row(dataset, f"http://127.0.0.1:{listener.port}/data.txt"))
+    assert path.is_file()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        dataset_delete(actor=world["alpha"]["admin"], dataset=dataset)
+    assert not path.exists() and not path.parent.exists()
+    assert [p for p in settings.MEDIA_ROOT.rglob("*") if p.is_file()] == []

@@ -62,7 +62,7 @@ def _stored_file(version: DatasetVersion) -> Path:
 
 
 def _fetched_file(version: DatasetVersion) -> Path:
-    target_dir = f"datasets/fetched/v{version.pk}"
+    target_dir = storage.fetched_dir(version.pk)
     cached = storage.storage_root() / target_dir / "data"
     if cached.is_file() and (not version.checksum_sha256 or _sha256(cached) == version.checksum_sha256):
         return cached

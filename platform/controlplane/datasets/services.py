@@ -186,7 +186,17 @@ def dataset_delete(*, actor, dataset: Dataset) -> None:
         raise ConflictError(f"dataset {dataset.name} is cited by finished training jobs ({shown}); "
                             f"delete those jobs first")
     uploaded = [urlparse(version.uri).path for version in dataset.versions.filter(uploaded=True)]
+    # http(s) versions a job read were fetched to storage/datasets/fetched/v<pk>/: those copies outlived the dataset
+    # (QA); they go with it.
+    version_pks = list(dataset.versions.values_list("pk", flat=True))
     audit_record(actor=actor, team=dataset.team_id, action="dataset.delete", target=dataset,
-                 data={"name": dataset.name, "versions": dataset.versions.count()})
+                 data={"name": dataset.name, "versions": len(version_pks)})
     dataset.delete()
-    transaction.on_commit(lambda: [storage.remove_stored(Path(path)) for path in uploaded])
+
+    def remove_files():
+        for path in uploaded:
+            storage.remove_stored(Path(path))
+        for pk in version_pks:
+            storage.remove_fetched(pk)
+
+    transaction.on_commit(remove_files)

@@ -67,6 +67,18 @@ def store_stream(*, chunks, relative_dir: str, filename: str, max_bytes: int) ->
     return StoredFile(path=final, size_bytes=size, checksum_sha256=digest.hexdigest())
 
 
+def fetched_dir(version_pk: int) -> str:
+    """The folder (relative to the storage root) where the fetched copy of an http(s) version is kept."""
+    return f"datasets/fetched/v{version_pk}"
+
+
+def remove_fetched(version_pk: int) -> None:
+    """Remove the fetched copy of a version, if any, and its folder."""
+    folder = storage_root() / fetched_dir(version_pk)
+    remove_stored(folder / "data")
+    remove_empty_dir(folder)
+
+
 def remove_stored(path: Path) -> None:
     path.unlink(missing_ok=True)
 
