@@ -60,7 +60,8 @@ def test_a_quota_cut_below_running_work_says_so(api, demo_cluster, no_launch):
 def test_a_quota_change_reads_what_runs_over_quota_once(api, demo_cluster, no_launch, monkeypatch,
                                                         django_assert_num_queries):
     """The PATCH read the over-quota figures twice: the service for the audit event, the view again for `warnings`.
-    The service's one read is both (`cluster_queue_over_quota`: 4 queries here, a cohort's lenders included)."""
+    The service's one read is both (`cluster_queue_over_quota`: 4 queries here, a cohort's lenders included; one
+    more lists the cohort's other queues, none here, whose borrowing a quota change may cut)."""
     from controlplane.quotas import selectors
 
     _submit(api("alpha", "member"), workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
@@ -73,7 +74,7 @@ def test_a_quota_change_reads_what_runs_over_quota_once(api, demo_cluster, no_la
         return real(queue=queue)
 
     monkeypatch.setattr(selectors, "cluster_queue_over_quota", counted)
-    with django_assert_num_queries(25):
+    with django_assert_num_queries(26):
         cut = ops.patch("/api/v1/cluster-queues/shared/", {"quotas": [
             {"accelerator_type": "nvidia-h100", "nominal_quota": 8}]}, format="json")
     assert cut.status_code == 200, cut.json()
@@ -175,3 +176,32 @@ def test_a_node_pools_devices_per_node_is_bounded_on_every_database(api):
         assert "less than or equal to 1024" in refused.json()["devices_per_node"][0], refused.json()
     assert not NodePool.objects.filter(name="big").exists()
     assert ops.post("/api/v1/node-pools/", {**body, "devices_per_node": 1024}, format="json").status_code == 201
+
+
+def test_a_lenders_cut_that_leaves_a_borrower_over_quota_says_so(api, world, demo_cluster, no_launch):
+    """QA, 2026-12-07: `shared` (nominal 8) ran 16 H100s by borrowing `lender`'s 8; cutting lender's quota to 0, or
+    moving lender to another cohort, was a 200 with `warnings: []` and no `over_quota` in the audit event, while
+    shared's admitted work now ran 8 beyond what it may hold."""
+    from controlplane.quotas.services import cluster_queue_create
+
+    cluster_queue_create(actor=world["ops"], name="lender", cohort="all", quotas=[
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8}])
+    ops = api("ops")
+    ops.patch("/api/v1/cluster-queues/shared/", {"quotas": [
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8}]}, format="json")
+    _submit(api("alpha", "member"), workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    over = ("nvidia-h100: admitted work of cluster queue shared uses 16, beyond its nominal quota of 8;")
+
+    cut = ops.patch("/api/v1/cluster-queues/lender/", {"quotas": [
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 0}]}, format="json")
+    assert cut.status_code == 200, cut.json()
+    [warning] = cut.json()["warnings"]
+    assert warning.startswith(over), warning
+    assert AuditEvent.objects.filter(action="cluster_queue.update").latest("id").data["over_quota"] == [warning]
+
+    assert ops.patch("/api/v1/cluster-queues/lender/", {"quotas": [
+        {"accelerator_type": "nvidia-h100", "nominal_quota": 8}]}, format="json").json()["warnings"] == []
+    moved = ops.patch("/api/v1/cluster-queues/lender/", {"cohort": "other"}, format="json").json()
+    assert len(moved["warnings"]) == 1 and moved["warnings"][0].startswith(over), moved
+    # a change of neither quotas nor cohort looks at no other queue
+    assert ops.patch("/api/v1/cluster-queues/lender/", {"description": "x"}, format="json").json()["warnings"] == []

@@ -57,8 +57,11 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
     """Change what is given; `quotas` replaces the whole list (a type left out has no quota afterwards), `teams`
     the teams whose local queues may use it (empty: every team). Teams that still have local queues on it cannot be
     left out: 409 naming those queues, nothing changed. Returns the queue and what admitted work of it now runs over
-    its quotas (selectors.cluster_queue_over_quota, read once: the PATCH answer's `warnings`)."""
+    its quotas (selectors.cluster_queue_over_quota, read once: the PATCH answer's `warnings`), and, when its quotas or
+    cohort change, what work of the other queues of its cohort (before and after) now runs over what they may
+    borrow."""
     queue = ClusterQueue.objects.select_for_update().get(pk=queue.pk)
+    cohort_before = queue.cohort
     changes = {}
     if teams:
         kept = {team.pk for team in teams}
@@ -102,8 +105,15 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
     # (before 2026-11-29 nothing said so; the PATCH answer's `warnings` say the same, from this one read: the view
     # read it again).
     over = selectors.cluster_queue_over_quota(queue=queue)
-    if over and (quotas is not None or cohort is not None):
-        changes["over_quota"] = over
+    if quotas is not None or cohort is not None:
+        # What this queue lends its cohort is what the others may borrow: a lender's cut, or a lender leaving the
+        # cohort, leaves a borrower over quota, and that is said too (QA, 2026-12-07: the answer was silent).
+        cohorts = {name for name in (cohort_before, queue.cohort) if name}
+        if cohorts:
+            for peer in ClusterQueue.objects.filter(cohort__in=cohorts).exclude(pk=queue.pk).order_by("name"):
+                over += selectors.cluster_queue_over_quota(queue=peer)
+        if over:
+            changes["over_quota"] = over
     audit_record(actor=actor, team=None, action="cluster_queue.update", target=queue, data=changes)
     return queue, over
 

@@ -56,7 +56,8 @@ class ClusterQueueSerializer(serializers.ModelSerializer):
 class ClusterQueueUpdateResultSerializer(ClusterQueueSerializer):
     warnings = serializers.SerializerMethodField(
         help_text="what the change leaves over quota: admitted work that now uses more than the queue's quotas let "
-                  "it hold (it keeps running until it ends or is preempted); empty when all is within")
+                  "it hold, or (after a change of its quotas or cohort) more than another queue of its cohort may "
+                  "now borrow (it keeps running until it ends or is preempted); empty when all is within")
 
     class Meta(ClusterQueueSerializer.Meta):
         fields = [*ClusterQueueSerializer.Meta.fields, "warnings"]
