@@ -205,3 +205,23 @@ def test_a_lenders_cut_that_leaves_a_borrower_over_quota_says_so(api, world, dem
     assert len(moved["warnings"]) == 1 and moved["warnings"][0].startswith(over), moved
     # a change of neither quotas nor cohort looks at no other queue
     assert ops.patch("/api/v1/cluster-queues/lender/", {"description": "x"}, format="json").json()["warnings"] == []
+
+
+def test_a_waiting_job_whose_type_loses_its_quota_is_told_it_can_never_run(api, demo_cluster, no_launch):
+    """QA, 2026-12-07: a job queued for H100s read "shared would exceed its nvidia-h100 quota: uses 0 of 0 nominal + 0
+    borrowing" once an operator removed shared's H100 quota, as if it would run when usage went down."""
+    from django.db import transaction
+
+    from jobs.admission import run_cycle
+
+    member = api("alpha", "member")
+    _submit(member, workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    waiting = _submit(member, workers_min=2, workers_max=2, accelerator_types=["nvidia-h100"])
+    assert api("ops").patch("/api/v1/cluster-queues/shared/", {"quotas": [
+        {"accelerator_type": "nvidia-a100", "nominal_quota": 8}]}, format="json").status_code == 200
+    with TestCase.captureOnCommitCallbacks(execute=True), transaction.atomic():
+        run_cycle()
+    status = member.get(f"/api/v1/training-jobs/{waiting}/").json()["status"]
+    assert status["state"] == "QUEUED"
+    assert status["reason"].endswith("shared has no nvidia-h100 quota: it can never take 16 nvidia-h100 until an "
+                                     "operator gives it one"), status["reason"]

@@ -119,9 +119,18 @@ class QuotaLedger:
                                               "it must be reclaimed first")
             return WITHIN_NOMINAL
         need = used + amount - max(quota.nominal, used)  # the part beyond nominal still to borrow
+        if accelerator_type not in spec.quotas:  # (an operator removed it while the workload waited: QA, 2026-12-07;
+            # it read "uses 0 of 0 nominal + 0 borrowing", as if it would run once usage went down)
+            return QuotaCheck(False, 0.0, f"{queue} has no {accelerator_type} quota: it can never take {amount:g} "
+                                          f"{accelerator_type} until an operator gives it one")
         if quota.borrowing_limit is not None and used + amount > quota.nominal + quota.borrowing_limit + EPS:
-            return QuotaCheck(False, 0.0, f"{queue} would exceed its {accelerator_type} quota: uses {used:g} of "
-                                          f"{quota.nominal:g} nominal + {quota.borrowing_limit:g} borrowing")
+            reason = (f"{queue} would exceed its {accelerator_type} quota: uses {used:g} of {quota.nominal:g} nominal "
+                      f"+ {quota.borrowing_limit:g} borrowing")
+            ceiling = self.ceiling(queue, accelerator_type)
+            if amount > ceiling + EPS:  # not a matter of waiting, as below (it said nothing of it here)
+                reason += (f"; it can never take {amount:g}: its nominal {quota.nominal:g} and the most it may borrow "
+                           f"from its cohort add up to {ceiling:g}")
+            return QuotaCheck(False, 0.0, reason)
         room = self.cohort_room(queue, accelerator_type)
         if room + EPS < amount:
             if spec.cohort:
