@@ -7,24 +7,11 @@ import html as html_lib
 import json
 import re
 
-from django.test import Client
-
 from controlplane.common.lifecycle import record_event
 from inference.models import DeploymentEvent
 from jobs.models import TrainingJob, TrainingJobEvent
-from jobs.services import training_job_create
 from tests.api.test_console_deployments import make_deployment
-
-
-def session(user) -> Client:
-    client = Client(raise_request_exception=False)
-    client.force_login(user)
-    return client
-
-
-def make_job(team_world, name: str, **extra) -> TrainingJob:
-    return training_job_create(actor=team_world["admin"], team=team_world["team"], name=name,
-                               local_queue=team_world["queue"], **{"accelerator_types": ["nvidia-h100"], **extra})
+from tests.api.test_console_qa import make_job, session
 
 
 def event_data_shown(page: str) -> list[dict]:

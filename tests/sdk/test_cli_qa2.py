@@ -9,9 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ import pytest
 from fleetyard.cli import main
 from fleetyard.client import Client
 from fleetyard.errors import ApiError
+from tests.sdk.stub_api import StubApi, served
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,19 +27,8 @@ def _job(job_id: int, state: str = "SUCCEEDED") -> dict:
             "status": {"state": state, "reason": "as scripted", "step": 10}}
 
 
-class Api:
-    """The stub API: `routes` maps a path to a function of the query (a dict) returning (status, content type, body
-    bytes); `asked` lists every path?query asked, in order."""
-
-    def __init__(self) -> None:
-        self.routes: dict = {}
-        self.asked: list[str] = []
-        self.url = ""
-
-    def json(self, path: str, answer) -> None:
-        """`answer`: a document, or a function of the query returning one."""
-        self.routes[path] = lambda query: (200, "application/json",
-                                           json.dumps(answer(query) if callable(answer) else answer).encode())
+class Api(StubApi):
+    """The stub API with a paginated job list."""
 
     def job_list(self, count: int) -> None:
         """`count` jobs, newest first, paginated like the API (page, page_size, next links)."""
@@ -56,36 +43,8 @@ class Api:
 
 @pytest.fixture
 def api():
-    stub = Api()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"  # the body ends when the connection closes, as streams do behind many proxies
-
-        def _answer(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(length)
-            parts = urllib.parse.urlsplit(self.path)
-            stub.asked.append(self.path)
-            route = stub.routes.get(parts.path)
-            query = {**dict(urllib.parse.parse_qsl(parts.query)), "_method": self.command}
-            status, kind, body = route(query) if route else (404, "application/json", b'{"detail": "Not found."}')
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = do_DELETE = _answer
-
-        def log_message(self, *args) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    stub.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield stub
-    httpd.shutdown()
-    httpd.server_close()
+    with served(Api()) as stub:
+        yield stub
 
 
 @pytest.fixture(autouse=True)

@@ -4,14 +4,12 @@ a tiny HTTP server plays the API, answering from a table of routes, and records 
 from __future__ import annotations
 
 import json
-import threading
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from fleetyard.cli import main
 from fleetyard.client import Client
+from tests.sdk.stub_api import StubApi, served
 
 
 def _job(job_id: int, state: str = "SUCCEEDED", **status) -> dict:
@@ -24,53 +22,10 @@ def _log(line_id: int) -> dict:
     return {"id": line_id, "attempt": 0, "worker": 0, "line": f"line {line_id}", "recorded_at": ""}
 
 
-class Api:
-    """The stub API: `routes` maps a path to a function of the query (a dict, `_method` and `_body` added) returning
-    (status, content type, body bytes); `asked` lists every (method, path?query) asked, in order."""
-
-    def __init__(self) -> None:
-        self.routes: dict = {}
-        self.asked: list[tuple[str, str]] = []
-        self.url = ""
-
-    def json(self, path: str, answer, status: int = 200) -> None:
-        """`answer`: a document, or a function of the query returning one."""
-        self.routes[path] = lambda query: (status, "application/json",
-                                           json.dumps(answer(query) if callable(answer) else answer).encode())
-
-
 @pytest.fixture
 def api():
-    stub = Api()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.0"
-
-        def _answer(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length)
-            parts = urllib.parse.urlsplit(self.path)
-            stub.asked.append((self.command, self.path))
-            route = stub.routes.get(parts.path)
-            query = {**dict(urllib.parse.parse_qsl(parts.query)), "_method": self.command, "_body": body}
-            status, kind, data = route(query) if route else (404, "application/json", b'{"detail": "Not found."}')
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = do_DELETE = _answer
-
-        def log_message(self, *args) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    stub.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield stub
-    httpd.shutdown()
-    httpd.server_close()
+    with served(StubApi()) as stub:
+        yield stub
 
 
 @pytest.fixture(autouse=True)
