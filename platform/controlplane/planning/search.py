@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from operator import itemgetter
 
 from controlplane.planning.cost import (
     GB,
@@ -422,10 +423,10 @@ class _Search:
                         bound = self._mixed_pipeline_bound(parts, sum(stage_counts), dp, mbs, gbs // (dp * mbs),
                                                            "none", ladder[0][1], any_order=True)
                         if bound <= self.threshold:
-                            candidates.append((bound, len(candidates), dp, mbs, ladder, parts))
-        candidates.sort(key=lambda candidate: candidate[:2])
+                            candidates.append((bound, dp, mbs, ladder, parts))
+        candidates.sort(key=itemgetter(0))  # (stable: equal bounds keep the order they were collected in)
         orders = list(itertools.permutations(range(len(pools))))
-        for bound, _, dp, mbs, ladder, parts in candidates:
+        for bound, dp, mbs, ladder, parts in candidates:
             if bound > self.threshold:
                 break  # (every later one is bounded higher still)
             for order in orders:  # each pool's part of the pipeline in turn
@@ -473,7 +474,6 @@ class _Search:
             layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
                             sequence_parallel=sp)
             self._consider(layout, _ladder_note(skipped, rung, [done for done in fitted if done != rung]))
-
 
     def _mixed_pipeline_bound(self, runs, stages, dp, mbs, micro, recompute, sequence_parallel,
                               any_order: bool = False) -> float:
@@ -558,44 +558,28 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
     optimizer_share = OPTIMIZER_BYTES / dp if zero else OPTIMIZER_BYTES
     state_bytes = WEIGHT_BYTES + GRAD_BYTES + optimizer_share
     per_layer, fixed, caps = [], [], []
+    profiles: dict[tuple, tuple] = {}
     heterogeneous = len({pool.name for pool, _tp in slots}) > 1
-
-    def profile(pool, tp, first, last):
-        layer = cost.layer_cost(pool, tp, mbs, recompute, sequence_parallel, 1)
-        extra_s, _f, extra_params, extra_act = cost.stage_extras(pool, tp, mbs, first, last, sequence_parallel)
-        base_bytes = extra_params * state_bytes + extra_act
-        if recompute == "full":
-            base_bytes += layer.working_bytes
-        return (layer.time_s, extra_s + cost.pp_comm_s(pool, tp, dp, mbs, p, first, last, 1, heterogeneous),
-                (layer.dense_params + layer.expert_params) * state_bytes, layer.stored_bytes,
-                pool.device.memory_bytes * MEMORY_USABLE_FRACTION - base_bytes)
-
-    floor = math.floor
-    start = 0
-    while start < p:  # run by run (stages of one pool and TP in a row share all but the first's and last's figures)
-        pool, tp = slots[start]
-        end = start + 1
-        while end < p and slots[end][1] == tp and slots[end][0].name == pool.name:
-            end += 1
-        segments, lo, hi, tail = [], start, end, None
-        if lo == 0:  # the first stage: the embedding
-            segments.append((0, 1, True, p == 1))
-            lo = 1
-        if hi == p and hi > lo:  # the last: the output layer
-            tail, hi = (p - 1, p, False, True), p - 1
-        if hi > lo:
-            segments.append((lo, hi, False, False))
-        if tail:
-            segments.append(tail)
-        for lo, hi, first, last in segments:
-            c, f, static_bytes, stored_bytes, room = profile(pool, tp, first, last)
-            run_caps = [floor(room / (static_bytes + stored_bytes * min(p - index, micro))) for index in range(lo, hi)]
-            if min(run_caps) < 1:
-                return None, False
-            per_layer += [c] * (hi - lo)
-            fixed += [f] * (hi - lo)
-            caps += [min(cap, total) for cap in run_caps]
-        start = end
+    for index, (pool, tp) in enumerate(slots):
+        first, last = index == 0, index == p - 1
+        profile = profiles.get((pool.name, tp, first, last))
+        if profile is None:
+            layer = cost.layer_cost(pool, tp, mbs, recompute, sequence_parallel, 1)
+            extra_s, _f, extra_params, extra_act = cost.stage_extras(pool, tp, mbs, first, last, sequence_parallel)
+            base_bytes = extra_params * state_bytes + extra_act
+            if recompute == "full":
+                base_bytes += layer.working_bytes
+            profile = (layer.time_s, extra_s + cost.pp_comm_s(pool, tp, dp, mbs, p, first, last, 1, heterogeneous),
+                       (layer.dense_params + layer.expert_params) * state_bytes, layer.stored_bytes,
+                       pool.device.memory_bytes * MEMORY_USABLE_FRACTION - base_bytes)
+            profiles[(pool.name, tp, first, last)] = profile
+        c, f, static_bytes, stored_bytes, room = profile
+        per_layer.append(c)
+        fixed.append(f)
+        cap = math.floor(room / (static_bytes + stored_bytes * min(p - index, micro)))
+        if cap < 1:
+            return None, False
+        caps.append(min(cap, total))
     if sum(caps) < total:
         return None, False
     # The continuous optimum, stage caps included: stages whose share would exceed their cap are held at it.

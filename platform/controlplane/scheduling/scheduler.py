@@ -1003,6 +1003,7 @@ def _with_settled_notes(state: _State, workload: Workload, types, reasons: list[
     spec = ledger.queues[own]
     within, others = spec.preemption_within_queue != "Never", spec.reclaim_within_cohort != "Never"
     noted = list(reasons)
+    members = ledger.members(own)
     for at, accelerator_type in enumerate(types):
         settled = state.settled.get(accelerator_type)
         if not settled or "can never" in reasons[at]:
@@ -1010,7 +1011,6 @@ def _with_settled_notes(state: _State, workload: Workload, types, reasons: list[
         sized = workload.on(accelerator_type)
         if state.fixed_refusal(sized, accelerator_type, sized.demand()):
             continue  # a non-preemptible rule refuses it: preempting preemptible work would not help
-        members = ledger.members(own)
         borrowing = ledger.borrowing(accelerator_type) if others else frozenset()
         blockers = sorted([r for r in settled if r.workload.priority < workload.priority and (
             (within and r.workload.cluster_queue == own)
