@@ -95,6 +95,12 @@ MIXED_CASES = [
 # candidate, and all but the shallow ones must be ruled out by their step-time bounds (1.2 s and 1.7 s before they
 # counted the sends and the bubble; QA, 2026-12-07).
 DEEP_1000 = ModelSpec(layers=1000, hidden=512, heads=8, seq_len=2048, vocab=32000, name="1,000 layers x 512")
+# A mixture of experts of DeepSeek-V3's size (61 layers, hidden 7168, 256 experts of FFN 2048, top 8; 687B parameters
+# here: its shared expert, dense first layers and MLA attention are not modelled): mixed pipelines run EP 1, so most
+# of them cannot hold it (2.6 s before the mixed search checked that before balancing; 2026-12-07).
+MOE_256 = ModelSpec(layers=61, hidden=7168, heads=128, ffn_hidden=2048, experts=256, top_k=8, seq_len=4096,
+                    vocab=129280, gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False,
+                    dropout=False, name="256-expert MoE, 61 layers")
 TIMING_CASES = [
     ("1,024 x H100, GPT-3 175B", GPT3_175B, 1536, 128, 0),
     ("512 x H100 + 512 x A100, GPT-3 175B", GPT3_175B, 1536, 64, 64),
@@ -102,6 +108,7 @@ TIMING_CASES = [
     ("1,024 x H100, 1,000 layers x hidden 512", DEEP_1000, 1024, 128, 0),
     ("512 x H100 + 512 x A100, 1,000 layers x 512", DEEP_1000, 1024, 64, 64),
     ("344 H100 + 344 A100 + 336 L40S, GPT-3 175B", GPT3_175B, 1536, 43, 43, 42),
+    ("344 H100 + 344 A100 + 336 L40S, 256-exp MoE", MOE_256, 1536, 43, 43, 42),
 ]
 
 

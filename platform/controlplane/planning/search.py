@@ -167,6 +167,7 @@ class _Search:
         self.threshold = math.inf  # the keep-th best shape's step time: anything slower cannot be shown
         self.closest_miss: tuple[float, Layout, float, float] | None = None  # (share, layout, bytes, limit)
         self.model_flops = request.global_batch_size * request.model.seq_len * self.cost.model_flops_per_token
+        self._figures: dict[tuple, tuple[float, float, float, float]] = {}  # _run_figures
 
     # -- bookkeeping ---------------------------------------------------------------------------------------
 
@@ -409,6 +410,10 @@ class _Search:
                 if any(not c for c in counts):
                     continue
                 ladder = _feature_ladder(req, max(tp_choice), dp)
+                figures_of = {mbs: [self._run_figures(pool, tp, mbs, "none", ladder[0][1])
+                                    for pool, tp in zip(pools, tp_choice, strict=True)]
+                              for mbs in HETEROGENEOUS_MICRO_BATCHES
+                              if mbs <= req.options.max_micro_batch and not gbs % (dp * mbs)}
                 for stage_counts in itertools.product(*counts):
                     if sum(stage_counts) > m.layers:
                         continue
@@ -417,11 +422,9 @@ class _Search:
                     if self._lower_bound(rate) > self.threshold:
                         continue
                     parts = tuple(zip(pools, tp_choice, stage_counts, strict=True))
-                    for mbs in HETEROGENEOUS_MICRO_BATCHES:
-                        if mbs > req.options.max_micro_batch or gbs % (dp * mbs):
-                            continue
-                        bound = self._mixed_pipeline_bound(parts, sum(stage_counts), dp, mbs, gbs // (dp * mbs),
-                                                           "none", ladder[0][1], any_order=True)
+                    for mbs, figures in figures_of.items():
+                        bound = _bound_of_runs(figures, stage_counts, sum(stage_counts), m.layers, gbs // (dp * mbs),
+                                               any_order=True, whole_layers=False)
                         if bound <= self.threshold:
                             candidates.append((bound, dp, mbs, ladder, parts))
         candidates.sort(key=itemgetter(0))  # (stable: equal bounds keep the order they were collected in)
@@ -429,6 +432,12 @@ class _Search:
         for bound, dp, mbs, ladder, parts in candidates:
             if bound > self.threshold:
                 break  # (every later one is bounded higher still)
+            if not _could_hold([self._layer_bytes(pool, tp, dp, mbs, ladder) for pool, tp, _ in parts],
+                               [count for *_, count in parts], m.layers, gbs // (dp * mbs)):
+                continue
+            if self._mixed_pipeline_bound(parts, sum(count for *_, count in parts), dp, mbs, gbs // (dp * mbs), "none",
+                                          ladder[0][1], any_order=True) > self.threshold:
+                continue
             for order in orders:  # each pool's part of the pipeline in turn
                 self._fit_heterogeneous(ladder, tuple(parts[i] for i in order), dp, mbs)
 
@@ -475,6 +484,35 @@ class _Search:
                             sequence_parallel=sp)
             self._consider(layout, _ladder_note(skipped, rung, [done for done in fitted if done != rung]))
 
+    def _run_figures(self, pool, tp, mbs, recompute, sequence_parallel) -> tuple[float, float, float, float]:
+        """(time per layer, sends per micro-batch of a middle stage, what the first and what the last stage adds to
+        its sends) of a pool's stages in a mixed pipeline, per micro-batch. A pipeline over two pools crosses
+        nodes, so its sends depend on neither its DP nor its depth (CostModel.pp_comm_s): one entry serves every
+        candidate of the pool, TP and micro-batch size (the bound below is called tens of thousands of times)."""
+        key = (pool.name, tp, mbs, recompute, sequence_parallel)
+        figures = self._figures.get(key)
+        if figures is None:
+            cost = self.cost
+            sent = cost.pp_comm_s(pool, tp, 1, mbs, 2, False, False, 1, True)
+            # the first and the last stage send one way only, and hold the embedding and the output layer
+            figures = self._figures[key] = (
+                cost.layer_cost(pool, tp, mbs, recompute, sequence_parallel, 1).time_s, sent,
+                cost.stage_extras(pool, tp, mbs, True, False, sequence_parallel)[0] - sent / 2,
+                cost.stage_extras(pool, tp, mbs, False, True, sequence_parallel)[0] - sent / 2)
+        return figures
+
+    def _layer_bytes(self, pool, tp, dp, mbs, ladder) -> tuple[float, float, float]:
+        """(usable bytes per device, bytes of a layer's weights, gradients and optimizer state, the fewest bytes of
+        activations a layer stores per micro-batch in flight on any rung of ``ladder``) of a pool's stages in a mixed
+        pipeline: with the embedding, the output layer and full recomputation's working layer left out, no rung's
+        stage holds more layers than these allow (_balance's memory cap)."""
+        _recompute, _sp, zero = ladder[0]
+        state = WEIGHT_BYTES + GRAD_BYTES + (OPTIMIZER_BYTES / dp if zero else OPTIMIZER_BYTES)
+        layers = [self.cost.layer_cost(pool, tp, mbs, recompute, sp, 1) for recompute, sp, _zero in ladder]
+        return (pool.device.memory_bytes * MEMORY_USABLE_FRACTION,
+                (layers[0].dense_params + layers[0].expert_params) * state,
+                min(layer.stored_bytes for layer in layers))
+
     def _mixed_pipeline_bound(self, runs, stages, dp, mbs, micro, recompute, sequence_parallel,
                               any_order: bool = False) -> float:
         """No split of the layers over these stages runs faster than (micro - 1) x t_max + t_sum (CostModel.evaluate's
@@ -485,27 +523,93 @@ class _Search:
         it). Before balancing: a deep model of small layers over two pools balanced pipelines of hundreds of stages,
         each slower by its sends and bubble than the plans already found (1,000 layers of hidden 512 on 512 H100 +
         512 A100: 1.1 s; QA), and three pools balanced 20,000 pipelines for a 1,024-device GPT-3 (2.2 s).
+        In a given order of the runs, T is also that of whole layers (``_whole_layer_time``): 96 layers on 70 stages
+        cannot share a time that 1.4 layers each would, and the continuous T let 70% of the pipelines a three-pool
+        GPT-3 search balanced through to lose (3.8 s on a slow day; 1.0 s with it, same plans).
         ``any_order``: a bound for every order of the runs (whichever pool holds the embedding and the output layer)."""
-        cost = self.cost
-        layers = self.request.model.layers
-        times = [cost.layer_cost(pool, tp, mbs, recompute, sequence_parallel, 1).time_s for pool, tp, _ in runs]
-        sends = [cost.pp_comm_s(pool, tp, dp, mbs, stages, False, False, 1, True) for pool, tp, _ in runs]
-        # the first and the last stage send one way only, and hold the embedding and the output layer
-        ends = [(cost.stage_extras(pool, tp, mbs, True, False, sequence_parallel)[0] - sent / 2,
-                 cost.stage_extras(pool, tp, mbs, False, True, sequence_parallel)[0] - sent / 2, time)
-                for (pool, tp, _), sent, time in zip(runs, sends, times, strict=True)]
-        if any_order:
-            first, last = min(end[0] for end in ends), min(end[1] for end in ends)
-            share = min(end[0] / end[2] for end in ends) + min(end[1] / end[2] for end in ends)
-        else:
-            first, last = ends[0][0], ends[-1][1]
-            share = first / times[0] + last / times[-1]
-        t_sum = (layers * min(times) + sum(count * sent for (_, _, count), sent in zip(runs, sends, strict=True))
-                 + first + last)
-        speed = sum(count / time for (_, _, count), time in zip(runs, times, strict=True))
-        fixed = sum(count * sent / time for (_, _, count), sent, time in zip(runs, sends, times, strict=True)) + share
-        t_max = max((layers + fixed) / speed, t_sum / stages)
-        return ((micro - 1) * t_max + t_sum) * (1 - 1e-9)  # (the cost model adds the same terms in another order)
+        figures = [self._run_figures(pool, tp, mbs, recompute, sequence_parallel) for pool, tp, _ in runs]
+        return _bound_of_runs(figures, [count for _, _, count in runs], stages, self.request.model.layers, micro,
+                              any_order, True, self.threshold)
+
+
+def _bound_of_runs(figures, counts, stages: int, layers: int, micro: int, any_order: bool, whole_layers: bool,
+                   threshold: float = math.inf) -> float:
+    """_Search._mixed_pipeline_bound of runs of ``counts`` stages with these ``_run_figures``; its whole layers only
+    where the bound without them is below ``threshold`` (the caller compares it with that)."""
+    times = [figure[0] for figure in figures]
+    if any_order:
+        first, last = min(figure[2] for figure in figures), min(figure[3] for figure in figures)
+        share = min(f[2] / f[0] for f in figures) + min(f[3] / f[0] for f in figures)
+    else:
+        first, last = figures[0][2], figures[-1][3]
+        share = first / times[0] + last / times[-1]
+    sends_of = [figure[1] for figure in figures]
+    sends = sum(count * sent for count, sent in zip(counts, sends_of, strict=True))
+    t_sum = layers * min(times) + sends + first + last
+    speed = sum(count / figure[0] for count, figure in zip(counts, figures, strict=True))
+    fixed = sum(count * figure[1] / figure[0] for count, figure in zip(counts, figures, strict=True)) + share
+    t_max = max((layers + fixed) / speed, t_sum / stages)
+    # Whole layers raise t_max by less than a layer of the slowest stage past the continuous T or the largest fixed
+    # time: skipped where even that stays below the threshold, or where the bound is past it already.
+    most = max(t_max, max(sends_of) + max(first, last, 0.0)) + max(times)
+    if whole_layers and (micro - 1) * t_max + t_sum < threshold <= (micro - 1) * most + t_sum:
+        t_max = max(t_max, _whole_layer_time(_stage_groups(figures, counts, first, last, any_order), layers, t_max))
+    return ((micro - 1) * t_max + t_sum) * (1 - 1e-9)  # (the cost model adds the same terms in another order)
+
+
+def _stage_groups(figures, counts, first: float, last: float, any_order: bool) -> list[tuple[int, float, float]]:
+    """The stages of runs as groups of equal ones, (stages, time per layer, fixed time), for _whole_layer_time: in
+    their order, the first stage and the last apart; in any order, each stage's fixed time its sends less the most an
+    end takes off (whichever stages hold the ends, none is faster)."""
+    if any_order:
+        return [(count, per_layer, sent + min(to_first, to_last, 0.0))
+                for count, (per_layer, sent, to_first, to_last) in zip(counts, figures, strict=True)]
+    groups = []
+    for index, (count, (per_layer, sent, _first, _last)) in enumerate(zip(counts, figures, strict=True)):
+        if index == 0:
+            groups.append((1, per_layer, sent + first))
+            count -= 1
+        if index == len(figures) - 1:
+            groups.append((1, per_layer, sent + last))
+            count -= 1
+        if count > 0:
+            groups.append((count, per_layer, sent))
+    return groups
+
+
+def _could_hold(layer_bytes, counts, layers: int, micro: int) -> bool:
+    """Whether pools' parts of a mixed pipeline of ``counts`` stages each, with these ``_Search._layer_bytes``, could
+    hold ``layers`` in some order, on some rung: in any order the stages of a part hold, from its first to its last,
+    at least k, k - 1, ..., 1 micro-batches in flight (1F1B; k its stages, none more than ``micro``), as they would at
+    the end of the pipeline; each stage's memory cap there, summed, bounds what the part holds, and a part whose
+    first stage cannot hold one layer there holds nothing."""
+    if any(state + stored * min(count, micro) > usable
+           for (usable, state, stored), count in zip(layer_bytes, counts, strict=True)):
+        return False
+    held = 0
+    for (usable, state, stored), count in zip(layer_bytes, counts, strict=True):
+        for in_flight in range(count, 0, -1):
+            held += math.floor(usable / (state + stored * min(in_flight, micro)))
+            if held >= layers:
+                return True
+    return False
+
+
+def _whole_layer_time(groups: list[tuple[int, float, float]], layers: int, start: float) -> float:
+    """The least time per micro-batch within which stages holding whole layers, at least one each, hold ``layers``:
+    ``groups`` are (stages, time per layer, fixed time) of equal stages, a few of them; ``start`` a lower bound on it
+    (the continuous optimum). From there each group holds what runs within ``start``; the next layer goes to the
+    group that stays fastest with it until all are held (the greedy of _balance's rounding, without memory caps)."""
+    eaches = [max(1, math.floor((start - fixed) / per_layer + 1e-9)) for _, per_layer, fixed in groups]
+    held = sum(group[0] * each for group, each in zip(groups, eaches, strict=True))
+    slowest = max(fixed + each * per_layer for (_, per_layer, fixed), each in zip(groups, eaches, strict=True))
+    while held < layers:
+        after, index = min((fixed + (each + 1) * per_layer, index)
+                           for index, ((_, per_layer, fixed), each) in enumerate(zip(groups, eaches, strict=True)))
+        eaches[index] += 1
+        held += groups[index][0]
+        slowest = max(slowest, after)
+    return slowest
 
 
 def _boundary_moves(slots: list[tuple[DevicePool, int]], layers: list[int]) -> list[list[int]]:
