@@ -445,9 +445,10 @@ class _Search:
         """Evaluate the cheapest rung of the feature ladder whose layers fit (``runs``: the slots as (pool, tp,
         stages) runs). A rung that cannot fit costs little (balance_layers stops at the memory caps). Bounds on
         the step time skip what cannot rank: before balancing, with per-layer times c_i of the rung, L layers need
-        t_max >= L / sum(1/c_i); after it, the widest stage's layers for every micro-batch. A rung that fits
-        makes the rungs it is never slower than unnecessary (``_dominated``) only where memory held no stage
-        back: otherwise a rung that saves memory may give a faster chip more layers."""
+        t_max >= L / sum(1/c_i) (in whole layers: _whole_layer_time); after it, the widest stage's layers for every
+        micro-batch (the whole pipeline there would skip layouts whose one-layer moves refine_boundaries may make
+        rank). A rung that fits makes the rungs it is never slower than unnecessary (``_dominated``) only where
+        memory held no stage back: otherwise a rung that saves memory may give a faster chip more layers."""
         micro = self.request.global_batch_size // (dp * mbs)
         layer_cost = self.cost.layer_cost
         skipped, fitted = [], []
@@ -536,22 +537,25 @@ def _bound_of_runs(figures, counts, stages: int, layers: int, micro: int, any_or
                    threshold: float = math.inf) -> float:
     """_Search._mixed_pipeline_bound of runs of ``counts`` stages with these ``_run_figures``; its whole layers only
     where the bound without them is below ``threshold`` (the caller compares it with that)."""
-    times = [figure[0] for figure in figures]
-    if any_order:
-        first, last = min(figure[2] for figure in figures), min(figure[3] for figure in figures)
-        share = min(f[2] / f[0] for f in figures) + min(f[3] / f[0] for f in figures)
-    else:
+    # (one pass over the runs: this is called tens of thousands of times per search)
+    speed = fixed = sends = most_sent = slowest = 0.0
+    fastest = first = last = share_first = share_last = math.inf
+    for count, (per_layer, sent, to_first, to_last) in zip(counts, figures, strict=True):
+        speed += count / per_layer
+        fixed += count * sent / per_layer
+        sends += count * sent
+        most_sent, slowest, fastest = max(most_sent, sent), max(slowest, per_layer), min(fastest, per_layer)
+        if any_order:
+            first, last = min(first, to_first), min(last, to_last)
+            share_first, share_last = min(share_first, to_first / per_layer), min(share_last, to_last / per_layer)
+    if not any_order:
         first, last = figures[0][2], figures[-1][3]
-        share = first / times[0] + last / times[-1]
-    sends_of = [figure[1] for figure in figures]
-    sends = sum(count * sent for count, sent in zip(counts, sends_of, strict=True))
-    t_sum = layers * min(times) + sends + first + last
-    speed = sum(count / figure[0] for count, figure in zip(counts, figures, strict=True))
-    fixed = sum(count * figure[1] / figure[0] for count, figure in zip(counts, figures, strict=True)) + share
-    t_max = max((layers + fixed) / speed, t_sum / stages)
+        share_first, share_last = first / figures[0][0], last / figures[-1][0]
+    t_sum = layers * fastest + sends + first + last
+    t_max = max((layers + fixed + share_first + share_last) / speed, t_sum / stages)
     # Whole layers raise t_max by less than a layer of the slowest stage past the continuous T or the largest fixed
     # time: skipped where even that stays below the threshold, or where the bound is past it already.
-    most = max(t_max, max(sends_of) + max(first, last, 0.0)) + max(times)
+    most = max(t_max, most_sent + max(first, last, 0.0)) + slowest
     if whole_layers and (micro - 1) * t_max + t_sum < threshold <= (micro - 1) * most + t_sum:
         t_max = max(t_max, _whole_layer_time(_stage_groups(figures, counts, first, last, any_order), layers, t_max))
     return ((micro - 1) * t_max + t_sum) * (1 - 1e-9)  # (the cost model adds the same terms in another order)
