@@ -393,7 +393,8 @@ class _Search:
         degree and the micro-batch size are collected with a lower bound on their step time in any order of the pools
         (_mixed_pipeline_bound with any_order), then tried from the lowest bound up, each in every order of the
         pools, until the bound passes the threshold (which only falls). Before, they were tried pool order by pool
-        order, and three pools balanced 20,000 pipelines for a 1,024-device GPT-3 (2.2 s; QA)."""
+        order, and three pools balanced 20,000 pipelines for a 1,024-device GPT-3 (2.2 s; QA). A candidate reached
+        is first checked for memory (``_could_hold``) and bounded in whole layers (cheap enough only for those)."""
         req, m = self.request, self.request.model
         gbs = req.global_batch_size
         tps = {pool.name: _tensor_degrees(req, pool) for pool in pools}
