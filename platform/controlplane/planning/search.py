@@ -425,7 +425,7 @@ class _Search:
                     parts = tuple(zip(pools, tp_choice, stage_counts, strict=True))
                     for mbs, figures in figures_of.items():
                         bound = _bound_of_runs(figures, stage_counts, sum(stage_counts), m.layers, gbs // (dp * mbs),
-                                               any_order=True, whole_layers=False)
+                                               any_order=True)
                         if bound <= self.threshold:
                             candidates.append((bound, dp, mbs, ladder, parts))
         candidates.sort(key=itemgetter(0))  # (stable: equal bounds keep the order they were collected in)
@@ -433,11 +433,12 @@ class _Search:
         for bound, dp, mbs, ladder, parts in candidates:
             if bound > self.threshold:
                 break  # (every later one is bounded higher still)
-            if not _could_hold([self._layer_bytes(pool, tp, dp, mbs, ladder) for pool, tp, _ in parts],
-                               [count for *_, count in parts], m.layers, gbs // (dp * mbs)):
+            micro, counts = gbs // (dp * mbs), [count for *_, count in parts]
+            if not _could_hold([self._layer_bytes(pool, tp, dp, mbs, ladder) for pool, tp, _ in parts], counts,
+                               m.layers, micro):
                 continue
-            if self._mixed_pipeline_bound(parts, sum(count for *_, count in parts), dp, mbs, gbs // (dp * mbs), "none",
-                                          ladder[0][1], any_order=True) > self.threshold:
+            if self._mixed_pipeline_bound(parts, sum(counts), dp, mbs, micro, "none", ladder[0][1],
+                                          any_order=True) > self.threshold:
                 continue
             for order in orders:  # each pool's part of the pipeline in turn
                 self._fit_heterogeneous(ladder, tuple(parts[i] for i in order), dp, mbs)
@@ -508,8 +509,7 @@ class _Search:
         activations a layer stores per micro-batch in flight on any rung of ``ladder``) of a pool's stages in a mixed
         pipeline: with the embedding, the output layer and full recomputation's working layer left out, no rung's
         stage holds more layers than these allow (_balance's memory cap)."""
-        _recompute, _sp, zero = ladder[0]
-        state = WEIGHT_BYTES + GRAD_BYTES + (OPTIMIZER_BYTES / dp if zero else OPTIMIZER_BYTES)
+        state = _state_bytes_per_parameter(dp, ladder[0][2])
         layers = [self.cost.layer_cost(pool, tp, mbs, recompute, sp, 1) for recompute, sp, _zero in ladder]
         return (pool.device.memory_bytes * MEMORY_USABLE_FRACTION,
                 (layers[0].dense_params + layers[0].expert_params) * state,
@@ -531,13 +531,13 @@ class _Search:
         ``any_order``: a bound for every order of the runs (whichever pool holds the embedding and the output layer)."""
         figures = [self._run_figures(pool, tp, mbs, recompute, sequence_parallel) for pool, tp, _ in runs]
         return _bound_of_runs(figures, [count for _, _, count in runs], stages, self.request.model.layers, micro,
-                              any_order, True, self.threshold)
+                              any_order, self.threshold)
 
 
-def _bound_of_runs(figures, counts, stages: int, layers: int, micro: int, any_order: bool, whole_layers: bool,
+def _bound_of_runs(figures, counts, stages: int, layers: int, micro: int, any_order: bool,
                    threshold: float = math.inf) -> float:
     """_Search._mixed_pipeline_bound of runs of ``counts`` stages with these ``_run_figures``; its whole layers only
-    where the bound without them is below ``threshold`` (the caller compares it with that)."""
+    where the bound without them is below ``threshold`` (the caller compares it with that; without one, never)."""
     # (one pass over the runs: this is called tens of thousands of times per search)
     speed = fixed = sends = most_sent = slowest = 0.0
     fastest = first = last = share_first = share_last = math.inf
@@ -557,7 +557,7 @@ def _bound_of_runs(figures, counts, stages: int, layers: int, micro: int, any_or
     # Whole layers raise t_max by less than a layer of the slowest stage past the continuous T or the largest fixed
     # time: skipped where even that stays below the threshold, or where the bound is past it already.
     most = max(t_max, most_sent + max(first, last, 0.0)) + slowest
-    if whole_layers and (micro - 1) * t_max + t_sum < threshold <= (micro - 1) * most + t_sum:
+    if (micro - 1) * t_max + t_sum < threshold <= (micro - 1) * most + t_sum:
         t_max = max(t_max, _whole_layer_time(_stage_groups(figures, counts, first, last, any_order), layers, t_max))
     return ((micro - 1) * t_max + t_sum) * (1 - 1e-9)  # (the cost model adds the same terms in another order)
 
@@ -649,6 +649,12 @@ def balance_layers(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int
     return _balance(cost, slots, dp, mbs, recompute, sequence_parallel, zero)[0]
 
 
+def _state_bytes_per_parameter(dp: int, zero: bool) -> float:
+    """Bytes of weights, gradients and optimizer state per parameter of a stage whose layers _balance splits (its
+    pipelines stop at ZeRO-1: with ``zero``, the optimizer state is sharded over DP)."""
+    return WEIGHT_BYTES + GRAD_BYTES + (OPTIMIZER_BYTES / dp if zero else OPTIMIZER_BYTES)
+
+
 def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs: int, recompute: str,
              sequence_parallel: bool, zero: bool) -> tuple[list[int] | None, bool]:
     """Layers per stage for a pipeline of ``slots`` (pool, tp), or None when the model cannot fit; and whether
@@ -664,8 +670,7 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
     if p > total:
         return None, False
     micro = req.global_batch_size // (dp * mbs)
-    optimizer_share = OPTIMIZER_BYTES / dp if zero else OPTIMIZER_BYTES
-    state_bytes = WEIGHT_BYTES + GRAD_BYTES + optimizer_share
+    state_bytes = _state_bytes_per_parameter(dp, zero)
     per_layer, fixed, caps = [], [], []
     profiles: dict[tuple, tuple] = {}
     heterogeneous = len({pool.name for pool, _tp in slots}) > 1
