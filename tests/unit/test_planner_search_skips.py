@@ -1,7 +1,8 @@
 """What the planner's search skips without changing its answer: a homogeneous split, TP, DP and EP whose weights,
 gradients and optimizer state alone cannot fit (``_Search._state_cannot_fit``); a mixed pipeline whose bubble loses
 (``search._pipeline_at_least``, part of ``_bound_of_runs``), and, after balancing, one too slow to rank or be refined
-(``_Search._balanced_pipeline_s``). Each is checked against every integer split or against the search without it."""
+(``_Search._balanced_pipeline_s``). Each is checked against every integer split or against the search without it.
+And the split a mixed pipeline tries beside its even one, whose bubble is shorter (``search._shorten_bubble``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from controlplane.planning import (
     device_type_from_facts,
     plan,
 )
-from controlplane.planning.search import _balance, _bound_of_runs, _feature_ladder
+from controlplane.planning.search import _balance, _bound_of_runs, _feature_ladder, _shorten_bubble
 
 
 def _shown(result):
@@ -147,7 +148,7 @@ def test_the_balanced_pipeline_is_the_cost_models_pipeline():
         for dp, mbs in [(1, 1), (2, 2), (1, 4)]:
             for recompute, sp, zero in _feature_ladder(request, max(tp for _, tp, _ in runs), dp):
                 slots = [(pool, tp) for pool, tp, count in runs for _ in range(count)]
-                layers, _capped = _balance(cost, slots, dp, mbs, recompute, sp, zero)
+                layers, _capped, _shorter = _balance(cost, slots, dp, mbs, recompute, sp, zero)
                 if layers is None:
                     continue
                 stages = tuple(Stage(pool.name, tp, n) for (pool, tp), n in zip(slots, layers, strict=True))
@@ -178,3 +179,57 @@ def test_pipelines_whose_bubble_loses_are_skipped_with_the_same_plan():
     assert bounded.best.layout.heterogeneous
     assert _shown(bounded) == _shown(reference)
     assert bounded.candidates_evaluated < 300, bounded.candidates_evaluated
+
+
+# -- mixed: a shorter bubble than even stage times give ---------------------------------------------------------
+
+def test_shorten_bubble_by_hand():
+    # Stages of 1 and 2 s per layer, 4 and 2 layers: both take 4 s. Moving a layer to the fast stage (5 and 2 s)
+    # saves 2 - 1 = 1 s of the stage sum and adds 1 s to the widest stage, paid by micro - 1 micro-batches.
+    for micro, expected in [(1, [5, 1]), (2, [4, 2]), (3, [4, 2])]:  # (at 2 it is a tie: kept)
+        counts = [4, 2]
+        _shorten_bubble(counts, [1.0, 2.0], [0.0, 0.0], [10, 10], micro)
+        assert counts == expected, micro
+    # A fast stage with time to spare takes a layer for nothing, whatever the micro-batches: 2 + 1 <= 4.
+    counts = [2, 2]
+    _shorten_bubble(counts, [1.0, 2.0], [0.0, 0.0], [10, 10], 50)
+    assert counts == [3, 1]
+    # ... but not past its memory cap, and the slow stage keeps one layer
+    counts = [4, 2]
+    _shorten_bubble(counts, [1.0, 2.0], [0.0, 0.0], [4, 10], 1)
+    assert counts == [4, 2]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 1.3, 2.0, 3.7]), st.sampled_from([0.0, 0.2, 1.5]),
+                          st.integers(1, 6), st.integers(1, 8)), min_size=2, max_size=5), st.integers(1, 12))
+def test_shorten_bubble_never_lengthens_the_pipeline_and_keeps_every_layer(stages, micro):
+    per_layer = [c for c, _, _, _ in stages]
+    fixed = [f for _, f, _, _ in stages]
+    counts = [n for _, _, n, _ in stages]
+    caps = [max(n, cap) for _, _, n, cap in stages]
+    before = list(counts)
+    _shorten_bubble(counts, per_layer, fixed, caps, micro)
+
+    def pipeline(split):
+        return _pipeline([f + n * c for f, n, c in zip(fixed, split, per_layer, strict=True)], micro)
+
+    assert sum(counts) == sum(before)
+    assert all(1 <= n <= cap for n, cap in zip(counts, caps, strict=True))
+    assert pipeline(counts) <= pipeline(before) + 1e-9
+
+
+def test_few_micro_batches_give_the_fast_chip_more_layers_than_even_stage_times():
+    """8 sequences on DP 4: two micro-batches, so every stage's time counts once more in the bubble. Even stage
+    times put 6 layers on the L40S; the search without bounds reached 2 by refine_boundaries' one-layer moves, which
+    the bounded search applies only near the ranking threshold, so a faster mixed layout was missing from the
+    alternatives (0.1328 s shown, 0.1314 s existed). Now the split with the shorter bubble is tried beside the even one
+    (1 L40S layer, 0.1228 s), and the plan and alternatives are those of the search without bounds."""
+    from tests.unit.test_planner_norm_recompute import _reference_plan
+
+    model = ModelSpec(layers=30, hidden=2048, heads=8, seq_len=2048, vocab=32000, dropout=False)
+    request = PlanRequest(model, 8, _three_pools(1, 4), PlanOptions(max_alternatives=3))
+    bounded, reference = plan(request), _reference_plan(request)
+    assert _shown(bounded) == _shown(reference)
+    mixed = [p for p in (bounded.best, *bounded.alternatives) if p.layout.heterogeneous]
+    assert mixed and min(p.step_time_s for p in mixed) < 0.125

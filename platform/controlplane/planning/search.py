@@ -494,26 +494,30 @@ class _Search:
                     self._mixed_pipeline_bound(runs, stage_count, dp, mbs, micro, recompute, sp) > self.threshold:
                 continue
             self.evaluated += 1
-            layers, capped = _balance(self.cost, slots, dp, mbs, recompute, sp, zero)
+            layers, capped, shorter = _balance(self.cost, slots, dp, mbs, recompute, sp, zero)
             if layers is None:
                 skipped.append((recompute, sp, zero, None))
                 continue
             if not capped:  # (where memory held a stage back, a rung saving memory may balance the layers better)
                 fitted.append(rung)
-            # (run by run: a run's stages share their time per layer, so its widest is its stage of most layers)
-            widest, start = 0.0, 0
-            for pool, tp, count in runs:
-                per_layer = layer_cost(pool, tp, mbs, recompute, sp, 1).time_s
-                widest = max(widest, max(layers[start:start + count]) * per_layer)
-                start += count
-            if micro * widest > self.threshold:
-                continue
-            if self._balanced_pipeline_s(runs, layers, mbs, micro, recompute, sp) > REFINE_WINDOW * self.threshold:
-                continue
-            stages = tuple(Stage(pool.name, tp, n) for (pool, tp), n in zip(slots, layers, strict=True))
-            layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
-                            sequence_parallel=sp)
-            self._consider(layout, _ladder_note(skipped, rung, [done for done in fitted if done != rung]))
+            note = _ladder_note(skipped, rung, [done for done in fitted if done != rung])
+            for split in (layers, shorter) if shorter else (layers,):
+                self.evaluated += split is shorter
+                # (run by run: a run's stages share their time per layer, so its widest is its stage of most layers)
+                widest, start = 0.0, 0
+                for pool, tp, count in runs:
+                    per_layer = layer_cost(pool, tp, mbs, recompute, sp, 1).time_s
+                    widest = max(widest, max(split[start:start + count]) * per_layer)
+                    start += count
+                if micro * widest > self.threshold:
+                    continue
+                if self._balanced_pipeline_s(runs, split, mbs, micro, recompute, sp) > \
+                        REFINE_WINDOW * self.threshold:
+                    continue
+                stages = tuple(Stage(pool.name, tp, n) for (pool, tp), n in zip(slots, split, strict=True))
+                layout = Layout(dp=dp, stages=stages, micro_batch_size=mbs, recompute=recompute, zero=zero,
+                                sequence_parallel=sp)
+                self._consider(layout, note)
 
     def _run_figures(self, pool, tp, mbs, recompute, sequence_parallel) -> tuple[float, float, float, float]:
         """(time per layer, sends per micro-batch of a middle stage, what the first and what the last stage adds to
@@ -733,9 +737,11 @@ def _state_bytes_per_parameter(dp: int, zero: bool) -> float:
 
 
 def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs: int, recompute: str,
-             sequence_parallel: bool, zero: bool) -> tuple[list[int] | None, bool]:
-    """Layers per stage for a pipeline of ``slots`` (pool, tp), or None when the model cannot fit; and whether
-    memory held a stage back (a stage got as many layers as fit in its memory, fewer than the model has).
+             sequence_parallel: bool, zero: bool) -> tuple[list[int] | None, bool, list[int] | None]:
+    """Layers per stage for a pipeline of ``slots`` (pool, tp), or None when the model cannot fit; whether
+    memory held a stage back (a stage got as many layers as fit in its memory, fewer than the model has); and the
+    split whose pipeline is shorter still (``_shorten_bubble``), or None when there is none. The step also holds
+    each stage's gradient sync and optimizer step, which the shorter split may lengthen: the caller weighs both.
 
     Each stage's time per micro-batch and memory are linear in its layer count (a per-layer part plus a
     fixed part: embedding, output layer, point-to-point sends). Find the smallest common time T such that
@@ -745,7 +751,7 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
     total = req.model.layers
     p = len(slots)
     if p > total:
-        return None, False
+        return None, False, None
     micro = req.global_batch_size // (dp * mbs)
     state_bytes = _state_bytes_per_parameter(dp, zero)
     per_layer, fixed, caps = [], [], []
@@ -769,10 +775,10 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
         fixed.append(f)
         cap = math.floor(room / (static_bytes + stored_bytes * min(p - index, micro)))
         if cap < 1:
-            return None, False
+            return None, False, None
         caps.append(min(cap, total))
     if sum(caps) < total:
-        return None, False
+        return None, False, None
     # The continuous optimum, stage caps included: stages whose share would exceed their cap are held at it.
     free = set(range(p))
     held = 0
@@ -799,7 +805,7 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
         heapq.heapify(heap)
         while deficit > 0:
             if not heap:
-                return None, False
+                return None, False, None
             _, i = heapq.heappop(heap)
             counts[i] += 1
             deficit -= 1
@@ -817,8 +823,68 @@ def _balance(cost: CostModel, slots: list[tuple[DevicePool, int]], dp: int, mbs:
             if counts[i] > 1:
                 heapq.heappush(heap, (-(fixed[i] + counts[i] * per_layer[i]), i))
     if min(counts) < 1:
-        return None, False
-    return counts, any(count >= cap and cap < total for count, cap in zip(counts, caps, strict=True))
+        return None, False, None
+    shorter = list(counts)
+    _shorten_bubble(shorter, per_layer, fixed, caps, micro)
+    return (counts, any(count >= cap and cap < total for count, cap in zip(counts, caps, strict=True)),
+            shorter if shorter != counts else None)
+
+
+def _shorten_bubble(counts: list[int], per_layer: list[float], fixed: list[float], caps: list[int],
+                    micro: int) -> None:
+    """Move layers from stages of slower layers to stages of faster ones while the pipeline, (micro - 1) x t_max +
+    sum t_i, gets shorter. Even stage times minimise t_max, not the pipeline: a layer moved from a slow chip to a fast
+    one saves c_slow - c_fast of the bubble every step, and costs (micro - 1) x what it adds to the widest stage, which
+    is nothing where the fast stage had that much time to spare. With few micro-batches per replica the bubble
+    decides: before, 8 sequences on DP 4 of H100 + A100 + L40S ran their L40S stage at 6 layers where 1 was faster
+    (the search without bounds reached 2 by refine_boundaries' one-layer moves). Each step takes the best one-layer
+    move, then repeats it in doubling batches while the pipeline keeps getting shorter (a 1,000-layer model moves
+    hundreds of layers)."""
+    kinds = sorted(set(per_layer))
+    if len(kinds) < 2:
+        return
+    members = [[i for i, c in enumerate(per_layer) if c == kind] for kind in kinds]
+    times = [f + n * c for f, n, c in zip(fixed, counts, per_layer, strict=True)]
+    current = (micro - 1) * max(times) + sum(times)
+    while True:
+        widest = max(times)
+        best_gain, best_move = 1e-12 * current, None
+        for fast in range(len(kinds) - 1):
+            receivers = [i for i in members[fast] if counts[i] < caps[i]]
+            if not receivers:
+                continue
+            receiver = min(receivers, key=times.__getitem__)
+            for slow in range(fast + 1, len(kinds)):
+                givers = [i for i in members[slow] if counts[i] > 1]
+                if not givers:
+                    continue
+                giver = max(givers, key=times.__getitem__)
+                rest = max((t for i, t in enumerate(times) if i != receiver and i != giver), default=0.0)
+                after = max(rest, times[receiver] + kinds[fast], times[giver] - kinds[slow])
+                gain = (micro - 1) * (widest - after) + kinds[slow] - kinds[fast]
+                if gain > best_gain:
+                    best_gain, best_move = gain, (receiver, giver)
+        if best_move is None:
+            return
+        receiver, giver = best_move
+        batch = 1
+        while True:
+            moved = min(batch, caps[receiver] - counts[receiver], counts[giver] - 1)
+            if moved < 1:
+                break
+            times[receiver] += moved * per_layer[receiver]
+            times[giver] -= moved * per_layer[giver]
+            pipeline = (micro - 1) * max(times) + sum(times)
+            if pipeline >= current * (1 - 1e-12):  # too far: undo, and look for the best move again
+                times[receiver] -= moved * per_layer[receiver]
+                times[giver] += moved * per_layer[giver]
+                break
+            counts[receiver] += moved
+            counts[giver] -= moved
+            current = pipeline
+            if moved < batch:
+                break
+            batch *= 2
 
 
 # Recomputation modes whose step is never slower than another's (the same layout otherwise): none before all,
