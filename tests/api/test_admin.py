@@ -78,7 +78,7 @@ class _AdminForm(HTMLParser):
             self.data[self._textarea][0] += data.lstrip("\n") if not self.data[self._textarea][0] else data
 
 
-def _post_change(client, model, pk, **changes):
+def _post_change(client, model, pk, expect=302, **changes):
     url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_change", args=[pk])
     parser = _AdminForm()
     parser.feed(client.get(url).content.decode())
@@ -89,7 +89,8 @@ def _post_change(client, model, pk, **changes):
         else:
             data[key] = [value]
     response = client.post(url, data)
-    assert response.status_code == 302, response.content.decode()[:3000]
+    assert response.status_code == expect, response.content.decode()[:3000]
+    return response
 
 
 def test_operator_writes_in_the_admin_are_audited(operator_client, world, demo_cluster):
@@ -170,6 +171,83 @@ def test_cluster_queue_added_in_the_admin_with_teams_is_restricted(operator_clie
     assert response.status_code == 302, response.content.decode()[:3000]
     queue = ClusterQueue.objects.get(name="alpha-only")
     assert queue.open_to_all_teams is False
+
+
+def _quota_row(queue, slug):
+    """The admin's inline index of the queue's quota of `slug` (the inline lists them in the model's order)."""
+    return list(queue.quotas.values_list("accelerator_type__slug", flat=True)).index(slug)
+
+
+def _refusal(response):
+    """The queue form's field errors, the quota rows' field errors (by index) and the quota inline's own errors."""
+    formset = response.context["inline_admin_formsets"][0].formset
+    return (dict(response.context["adminform"].form.errors),
+            {index: dict(errors) for index, errors in enumerate(formset.errors) if errors},
+            list(formset.non_form_errors()))
+
+
+def test_the_admin_refuses_a_borrowing_or_lending_limit_without_a_cohort(operator_client, world):
+    """QA (2026-12-07): the API refuses a borrowing or lending limit on a queue in no cohort, and leaving the cohort
+    while such a limit stays (tests/api/test_operator_qa.py); the admin saved both. Its quota rows now keep the same
+    rule (ClusterQueue.quotas_needing_cohort): the error under the limit, and above the rows naming the cohort."""
+    from controlplane.quotas.models import ClusterQueue
+
+    queue = world["cluster_queue"]
+    h100, a100 = _quota_row(queue, "nvidia-h100"), _quota_row(queue, "nvidia-a100")
+    _post_change(operator_client, ClusterQueue, queue.pk, **{f"quotas-{h100}-borrowing_limit": "8"})  # in cohort all
+    assert queue.quotas.get(accelerator_type__slug="nvidia-h100").borrowing_limit == 8
+
+    # leaving the cohort while the limit stays
+    refused = _post_change(operator_client, ClusterQueue, queue.pk, expect=200, cohort="")
+    fields, rows, above = _refusal(refused)
+    assert fields == {}
+    assert list(rows) == [h100] and list(rows[h100]) == ["borrowing_limit"], rows
+    assert "needs a cohort" in rows[h100]["borrowing_limit"][0]
+    assert len(above) == 1 and "nvidia-h100" in above[0] and "set cohort" in above[0], above
+    assert ClusterQueue.objects.get(pk=queue.pk).cohort == "all"
+
+    # leaving it and clearing the limit in one save is fine, as the API's PATCH with quotas free of limits
+    _post_change(operator_client, ClusterQueue, queue.pk, cohort="", **{f"quotas-{h100}-borrowing_limit": ""})
+    queue.refresh_from_db()
+    assert queue.cohort == "" and queue.quotas.get(accelerator_type__slug="nvidia-h100").borrowing_limit is None
+
+    # a lending limit set on a queue in no cohort
+    refused = _post_change(operator_client, ClusterQueue, queue.pk, expect=200,
+                           **{f"quotas-{a100}-lending_limit": "4"})
+    fields, rows, above = _refusal(refused)
+    assert list(rows) == [a100] and list(rows[a100]) == ["lending_limit"], rows
+    assert "nvidia-a100" in above[0]
+    assert queue.quotas.get(accelerator_type__slug="nvidia-a100").lending_limit is None
+
+    # a queue added in no cohort with a limit
+    url = reverse("admin:quotas_clusterqueue_add")
+    parser = _AdminForm()
+    parser.feed(operator_client.get(url).content.decode())
+    data = {key: values for key, values in parser.data.items()
+            if key != "csrfmiddlewaretoken" and "__prefix__" not in key}
+    h100_type = queue.quotas.get(accelerator_type__slug="nvidia-h100").accelerator_type_id
+    data.update({"name": ["solo"], "quotas-TOTAL_FORMS": ["1"], "quotas-0-accelerator_type": [str(h100_type)],
+                 "quotas-0-nominal_quota": ["4"], "quotas-0-borrowing_limit": ["4"]})
+    refused = operator_client.post(url, data)
+    assert refused.status_code == 200
+    assert list(_refusal(refused)[1]) == [0] and "borrowing_limit" in _refusal(refused)[1][0]
+    assert not ClusterQueue.objects.filter(name="solo").exists()
+    data["cohort"] = ["pool"]
+    assert operator_client.post(url, data).status_code == 302
+    assert ClusterQueue.objects.get(name="solo").quotas.get().borrowing_limit == 4
+
+
+def test_the_admin_keeps_the_teams_of_a_cluster_queues_local_queues(operator_client, world):
+    """QA (2026-12-07): the API's PATCH refuses teams that leave out a team whose local queues use the queue (409);
+    the admin saved them, and beta's queue stayed on a cluster queue closed to beta."""
+    from controlplane.quotas.models import ClusterQueue
+
+    queue = world["cluster_queue"]
+    refused = _post_change(operator_client, ClusterQueue, queue.pk, expect=200, teams=str(world["alpha"]["team"].pk))
+    fields = _refusal(refused)[0]
+    assert list(fields) == ["teams"] and "beta/default" in fields["teams"][0], fields
+    queue.refresh_from_db()
+    assert not queue.teams.exists() and queue.open_to_all_teams is True
 
 
 def test_the_admin_leaves_observed_node_fields_to_the_reconciler_and_keeps_pools_with_nodes(operator_client, world,

@@ -60,6 +60,20 @@ class ClusterQueue(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def quotas_needing_cohort(self, quotas=None) -> list[ResourceQuota]:
+        """Of `quotas` (by default its stored ones), those that set a borrowing or lending limit while this queue is
+        in no cohort: as Kueue, such a limit needs a cohort (QA, 2026-11-29: accepted, and silently did nothing; a
+        queue of nominal 0 + borrowing 8 then refused every job as "no quota"). The one rule of the API's services
+        (a PATCH that leaves the cohort, quotas sent in no cohort) and of the Django admin (ResourceQuota.clean)."""
+        if self.cohort:
+            return []
+        if quotas is None:
+            quotas = self.quotas.select_related("accelerator_type") if self.pk is not None else []
+        return [quota for quota in quotas if quota.limits_set()]
+
+
+QUOTA_LIMITS = ("borrowing_limit", "lending_limit")
+
 
 class ResourceQuota(models.Model):
     cluster_queue = models.ForeignKey(ClusterQueue, on_delete=models.CASCADE, related_name="quotas")
@@ -79,10 +93,28 @@ class ResourceQuota(models.Model):
     def __str__(self) -> str:
         return f"{self.cluster_queue}: {self.nominal_quota} x {self.accelerator_type}"
 
+    def limits_set(self) -> list[str]:
+        """The limits (borrowing_limit, lending_limit) this quota sets."""
+        return [limit for limit in QUOTA_LIMITS if getattr(self, limit) is not None]
+
     def clean(self):
+        errors: dict[str, list[ValidationError]] = {}
         if self.lending_limit is not None and self.nominal_quota is not None \
                 and self.lending_limit > self.nominal_quota:
-            raise ValidationError({"lending_limit": "cannot lend more than the nominal quota"})
+            errors["lending_limit"] = [ValidationError("cannot lend more than the nominal quota")]
+        # Its queue as it is about to be saved (the services set it, the admin's inline gives the queue's form
+        # instance, with the cohort just entered): a limit needs a cohort.
+        try:
+            queue = self.cluster_queue
+        except ClusterQueue.DoesNotExist:
+            queue = None
+        if queue is not None and queue.quotas_needing_cohort([self]):
+            for limit in self.limits_set():
+                errors.setdefault(limit, []).append(ValidationError(
+                    f"a {limit} needs a cohort to borrow from or lend to, and cluster queue {queue.name or '(new)'} is "
+                    f"in none (set cohort, or leave {limit} out)", code="needs_cohort"))
+        if errors:
+            raise ValidationError(errors)
 
 
 class LocalQueue(models.Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 
 from controlplane.cluster.models import AcceleratorType
@@ -64,21 +65,15 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
     cohort_before = queue.cohort
     changes = {}
     if teams:
-        kept = {team.pk for team in teams}
-        stranded = sorted(f"{q.team.name}/{q.name}" for q in queue.local_queues.select_related("team")
-                          if q.team_id not in kept)
-        if stranded:
-            raise ConflictError(f"local queues of other teams use cluster queue {queue.name}: {', '.join(stranded)}; "
-                                "point them at another cluster queue, or delete them, first")
+        cluster_queue_teams_check(queue=queue, teams=teams)
     if cohort is not None:
-        if not cohort and quotas is None:
-            limited = sorted(q.accelerator_type.slug for q in queue.quotas.select_related("accelerator_type")
-                             if q.borrowing_limit is not None or q.lending_limit is not None)
+        queue.cohort = changes["cohort"] = cohort
+        if quotas is None:  # (quotas sent are checked as they replace these: _quotas_replace)
+            limited = sorted(q.accelerator_type.slug for q in queue.quotas_needing_cohort())
             if limited:
                 raise ValidationFailed(f"cluster queue {queue.name}'s quotas for {', '.join(limited)} set a borrowing "
                                        "or lending limit, which needs a cohort: send quotas without them in the same "
                                        "request", field="cohort")
-        queue.cohort = changes["cohort"] = cohort
     if description is not None:
         queue.description = changes["description"] = description
     if preemption_within_queue is not None:
@@ -118,6 +113,17 @@ def cluster_queue_update(*, actor, queue: ClusterQueue, cohort: str | None = Non
     return queue, over
 
 
+def cluster_queue_teams_check(*, queue: ClusterQueue, teams) -> None:
+    """ConflictError unless `teams` (some: the queue closes to the others) keep every team whose local queues use
+    `queue` (the API's PATCH and the Django admin)."""
+    kept = {team.pk for team in teams}
+    stranded = sorted(f"{q.team.name}/{q.name}" for q in queue.local_queues.select_related("team")
+                      if q.team_id not in kept)
+    if stranded:
+        raise ConflictError(f"local queues of other teams use cluster queue {queue.name}: {', '.join(stranded)}; "
+                            "point them at another cluster queue, or delete them, first")
+
+
 def _quotas_replace(*, queue: ClusterQueue, quotas) -> None:
     types = {accel.slug: accel for accel in AcceleratorType.objects.all()}
     seen = set()
@@ -129,30 +135,25 @@ def _quotas_replace(*, queue: ClusterQueue, quotas) -> None:
         if slug in seen:
             raise ValidationFailed(f"quotas[{index}]: {slug} is listed twice", field="quotas")
         seen.add(slug)
-        if not queue.cohort:  # as Kueue: limits on borrowing and lending need a cohort (QA, 2026-11-29: accepted,
-            # and silently did nothing; a queue of nominal 0 + borrowing 8 then refused every job as "no quota")
-            for limit in ("borrowing_limit", "lending_limit"):
-                if item.get(limit) is not None:
-                    raise ValidationFailed(f"quotas[{index}]: {slug}: a {limit} needs a cohort to borrow from or lend "
-                                           f"to, and cluster queue {queue.name} is in none (set cohort, or leave "
-                                           f"{limit} out)", field="quotas")
         quota = ResourceQuota(cluster_queue=queue, accelerator_type=types[slug],
                               nominal_quota=item.get("nominal_quota"),
                               borrowing_limit=item.get("borrowing_limit"),
                               lending_limit=item.get("lending_limit"))
-        try:
+        try:  # (its clean() refuses a borrowing or lending limit in no cohort: ClusterQueue.quotas_needing_cohort)
             quota.full_clean(exclude=["cluster_queue"])
-        except Exception as exc:
-            raise ValidationFailed(f"quotas[{index}]: {_first_message(exc)}", field="quotas") from exc
+        except DjangoValidationError as exc:
+            raise ValidationFailed(f"quotas[{index}]: {_quota_message(exc, slug)}", field="quotas") from exc
         rows.append(quota)
     queue.quotas.all().delete()
     ResourceQuota.objects.bulk_create(rows)
 
 
-def _first_message(exc) -> str:
-    if hasattr(exc, "message_dict"):
-        return "; ".join(f"{key}: {' '.join(msgs)}" for key, msgs in exc.message_dict.items())
-    return str(exc)
+def _quota_message(exc: DjangoValidationError, slug: str) -> str:
+    """A quota's model errors in one line: each under its field, a limit that needs a cohort under its type."""
+    if not hasattr(exc, "error_dict"):
+        return " ".join(exc.messages)
+    return "; ".join(f"{slug if error.code == 'needs_cohort' else key}: {' '.join(error.messages)}"
+                     for key, errors in exc.error_dict.items() for error in errors)
 
 
 @transaction.atomic
