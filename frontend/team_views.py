@@ -13,8 +13,10 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from controlplane.tenancy.models import Role
-from controlplane.tenancy.selectors import api_tokens_visible, membership_list, roles_by_team
+from controlplane.tenancy.selectors import api_tokens_visible_latest, membership_list, roles_by_team
 from frontend.views import _base_context
+
+TOKENS_SHOWN = 50  # per team, newest first; revoked tokens stay listed (the API's paged list has them all)
 
 
 @login_required
@@ -25,7 +27,8 @@ def team_settings(request):
     for membership in membership_list(team_ids=team_ids).order_by("user__username"):
         members[membership.team_id].append(membership)
     tokens = defaultdict(list)
-    for token in api_tokens_visible(user=request.user, team_ids=team_ids):
+    latest, token_totals = api_tokens_visible_latest(user=request.user, team_ids=team_ids, limit=TOKENS_SHOWN)
+    for token in latest:
         tokens[token.team_id].append(token)
     teams = list(context["teams"])
     for team in teams:
@@ -34,5 +37,6 @@ def team_settings(request):
         team.member_rows = members.get(team.pk, [])
         team.admin_count = sum(1 for m in team.member_rows if m.role == Role.ADMIN)
         team.token_rows = tokens.get(team.pk, [])
+        team.token_total = token_totals.get(team.pk, 0)
     context.update({"team_rows": teams, "roles": Role.choices})
     return render(request, "frontend/team.html", context)

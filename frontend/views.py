@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.db.models import Count
 from django.shortcuts import render
 
@@ -26,7 +27,7 @@ from controlplane.cluster.selectors import (
     simulated_pool_flags,
 )
 from controlplane.datasets.models import DatasetFormat
-from controlplane.datasets.selectors import dataset_list, dataset_version_list
+from controlplane.datasets.selectors import dataset_list, dataset_versions_latest
 from controlplane.quotas.selectors import cluster_queue_list, local_queue_list, priority_class_list
 from controlplane.tenancy.models import Role
 from controlplane.tenancy.selectors import roles_by_team, team_list, visible_team_ids
@@ -107,6 +108,8 @@ def _id_param(value: str) -> int | None:
 # often-scaled deployment gathers thousands, and the live page re-renders every 3 s. The API lists them all (paged).
 TIMELINE_LIMIT = 100
 WAITING_LIMIT = 100  # waiting jobs listed on the Queues page
+DATASETS_PER_PAGE = 50  # the Datasets page, as the jobs list
+VERSIONS_SHOWN = 20  # the latest versions of each dataset there
 
 
 def _timeline(events, *, api: str) -> dict:
@@ -231,17 +234,21 @@ def queues(request):
 @login_required
 def datasets(request):
     team_ids, context = _base_context(request, "datasets")
+    # paged like the jobs list, and each dataset's latest versions (the API's paged list has them all): the page
+    # listed every version of every dataset
+    page = Paginator(dataset_list(team_ids=team_ids), DATASETS_PER_PAGE).get_page(request.GET.get("page"))
+    rows = list(page.object_list)
     versions = defaultdict(list)
-    for version in dataset_version_list(team_ids=team_ids).order_by("-version"):
+    for version in dataset_versions_latest(team_ids=team_ids, dataset_ids=[dataset.pk for dataset in rows],
+                                           limit=VERSIONS_SHOWN):
         versions[version.dataset_id].append(version)
     roles = roles_by_team(user=request.user, team_ids=team_ids)
-    rows = list(dataset_list(team_ids=team_ids))
     for dataset in rows:
         dataset.version_rows = versions.get(dataset.pk, [])
         dataset.can_write = roles.get(dataset.team_id) in ("admin", "member")
     writable = [team for team in context["teams"] if roles.get(team.pk) in ("admin", "member")]
     context.update({
-        "datasets": rows,
+        "datasets": rows, "page": page,
         "writable_teams": writable,
         "read_only_teams": [team for team in context["teams"] if team not in writable],
         "formats": DatasetFormat.choices,

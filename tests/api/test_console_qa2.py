@@ -125,3 +125,61 @@ def test_the_deployments_list_is_paged_like_the_jobs_list(world):
     assert names("/deployments/?page=99")[0] == last and names("/deployments/?page=x")[0] == first
     deleted, html = names("/deployments/?state=deleted&page=2")
     assert len(deleted) == 10 and 'href="?state=DELETED&amp;page=1"' in html
+
+
+def test_the_datasets_page_is_paged_and_shows_each_datasets_latest_versions(world, django_assert_max_num_queries):
+    """The Datasets page listed every dataset of the user's teams with every version of each (one dataset registered
+    nightly for years made one page of thousands of rows). It shows 50 datasets a page with the jobs list's pager, and
+    each dataset's latest 20 versions, saying how many there are, with a link to the API's paged list of them all."""
+    from controlplane.datasets.models import Dataset, DatasetVersion
+
+    alpha = world["alpha"]
+    datasets = Dataset.objects.bulk_create([Dataset(team=alpha["team"], name=f"ds-{i:02d}") for i in range(55)])
+    big = datasets[0]
+    DatasetVersion.objects.bulk_create([DatasetVersion(dataset=big, version=v, uri=f"s3://b/{v}/")
+                                        for v in range(1, 26)])
+    DatasetVersion.objects.create(dataset=datasets[1], version=1, uri="s3://b/one/")
+    client = session(alpha["viewer"])
+    with django_assert_max_num_queries(20):
+        html = client.get("/datasets/").content.decode()
+    assert re.findall(r'data-dataset="(ds-\d+)"', html) == [f"ds-{i:02d}" for i in range(50)]
+    assert "page 1 of 2" in html and 'href="?page=2"' in html
+    card = html.split('data-dataset="ds-00"')[1].split("</section>")[0]
+    assert re.findall(r"dataset://ds-00@(\d+)<", card) == [str(v) for v in range(25, 5, -1)]
+    assert "The latest 20 of 25 versions" in card and f'href="/api/v1/datasets/{big.pk}/versions/"' in card
+    one = html.split('data-dataset="ds-01"')[1].split("</section>")[0]
+    assert "dataset://ds-01@1<" in one and "The latest" not in one
+    second = client.get("/datasets/?page=2").content.decode()
+    assert re.findall(r'data-dataset="(ds-\d+)"', second) == [f"ds-{i:02d}" for i in range(50, 55)]
+    assert 'href="?page=1"' in second and "Previous" in second
+    listed = client.get(f"/api/v1/datasets/{big.pk}/versions/").json()  # every version, from the link
+    assert listed["count"] == 25
+
+
+def test_the_team_page_shows_each_teams_latest_tokens(world):
+    """The Team page listed every API token an admin may see, revoked ones included, however many. It shows each team's
+    latest 50, newest first, saying how many there are, with a link to the API's list of the team's tokens."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.tenancy.models import ApiToken
+
+    alpha = world["alpha"]
+    start = timezone.now() - timedelta(days=1)
+    ApiToken.objects.bulk_create([
+        ApiToken(team=alpha["team"], user=alpha["member"] if i % 2 else alpha["admin"], name=f"tok-{i:02d}",
+                 prefix=f"p{i:02d}", token_hash=f"{i:064d}", created_at=start + timedelta(minutes=i),
+                 revoked_at=start if i % 3 == 0 else None)
+        for i in range(60)])
+    ApiToken.objects.create(team=world["beta"]["team"], user=world["beta"]["admin"], name="beta-tok", prefix="pb",
+                            token_hash="b" * 64)
+    html = session(alpha["admin"]).get("/team/").content.decode()
+    listed = re.findall(r'data-token="(tok-\d+)"', html)
+    assert listed == [f"tok-{i:02d}" for i in range(59, 9, -1)], listed[-3:]
+    assert "The latest 50 of 60 tokens" in html and 'href="/api/v1/api-tokens/?team__name=alpha"' in html
+    everything = session(alpha["admin"]).get("/api/v1/api-tokens/?team__name=alpha&page_size=100").json()
+    assert everything["count"] == 60
+    # a member sees only their own (30), the latest 50 of them: all
+    html = session(alpha["member"]).get("/team/").content.decode()
+    assert len(re.findall(r'data-token="(tok-\d+)"', html)) == 30 and "The latest" not in html

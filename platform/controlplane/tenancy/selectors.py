@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Max, Q, QuerySet
+from django.db.models import Count, F, Max, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from controlplane.tenancy.models import ROLE_RANK, ApiToken, AuditEvent, LoginThrottle, Membership, Role, Team
@@ -122,6 +123,16 @@ def api_tokens_visible(*, user, team_ids: list[int]) -> QuerySet[ApiToken]:
     admin_teams = list(Membership.objects.filter(user=user, role=Role.ADMIN, team_id__in=team_ids)
                        .values_list("team_id", flat=True))
     return (tokens.filter(user=user) | tokens.filter(team_id__in=admin_teams)).order_by("-created_at")
+
+
+def api_tokens_visible_latest(*, user, team_ids: list[int], limit: int) -> tuple[list[ApiToken], dict[int, int]]:
+    """Of api_tokens_visible, the latest `limit` of each team (newest first), and how many each team has (the console's
+    Team page: revoked tokens stay listed)."""
+    tokens = api_tokens_visible(user=user, team_ids=team_ids)
+    latest = tokens.annotate(newest=Window(RowNumber(), partition_by=[F("team_id")],
+                                           order_by=[F("created_at").desc(), F("id").desc()]))
+    counts = dict(tokens.order_by().values_list("team_id").annotate(n=Count("id")))
+    return list(latest.filter(newest__lte=limit).order_by("-created_at", "-id")), counts
 
 
 # Sign-in throttling (OWASP: lock out repeated failed logins). Per username, so one account cannot be
