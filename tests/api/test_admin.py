@@ -250,6 +250,23 @@ def test_the_admin_keeps_the_teams_of_a_cluster_queues_local_queues(operator_cli
     assert not queue.teams.exists() and queue.open_to_all_teams is True
 
 
+def test_the_admin_points_a_teams_local_queue_only_at_a_cluster_queue_open_to_the_team(operator_client, world):
+    """QA (2026-12-07): the API refuses a local queue on a cluster queue closed to its team (400 on cluster_queue);
+    the admin saved one, and the team used that queue's quota."""
+    from controlplane.quotas.models import ClusterQueue, LocalQueue
+    from controlplane.quotas.services import cluster_queue_create
+
+    closed = cluster_queue_create(actor=world["ops"], name="alpha-only", teams=[world["alpha"]["team"]])
+    beta_queue = world["beta"]["queue"]
+    refused = _post_change(operator_client, LocalQueue, beta_queue.pk, expect=200, cluster_queue=str(closed.pk))
+    errors = refused.context["adminform"].form.errors
+    assert list(errors) == ["cluster_queue"] and "not open to team beta" in errors["cluster_queue"][0], errors
+    assert LocalQueue.objects.get(pk=beta_queue.pk).cluster_queue.name == "shared"
+    _post_change(operator_client, LocalQueue, world["alpha"]["queue"].pk, cluster_queue=str(closed.pk))
+    assert LocalQueue.objects.get(pk=world["alpha"]["queue"].pk).cluster_queue == ClusterQueue.objects.get(
+        name="alpha-only")
+
+
 def test_the_admin_leaves_observed_node_fields_to_the_reconciler_and_keeps_pools_with_nodes(operator_client, world,
                                                                                           demo_cluster):
     """QA (2026-11-29): the node page edited free devices, capacity and health, which the reconciler owns (a wrong

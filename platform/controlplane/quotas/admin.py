@@ -4,7 +4,7 @@ from django import forms
 from django.contrib import admin
 from django.forms.models import BaseInlineFormSet
 
-from controlplane.common.errors import ConflictError
+from controlplane.common.errors import ConflictError, ValidationFailed
 from controlplane.quotas import services
 from controlplane.quotas.models import ClusterQueue, LocalQueue, PriorityClass, ResourceQuota
 from controlplane.tenancy.admin import AuditedAdmin
@@ -69,8 +69,23 @@ class ClusterQueueAdmin(AuditedAdmin):
             ClusterQueue.objects.filter(pk=queue.pk).update(open_to_all_teams=open_now)
 
 
+class LocalQueueAdminForm(forms.ModelForm):
+    def clean(self):
+        """As the API's create: a cluster queue closed to the team is refused (QA, 2026-12-07: the admin pointed a
+        team's queue at any cluster queue, and so let it use that queue's quota)."""
+        cleaned = super().clean()
+        team, cluster_queue = cleaned.get("team"), cleaned.get("cluster_queue")
+        if team is not None and cluster_queue is not None:
+            try:
+                services.local_queue_target_check(team=team, cluster_queue=cluster_queue)
+            except ValidationFailed as exc:
+                self.add_error("cluster_queue", exc.message)
+        return cleaned
+
+
 @admin.register(LocalQueue)
 class LocalQueueAdmin(AuditedAdmin):
+    form = LocalQueueAdminForm
     list_display = ["name", "team", "cluster_queue"]
     list_filter = ["team", "cluster_queue"]
 

@@ -156,6 +156,14 @@ def _quota_message(exc: DjangoValidationError, slug: str) -> str:
                      for key, errors in exc.error_dict.items() for error in errors)
 
 
+def local_queue_target_check(*, team: Team, cluster_queue: ClusterQueue) -> None:
+    """ValidationFailed unless `cluster_queue` takes local queues of `team` (the API's create and the Django admin)."""
+    if not cluster_queue.open_to_all_teams \
+            and not cluster_queue.teams.filter(pk=team.pk).exists():
+        raise ValidationFailed(f"cluster queue {cluster_queue.name} is not open to team {team.name} (an operator sets "
+                               "the teams it takes)", field="cluster_queue")
+
+
 @transaction.atomic
 def local_queue_create(*, actor, team: Team, name: str, cluster_queue: ClusterQueue) -> LocalQueue:
     """A team's queue into `cluster_queue`, if the cluster queue takes that team's (found by QA: any team admin could
@@ -165,10 +173,7 @@ def local_queue_create(*, actor, team: Team, name: str, cluster_queue: ClusterQu
     # Locked as cluster_queue_update locks it, so a change of its teams cannot pass between this check and the
     # insert (review: a create beside a PATCH could pass both checks).
     cluster_queue = ClusterQueue.objects.select_for_update().get(pk=cluster_queue.pk)
-    if not cluster_queue.open_to_all_teams \
-            and not cluster_queue.teams.filter(pk=team.pk).exists():
-        raise ValidationFailed(f"cluster queue {cluster_queue.name} is not open to team {team.name} (an operator sets "
-                               "the teams it takes)", field="cluster_queue")
+    local_queue_target_check(team=team, cluster_queue=cluster_queue)
     queue = LocalQueue(team=team, name=name, cluster_queue=cluster_queue)
     queue.full_clean()
     queue.save()
