@@ -335,8 +335,9 @@ class _Cli:
             try:
                 deployment = self.client.wait_for_deployment(deployment["id"], timeout=self.args.wait).raw
             except TimeoutExpired as exc:
+                # The deployment as last seen (no further request: the time given has run out; QA)
                 if self.json:
-                    self.emit({"plan": result["plan"], "deployment": self.client.deployment(deployment["id"]).raw})
+                    self.emit({"plan": result["plan"], "deployment": exc.last.raw if exc.last else deployment})
                 self.err.print(f"[red]error:[/] {escape(str(exc))}")
                 return EXIT_JOB_FAILED
             self.info(f"Serving: call model {escape(deployment['name'])!r} at {self.client.url}/v1/chat/completions")

@@ -225,36 +225,46 @@ class Client:
         return f"{self.url}/api/v1/{path.lstrip('/')}"
 
     def request(self, method: str, path: str, *, stream: bool = False, timeout: float | None = None,
-                **kwargs) -> requests.Response:
-        """One call with retries; returns the response or raises a typed ApiError."""
+                deadline: float | None = None, **kwargs) -> requests.Response:
+        """One call with retries; returns the response or raises a typed ApiError. With `deadline` (a
+        time.monotonic() instant), no attempt's HTTP timeout and no retry's backoff reaches past it: when it passes
+        first, TimeoutExpired (the wait helpers' total stays within their timeout; before, each poll could take the
+        client's 30 s timeout and its retries past it; QA)."""
         idempotent = method.upper() in ("GET", "HEAD", "OPTIONS", "PUT", "DELETE")
         attempt = 0
         while True:
+            limit = timeout or self.timeout
+            cut = False  # the deadline, not the client's timeout, bounds this attempt
+            if deadline is not None:
+                left = _time_left(deadline, f"{method} {path} was not sent")
+                cut, limit = left < limit, min(limit, left)
             try:
-                response = self.session.request(method, self._url(path), stream=stream,
-                                                timeout=timeout or self.timeout, **kwargs)
+                response = self.session.request(method, self._url(path), stream=stream, timeout=limit, **kwargs)
             except requests.ConnectionError as exc:
                 refused = "refused" in str(exc).lower()
+                why = f"cannot reach {self.url}: {exc.__class__.__name__}"
                 if attempt < self.max_retries and (idempotent or refused) and _rewindable(kwargs):
-                    self._sleep(attempt, None)
+                    self._sleep(attempt, None, deadline, why)
                     attempt += 1
                     continue
-                raise ConnectionFailed(f"cannot reach {self.url}: {exc.__class__.__name__}", method=method,
-                                       url=self._url(path)) from None
+                raise ConnectionFailed(why, method=method, url=self._url(path)) from None
             except requests.Timeout:
+                why = f"{method} {path} timed out after {limit:g} s"
+                if cut:
+                    raise TimeoutExpired(f"{why}: no answer before the time ran out") from None
                 if attempt < self.max_retries and idempotent:
-                    self._sleep(attempt, None)
+                    self._sleep(attempt, None, deadline, why)
                     attempt += 1
                     continue
-                raise ConnectionFailed(f"{method} {path} timed out after {timeout or self.timeout:g} s",
-                                       method=method, url=self._url(path)) from None
+                raise ConnectionFailed(why, method=method, url=self._url(path)) from None
             except requests.RequestException as exc:  # too many redirects, a bad header, ...: a typed error
                 raise ConnectionFailed(f"{method} {self._url(path)} failed: {exc.__class__.__name__}: {exc}",
                                        method=method, url=self._url(path)) from None
             retryable = response.status_code == 429 or (response.status_code >= 500 and idempotent)
             if retryable and attempt < self.max_retries and _rewindable(kwargs):
-                self._sleep(attempt, response.headers.get("Retry-After"))
                 response.close()
+                self._sleep(attempt, response.headers.get("Retry-After"), deadline,
+                            f"{method} {path} answered {response.status_code}")
                 attempt += 1
                 continue
             if response.status_code >= 400:
@@ -264,11 +274,15 @@ class Client:
                 raise error
             return response
 
-    def _sleep(self, attempt: int, retry_after: str | None) -> None:
+    def _sleep(self, attempt: int, retry_after: str | None, deadline: float | None = None, why: str = "") -> None:
+        """The backoff before a retry; TimeoutExpired (saying `why` a retry was wanted) instead of a sleep that would
+        reach the deadline."""
         delay = self.backoff * (2 ** attempt) * (0.5 + random.random() / 2)
         if retry_after:
             with contextlib.suppress(ValueError):
                 delay = max(delay, min(float(retry_after), 60.0))
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            raise TimeoutExpired(f"{why}; no time left to try again")
         time.sleep(delay)
 
     def _json(self, response: requests.Response):
@@ -285,6 +299,10 @@ class Client:
 
     def get(self, path: str, **params) -> dict | list:
         return self._json(self.request("GET", path, params={k: v for k, v in params.items() if v is not None}))
+
+    def _get_by(self, path: str, deadline: float | None):
+        """GET with a deadline (see request): what the wait helpers poll with."""
+        return self._json(self.request("GET", path, deadline=deadline))
 
     def post(self, path: str, body: dict | None = None, **params) -> dict:
         response = self.request("POST", path, json=body or {}, params=params or None)
@@ -424,7 +442,9 @@ class Client:
     def wait_for_job(self, job_id: int, *, states: tuple[str, ...] = JOB_TERMINAL, timeout: float = 3600,
                      poll: float = 1.0) -> TrainingJob:
         """Poll until the job is in one of `states` (default: ended); TimeoutExpired otherwise."""
-        return _wait(lambda: self.training_job(job_id), states, timeout, poll, f"training job {job_id}")
+        path = f"training-jobs/{int(job_id)}/"
+        return _wait(lambda deadline: TrainingJob.from_dict(self._get_by(path, deadline)), states, timeout, poll,
+                     f"training job {job_id}")
 
     # -------------------------------------------------------------------------------- deployments
 
@@ -444,8 +464,11 @@ class Client:
 
     def wait_for_deployment(self, deployment_id: int, *, states: tuple[str, ...] = ("SERVING",),
                             timeout: float = 600, poll: float = 1.0) -> Deployment:
-        return _wait(lambda: self.deployment(deployment_id), states, timeout, poll, f"deployment {deployment_id}",
-                     give_up=DEPLOYMENT_TERMINAL)
+        """Poll until the deployment is in one of `states` (default: SERVING); TimeoutExpired when `timeout` passes
+        first (the whole wait, requests included, keeps to it) or it ends DELETED or FAILED."""
+        path = f"deployments/{int(deployment_id)}/"
+        return _wait(lambda deadline: Deployment.from_dict(self._get_by(path, deadline)), states, timeout, poll,
+                     f"deployment {deployment_id}", give_up=DEPLOYMENT_TERMINAL)
 
     # -------------------------------------------------------------------------------- datasets
 
@@ -550,18 +573,39 @@ def _not_a_log_stream(response: requests.Response, raw: bytes, url: str) -> ApiE
                     method="GET", url=response.url)
 
 
+def _time_left(deadline: float, what: str) -> float:
+    """Seconds until `deadline` (time.monotonic()), or TimeoutExpired saying `what` when none are left."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutExpired(f"{what}: the time ran out")
+    return left
+
+
 def _wait(fetch, states, timeout, poll, what, give_up=()):
+    """Poll `fetch(deadline)` until the object is in one of `states`. The whole wait keeps to `timeout`: each poll's
+    request (its HTTP timeout and retries, through the deadline `fetch` passes to Client.request) and each sleep are
+    cut to the time left (before, a poll slept its full interval and asked with the client's 30 s timeout and
+    retries, however little was left: `deploy --wait 5` could take minutes; QA). TimeoutExpired when the time runs
+    out, or the object ends in a state it cannot leave; its `last` is the object as last seen."""
     deadline = time.monotonic() + timeout
+    wanted = ", ".join(states)
+    last = None
     while True:
-        obj = fetch()
+        if last is not None and time.monotonic() >= deadline:
+            raise TimeoutExpired(f"{what} is still {last.state} ({last.reason}) after {timeout:g} s; waited for "
+                                 f"{wanted}", last=last)
+        try:
+            obj = fetch(deadline)
+        except TimeoutExpired as exc:
+            seen = f"still {last.state} ({last.reason})" if last is not None else "no state read"
+            raise TimeoutExpired(f"{what} did not reach {wanted} within {timeout:g} s: {seen}; {exc}",
+                                 last=last) from None
+        last = obj
         if obj.state in states:
             return obj
         if obj.state in give_up or (states != JOB_TERMINAL and getattr(obj, "is_terminal", False)):
-            raise TimeoutExpired(f"{what} ended {obj.state} ({obj.reason}) while waiting for {', '.join(states)}")
-        if time.monotonic() >= deadline:
-            raise TimeoutExpired(f"{what} is still {obj.state} ({obj.reason}) after {timeout:g} s; "
-                                 f"waited for {', '.join(states)}")
-        time.sleep(poll)
+            raise TimeoutExpired(f"{what} ended {obj.state} ({obj.reason}) while waiting for {wanted}", last=obj)
+        time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
 
 
 def check_server_url(url: str) -> str:

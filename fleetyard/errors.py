@@ -49,7 +49,13 @@ class ConfigError(FleetyardError):
 
 
 class TimeoutExpired(FleetyardError):
-    """A wait-for-state helper gave up."""
+    """A wait-for-state helper gave up (the time ran out, or the object ended in a state it cannot leave); `last` is
+    the object as last seen (None when no answer came in time). A request given a deadline (Client.request) raises it
+    too, when the deadline passes before an answer."""
+
+    def __init__(self, message: str, *, last=None):
+        self.last = last
+        super().__init__(message)
 
 
 class ApiError(FleetyardError):
