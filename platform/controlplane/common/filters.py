@@ -103,7 +103,8 @@ def query_params_check(request, view, queryset, paginator) -> None:
         elif isinstance(backend, filters.SearchFilter) and getattr(view, "search_fields", None):
             accepted.add(backend.search_param)
     accepted |= set(filter_params)
-    accepted |= {name for name in (paginator.page_query_param, paginator.page_size_query_param) if name}
+    accepted |= {name for name in (paginator.page_query_param, paginator.page_size_query_param,
+                                   getattr(paginator, "cursor_query_param", None)) if name}
     errors = {}
     reason = f"unknown query parameter; accepted: {', '.join(sorted(accepted))}"
     for name in sorted(request.query_params):
