@@ -31,6 +31,7 @@ import requests
 
 from fleetyard.errors import (
     ApiError,
+    BadRequest,
     ConfigError,
     ConnectionFailed,
     RateLimited,
@@ -309,14 +310,27 @@ class Client:
         return self._json(response) if response.content else {}
 
     def paginate(self, path: str, *, page_size: int = 100, **params) -> Iterator[dict]:
-        """Every object of a paginated list, following `next` links, each once: an object a later page shows again
-        (the list shifted while it was read: a job submitted between two pages of a newest-first list pushes the last
-        of one page onto the next) is not yielded twice (it was; QA)."""
+        """Every object of a paginated list, following `next` links, each once.
+
+        The list is read by cursor (`?cursor=`, the API's keyset mode: each page starts after the last row of the one
+        before), so an object that leaves a filtered list while it is read (a job that stops RUNNING while
+        `state=RUNNING` is listed) does not shift the next one back onto a page already read, where a page-number
+        reader missed it (QA). A server without the mode (a 400 naming `cursor`) is read by page numbers, as is a
+        call that gives `page`. An object a later page shows again (with page numbers, a job submitted between two
+        pages of a newest-first list pushes the last of one page onto the next) is not yielded twice (it was; QA)."""
         url: str | None = self._url(path)
         query = {"page_size": page_size, **{k: v for k, v in params.items() if v is not None}}
+        by_cursor = "page" not in query and "cursor" not in query
         seen: set = set()
         while url:
-            page = self._json(self.request("GET", url, params=query))
+            try:
+                page = self._json(self.request("GET", url, params={**query, "cursor": ""} if by_cursor else query))
+            except BadRequest as exc:
+                if not (by_cursor and isinstance(exc.body, dict) and "cursor" in exc.body):
+                    raise
+                by_cursor = False  # a server that has no cursor mode, or a list it cannot read by cursor
+                continue
+            by_cursor = False  # the `next` link carries the cursor (and the rest of the query) from here on
             if isinstance(page, list) and all(isinstance(item, dict) for item in page):
                 yield from page
                 return
