@@ -272,3 +272,36 @@ def test_a_page_past_the_last_names_the_parameter(world, api, path):
     assert response.status_code == 404
     assert list(response.json()) == ["page"], response.json()
     assert "page 99 does not exist" in response.json()["page"][0]
+
+
+# -- a form field given more than once ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["multipart", "urlencoded"])
+def test_a_form_field_given_twice_is_refused_not_the_last_kept(api, fmt):
+    """QA: a form or multipart body keeps every value of a repeated field, and DRF read the last one, so
+    `name=first&name=second` quietly created `second`. Every strict input refuses it, naming the field."""
+    from urllib.parse import urlencode
+
+    from controlplane.datasets.models import Dataset
+
+    client = api("alpha", "member")
+    body = {"name": ["first", "second"], "description": "tiny"}
+    if fmt == "multipart":
+        response = client.post("/api/v1/datasets/", body, format="multipart")
+    else:
+        response = client.post("/api/v1/datasets/", urlencode(body, doseq=True),
+                               content_type="application/x-www-form-urlencoded")
+    assert "more than once" in _refused(response, "name")
+    assert "description" not in response.json()
+    assert not Dataset.objects.exists()
+
+
+def test_a_list_field_still_takes_one_form_value_per_item(api):
+    """A list-valued field (a cluster queue's `teams`) is written in a form as the field repeated: still accepted."""
+    created = api("ops").post("/api/v1/cluster-queues/", {"name": "prod", "teams": ["alpha", "beta"]},
+                              format="multipart")
+    assert created.status_code == 201 and created.json()["teams"] == ["alpha", "beta"], created.json()
+    twice = api("ops").post("/api/v1/cluster-queues/", {"name": ["a", "b"], "teams": ["alpha", "beta"]},
+                            format="multipart")
+    assert "more than once" in _refused(twice, "name") and "teams" not in twice.json()

@@ -323,3 +323,18 @@ def test_an_upload_whose_dataset_is_deleted_meanwhile_is_a_409_and_leaves_no_fil
     assert response.status_code == 409 and "deleted" in response.json()["detail"], response.content
     assert not DatasetVersion.objects.exists()
     assert [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"file": [SimpleUploadedFile("a.txt", b"first"), SimpleUploadedFile("b.txt", b"second")]}, "file"),
+    ({"uri": ["s3://bucket/one", "s3://bucket/two"]}, "uri"),
+    ({"file": SimpleUploadedFile("a.txt", b"abc"), "format": ["text", "jsonl"]}, "format"),
+])
+def test_a_field_given_twice_in_an_upload_or_registration_is_refused(api, settings, body, field):
+    """QA: two `file` parts (or two `uri` fields) in one request stored only the last; now a 400 naming the field,
+    and nothing is stored."""
+    client = api("alpha", "member")
+    response = client.post(f"/api/v1/datasets/{make_dataset(client)['id']}/versions/", body, format="multipart")
+    assert response.status_code == 400 and "more than once" in response.json()[field][0], response.json()
+    assert not DatasetVersion.objects.exists()
+    assert [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()] == []

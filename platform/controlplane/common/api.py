@@ -267,18 +267,31 @@ def not_found(request, exception):
     return page_not_found(request, exception)
 
 
+# Fields that read every value of a form field given more than once (DRF takes them with `getlist`).
+LIST_VALUED_FIELDS = (serializers.ListField, serializers.MultipleChoiceField, serializers.ManyRelatedField)
+
+
 class StrictInputMixin:
     """Refuses input fields the serializer does not take (read-only ones included), so a typo (`worker_max`) is a
-    400 naming the field instead of a silently ignored setting."""
+    400 naming the field instead of a silently ignored setting; and, in a form or multipart body, a field given more
+    than once that takes one value (DRF kept the last: two `file` parts stored only the second; QA). A JSON body
+    cannot repeat a key once parsed; a list-valued field (LIST_VALUED_FIELDS) is given once per item in a form."""
 
     def to_internal_value(self, data):
         if hasattr(data, "keys"):
             accepted = sorted(name for name, field in self.fields.items() if not field.read_only)
+            errors = {}
             unknown = sorted(set(data.keys()) - set(accepted))
             if unknown:
                 reason = (f"unknown field; expected one of: {', '.join(accepted)}" if accepted
                           else "unknown field; this request takes no fields")
-                raise serializers.ValidationError({name: [reason] for name in unknown})
+                errors.update({name: [reason] for name in unknown})
+            if hasattr(data, "getlist"):  # a QueryDict: a form or multipart body
+                errors.update({name: ["given more than once; give this field once"] for name in accepted
+                               if len(data.getlist(name)) > 1
+                               and not isinstance(self.fields[name], LIST_VALUED_FIELDS)})
+            if errors:
+                raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
 
 
