@@ -320,7 +320,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": [
         "controlplane.common.parsers.BoundedJSONParser",  # a 400, not a 500, for JSON nested too deeply
         "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "controlplane.common.parsers.StrictMultiPartParser",  # a file part Django would drop unread is a 400
     ],
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [

@@ -338,3 +338,69 @@ def test_a_field_given_twice_in_an_upload_or_registration_is_refused(api, settin
     assert response.status_code == 400 and "more than once" in response.json()[field][0], response.json()
     assert not DatasetVersion.objects.exists()
     assert [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()] == []
+
+
+def _multipart_upload(client, dataset_id, disposition: bytes, extra: bytes = b""):
+    body = (extra + b'--B0UND\r\nContent-Disposition: form-data; name="file"; ' + disposition +
+            b"\r\nContent-Type: text/plain\r\n\r\nabc\r\n--B0UND--\r\n")
+    return client.generic("POST", f"/api/v1/datasets/{dataset_id}/versions/", body,
+                          content_type="multipart/form-data; boundary=B0UND")
+
+
+@pytest.mark.parametrize("disposition,why", [
+    (b'filename="\xff\xfedata.txt"', "could not be decoded"),  # not UTF-8: Django's parser dropped the whole part
+    (b"filename*=no-such-charset''data.txt", "could not be decoded"),
+    (b"filename*=utf-8''%ff%fedata.txt", "could not be decoded"),
+    (b'filename=".."', "is empty once"),
+    (b'filename="\x01\x02"', "is empty once"),
+])
+def test_an_upload_whose_file_name_cannot_be_read_names_the_file_field(api, settings, disposition, why):
+    """QA: Django's multipart parser drops a file part whose name it cannot decode (or that is nothing once cleaned)
+    without a word, so the upload was refused for a missing `uri`. The 400 names `file` and says why."""
+    client = api("alpha", "member")
+    response = _multipart_upload(client, make_dataset(client)["id"], disposition)
+    assert response.status_code == 400 and why in response.json()["file"][0], response.content
+    assert "uri" not in response.json()
+    assert not DatasetVersion.objects.exists()
+    assert [p for p in Path(settings.MEDIA_ROOT).rglob("*") if p.is_file()] == []
+
+
+def test_an_upload_named_in_utf8_is_still_stored(api):
+    client = api("alpha", "member")
+    dataset_id = make_dataset(client)["id"]
+    plain = _multipart_upload(client, dataset_id, 'filename="données.txt"'.encode())
+    encoded = _multipart_upload(client, dataset_id, b"filename*=UTF-8''donn%C3%A9es.txt")
+    # a first part larger than a read of the body: the file part's headers straddle two reads
+    padded = _multipart_upload(client, dataset_id, b'filename="a.txt"', extra=(
+        b'--B0UND\r\nContent-Disposition: form-data; name="description"\r\n\r\n' + b"x" * (64 * 1024 - 70) + b"\r\n"))
+    for response in (plain, encoded, padded):
+        assert response.status_code == 201, response.content
+    assert padded.json()["description"] == "x" * (64 * 1024 - 70)
+
+
+def test_the_multipart_watch_finds_a_dropped_part_whatever_the_read_sizes():
+    """The watch sees the body in the reads Django's parser makes: a part's headers may be split across them."""
+    import io
+
+    from controlplane.common.parsers import _PartHeaderWatch
+
+    body = (b"preamble\r\n--B0UND\r\nContent-Disposition: form-data; name=\"format\"\r\n\r\ntext\r\n"
+            b"--B0UND\r\nContent-Disposition: form-data; name=\"upload\"; filename=\"\xff.txt\"\r\n\r\nabc\r\n"
+            b"--B0UND\r\nContent-Disposition: form-data; name=\"ok\"; filename=\"a.txt\"\r\n\r\n--B0UND-\r\n"
+            b"--B0UND--\r\n")
+
+    class Trickle(io.BytesIO):
+        def __init__(self, data, size):
+            super().__init__(data)
+            self.size = size
+
+        def read(self, *args):
+            return super().read(self.size)
+
+    for size in range(1, len(body) + 1):
+        watch = _PartHeaderWatch(Trickle(body, size), b"B0UND")
+        read = b""
+        while chunk := watch.read(65536):
+            read += chunk
+        assert read == body
+        assert list(watch.dropped) == ["upload"], size

@@ -5,10 +5,10 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 
-from controlplane.common.parsers import BoundedJSONParser
+from controlplane.common.parsers import BoundedJSONParser, StrictMultiPartParser
 from controlplane.datasets import selectors, services
 from controlplane.datasets.api import serializers as s
 from controlplane.tenancy.api.scoping import TeamScopedMixin
@@ -18,7 +18,7 @@ from controlplane.tenancy.models import Role
 class DatasetViewSet(TeamScopedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                      mixins.DestroyModelMixin, viewsets.GenericViewSet):
     serializer_class = s.DatasetSerializer
-    parser_classes = [BoundedJSONParser, MultiPartParser, FormParser]
+    parser_classes = [BoundedJSONParser, StrictMultiPartParser, FormParser]
     filterset_fields = ["team__name", "name"]
     ordering_fields = ["name", "created_at"]
     search_fields = ["name", "description"]
