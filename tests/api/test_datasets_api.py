@@ -404,3 +404,31 @@ def test_the_multipart_watch_finds_a_dropped_part_whatever_the_read_sizes():
             read += chunk
         assert read == body
         assert list(watch.dropped) == ["upload"], size
+
+
+@pytest.mark.parametrize("uri,why", [
+    ("https://a..b/x", "empty label"), ("https://.example.org/x", "empty label"),
+    ("https://example..org./x", "empty label"), ("s3://my..bucket/key", "empty label"),
+    ("https://example.org:0/x", "port 0"), ("http://example.org:00/x", "port 0"), ("s3://bucket:0/key", "port 0"),
+    ("https://example.org:65536/x", "invalid port"), ("https://example.org:99999/x", "invalid port"),
+    ("https://example.org:http/x", "invalid port"), ("https://:443/x", "names no host"),
+    (f"https://{'a' * 64}.example.org/x", "64 characters"),
+    (f"https://{'.'.join(['abcdefgh'] * 30)}/x", "at most 253"),
+])
+def test_a_uri_with_an_unusable_host_or_port_is_refused_at_registration(api, uri, why):
+    """QA: `https://a..b/x` (an empty DNS label) and a URL with port 0 were registered and failed only when a job
+    read them (port 0 was even checked as the default port)."""
+    client = api("alpha", "member")
+    url = f"/api/v1/datasets/{make_dataset(client)['id']}/versions/"
+    response = client.post(url, {"uri": uri}, format="json")
+    assert response.status_code == 400 and why in response.json()["uri"][0], response.json()
+    assert not DatasetVersion.objects.exists()
+
+
+def test_hosts_and_ports_a_reader_can_open_are_still_registered(api):
+    client = api("alpha", "member")
+    url = f"/api/v1/datasets/{make_dataset(client)['id']}/versions/"
+    for uri in ("https://example.org./corpus.txt", "https://example.org:8443/x", "http://example.org:65535/x",
+                "https://[2606:4700:4700::1111]:443/x", "https://bücher.example/x", "s3://my.bucket.name/key",
+                f"https://{'a' * 63}.example.org/x", "hf://datasets/org/name", "gs://bucket/k", "az://container/k"):
+        assert client.post(url, {"uri": uri}, format="json").status_code == 201, uri

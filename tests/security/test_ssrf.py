@@ -244,6 +244,8 @@ def test_a_failed_fetch_does_not_repeat_credentials_a_legacy_version_holds(world
 
 
 @pytest.mark.parametrize("url, says", [("https://user:s3cret@example.org:99999/x", "has an invalid port"),
+                                       # port 0 was taken for none and checked as 443 (QA)
+                                       ("https://user:s3cret@example.org:0/x", "has an invalid port"),
                                        ("https://user:s3cret@/x", "names no host")])
 def test_a_refused_url_does_not_repeat_its_credentials(url, says):
     """Two refusals repeated the whole URL, so a legacy dataset version's password could reach a job's failure

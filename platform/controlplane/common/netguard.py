@@ -81,9 +81,13 @@ def _host_port(url: str) -> tuple[str, int, str]:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     try:
-        port = parts.port or (443 if scheme == "https" else 80)
+        port = parts.port
     except ValueError:
-        raise UnsafeURL(f"{uri_without_credentials(url)!r} has an invalid port") from None
+        port = 0
+    if port == 0:  # port 0 was taken for "none given" and checked as 443 or 80 (QA)
+        raise UnsafeURL(f"{uri_without_credentials(url)!r} has an invalid port")
+    if port is None:
+        port = 443 if scheme == "https" else 80
     host = (parts.hostname or "").rstrip(".").lower()
     return host, port, scheme
 

@@ -73,11 +73,50 @@ def _check_uri(uri: str) -> None:
         raise ValidationFailed(
             f"{uri!r} is not a supported URI (schemes: {', '.join(sorted(ALLOWED_URI_SCHEMES))})", field="uri"
         )
+    _check_authority(uri, parsed)
     if parsed.scheme in netguard.FETCH_SCHEMES:
         try:
             netguard.check_url(uri, require_resolution=False)
         except netguard.UnsafeURL as exc:
             raise ValidationFailed(f"{exc}", field="uri") from None
+
+
+def _check_authority(uri: str, parsed) -> None:
+    """The host (or bucket) and port of a URI as a reader could open them: `https://a..b/x` (an empty DNS label) or a
+    port of 0 were registered and could only fail when a job read them (QA). A host in brackets is an IPv6 literal
+    (no labels); one dot at the end of a name (`example.org.`) is the DNS root and is allowed."""
+    shown = netguard.uri_without_credentials(uri)
+    try:
+        port = parsed.port
+    except ValueError:  # not a number, or above 65535
+        raise ValidationFailed(f"{shown!r} has an invalid port: give a number from 1 to 65535, or none",
+                               field="uri") from None
+    if port == 0:
+        raise ValidationFailed(f"{shown!r} names port 0, which nothing can be reached on: give a port from 1 to "
+                               "65535, or none", field="uri")
+    host = parsed.netloc.rpartition("@")[2]
+    if host.startswith("["):
+        return
+    host = host.rpartition(":")[0] if ":" in host else host
+    name = host[:-1] if host.endswith(".") else host
+    if not name:
+        raise ValidationFailed(f"{shown!r} names no host or bucket", field="uri")
+    labels = name.split(".")
+    if "" in labels:
+        raise ValidationFailed(f"{shown!r} names the host {host!r}, which has an empty label (a dot at its start "
+                               "or two dots in a row)", field="uri")
+    longest = max(labels, key=len)
+    if len(longest) > 63:
+        raise ValidationFailed(f"{shown!r} names a host with a label of {len(longest)} characters (at most 63 "
+                               "between dots)", field="uri")
+    if len(name) > 253:
+        raise ValidationFailed(f"{shown!r} names a host of {len(name)} characters (at most 253)", field="uri")
+    if parsed.scheme in netguard.FETCH_SCHEMES:
+        try:
+            name.encode("idna")
+        except UnicodeError:
+            raise ValidationFailed(f"{shown!r} names the host {host!r}, which is not a valid host name",
+                                   field="uri") from None
 
 
 def _check_format(fmt: str) -> None:
