@@ -432,3 +432,61 @@ def test_hosts_and_ports_a_reader_can_open_are_still_registered(api):
                 "https://[2606:4700:4700::1111]:443/x", "https://bücher.example/x", "s3://my.bucket.name/key",
                 f"https://{'a' * 63}.example.org/x", "hf://datasets/org/name", "gs://bucket/k", "az://container/k"):
         assert client.post(url, {"uri": uri}, format="json").status_code == 201, uri
+
+
+def test_deleting_a_dataset_removes_the_folders_it_leaves_empty_and_nothing_else(api, settings):
+    """QA: a delete removed the uploaded files but left `datasets/<team>/<dataset>/v<n>/` (and `.staging/`) on disk,
+    empty. They go with the dataset; another dataset's folder and the team's folder stay."""
+    from django.test import TestCase
+
+    client = api("alpha", "member")
+    corpus, other = make_dataset(client), make_dataset(client, "other")
+    for dataset in (corpus, corpus, other):
+        response = client.post(f"/api/v1/datasets/{dataset['id']}/versions/",
+                               {"file": SimpleUploadedFile("a.txt", b"abc")}, format="multipart")
+        assert response.status_code == 201, response.json()
+    team = Path(settings.MEDIA_ROOT) / "datasets" / "alpha"
+    assert (team / "corpus" / "v2" / "a.txt").is_file() and (team / "corpus" / ".staging").is_dir()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert client.delete(f"/api/v1/datasets/{corpus['id']}/").status_code == 204
+    assert not (team / "corpus").exists()
+    assert (team / "other" / "v1" / "a.txt").read_bytes() == b"abc"
+
+
+def test_a_dataset_is_deleted_even_when_its_files_cannot_be_removed(api, settings, monkeypatch, caplog):
+    """Removing the files runs after the delete committed: a failure there is logged, not raised (it was raised out
+    of the commit, after the rows were gone)."""
+    from django.test import TestCase
+
+    from controlplane.datasets import storage
+
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    client.post(f"/api/v1/datasets/{dataset['id']}/versions/", {"file": SimpleUploadedFile("a.txt", b"abc")},
+                format="multipart")
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(storage, "remove_stored", refuse)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert client.delete(f"/api/v1/datasets/{dataset['id']}/").status_code == 204
+    assert not Dataset.objects.exists()
+    assert "Permission denied" in caplog.text and "left on disk" in caplog.text
+    assert (Path(settings.MEDIA_ROOT) / "datasets" / "alpha" / "corpus" / "v1" / "a.txt").is_file()
+
+
+def test_deleting_a_dataset_removes_files_under_a_storage_path_with_a_space(api, settings, tmp_path):
+    """A stored path is kept as a file:// URI, percent-encoded: the delete removed the undecoded path (`%20`), so
+    under a storage root with a space in it the file stayed."""
+    from django.test import TestCase
+
+    settings.MEDIA_ROOT = tmp_path / "media root"
+    client = api("alpha", "member")
+    dataset = make_dataset(client)
+    client.post(f"/api/v1/datasets/{dataset['id']}/versions/", {"file": SimpleUploadedFile("a.txt", b"abc")},
+                format="multipart")
+    assert (settings.MEDIA_ROOT / "datasets" / "alpha" / "corpus" / "v1" / "a.txt").is_file()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        assert client.delete(f"/api/v1/datasets/{dataset['id']}/").status_code == 204
+    assert not (settings.MEDIA_ROOT / "datasets" / "alpha" / "corpus").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse, urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -186,7 +186,7 @@ def _upload_staged(*, actor, dataset: Dataset, upload, staging: str, fmt: str, d
     try:
         with transaction.atomic():
             number = _next_version(dataset)
-            final_dir = storage.storage_root() / f"datasets/{dataset.team.name}/{dataset.name}/v{number}"
+            final_dir = storage.dataset_dir(dataset.team.name, dataset.name) / f"v{number}"
             final_dir.mkdir(parents=True, exist_ok=True)
             final_path = final_dir / stored.path.name
             if final_path.exists():
@@ -224,7 +224,10 @@ def dataset_delete(*, actor, dataset: Dataset) -> None:
         shown = ", ".join(str(pk) for pk in ended[:5]) + (", ..." if len(ended) > 5 else "")
         raise ConflictError(f"dataset {dataset.name} is cited by finished training jobs ({shown}); "
                             f"delete those jobs first")
-    uploaded = [urlparse(version.uri).path for version in dataset.versions.filter(uploaded=True)]
+    # (the stored path as fetching reads it: percent-decoded; a storage path with a space was not removed)
+    uploaded = {number: Path(unquote(urlsplit(uri).path))
+                for number, uri in dataset.versions.filter(uploaded=True).values_list("version", "uri")}
+    folder = storage.dataset_dir(dataset.team.name, dataset.name)
     # http(s) versions a job read were fetched to storage/datasets/fetched/v<pk>/: those copies outlived the dataset
     # (QA); they go with it.
     version_pks = list(dataset.versions.values_list("pk", flat=True))
@@ -232,10 +235,5 @@ def dataset_delete(*, actor, dataset: Dataset) -> None:
                  data={"name": dataset.name, "versions": len(version_pks)})
     dataset.delete()
 
-    def remove_files():
-        for path in uploaded:
-            storage.remove_stored(Path(path))
-        for pk in version_pks:
-            storage.remove_fetched(pk)
-
-    transaction.on_commit(remove_files)
+    transaction.on_commit(lambda: storage.remove_deleted_dataset(folder=folder, uploaded=uploaded,
+                                                                 version_pks=version_pks))

@@ -5,8 +5,9 @@ A reader never sees a partial file: the final name appears only after the bytes 
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import hashlib
+import logging
 import os
 import re
 import uuid
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1024 * 1024
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -84,6 +87,35 @@ def remove_stored(path: Path) -> None:
 
 
 def remove_empty_dir(path: Path) -> None:
-    """Remove the folder `path` if it exists and is empty (an upload's own staging folder, once its file moved)."""
-    with contextlib.suppress(OSError):  # gone, or not empty
+    """Remove the folder `path` if it exists and is empty (an upload's own staging folder, once its file moved); a
+    folder that could not be removed for another reason is logged and left (never raised: the caller is done)."""
+    try:
         path.rmdir()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST):  # gone, or not empty: nothing to do
+            log.warning("could not remove the empty folder %s: %s", path, exc)
+
+
+def dataset_dir(team_name: str, dataset_name: str) -> Path:
+    """The folder of a dataset's uploaded versions (`v<n>/<file>`) and of its uploads' staging (`.staging/`)."""
+    return storage_root() / "datasets" / team_name / dataset_name
+
+
+def remove_deleted_dataset(*, folder: Path, uploaded: dict[int, Path], version_pks: list[int]) -> None:
+    """After a dataset's delete committed: remove its uploaded files (`uploaded`: version number -> stored path),
+    the copies fetched of its versions, and the folders that leaves empty: each version's `v<n>` (when its file lies
+    there), the dataset's `.staging` and the dataset's folder, which stayed on disk (QA). Nothing else is touched
+    (its team's folder stays), a folder still holding anything stays, and a failure is logged, never raised: the
+    delete is done and was answered."""
+    steps = []
+    for number, path in uploaded.items():
+        steps.append((remove_stored, path))
+        if path.parent == folder / f"v{number}":
+            steps.append((remove_empty_dir, path.parent))
+    steps += [(remove_fetched, pk) for pk in version_pks]
+    steps += [(remove_empty_dir, folder / ".staging"), (remove_empty_dir, folder)]
+    for step, target in steps:
+        try:
+            step(target)
+        except Exception:
+            log.exception("deleted dataset's storage: %s(%s) failed; left on disk", step.__name__, target)
