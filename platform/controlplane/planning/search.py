@@ -498,7 +498,11 @@ class _Search:
             if layers is None:
                 skipped.append((recompute, sp, zero, None))
                 continue
-            if not capped:  # (where memory held a stage back, a rung saving memory may balance the layers better)
+            # Where memory held a stage back, a rung saving memory may balance the layers better; and where a split
+            # with a shorter bubble exists, each rung has its own (a cap that stopped it, or per-layer times that a
+            # recomputation reorders), so a rung that fits does not make the next ones unnecessary (a review found
+            # both: a faster layout with the norms recomputed, 8.5%, left out of the alternatives).
+            if not capped and shorter is None:
                 fitted.append(rung)
             note = _ladder_note(skipped, rung, [done for done in fitted if done != rung])
             for split in (layers, shorter) if shorter else (layers,):
