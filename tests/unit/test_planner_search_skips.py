@@ -254,3 +254,18 @@ def test_a_rung_that_fits_does_not_rule_out_the_next_when_its_bubble_could_be_sh
         request = PlanRequest(model, 1, (p0, p1), PlanOptions(flash_attention=False, max_alternatives=3,
                                                              max_micro_batch=8))
     assert _shown(plan(request)) == _shown(_reference_plan(request))
+
+
+def test_shorten_bubble_stops_when_a_moves_gain_is_within_rounding():
+    """Two kinds of stage 3e-12 s per layer apart: the best move's gain passed the threshold as computed one way and
+    failed it as the pipeline recomputed, so the same move was chosen again forever (found by a probe of the review's
+    fix). Run in a thread, so the old code fails here instead of hanging the suite."""
+    import threading
+
+    counts = [1, 2]
+    worker = threading.Thread(target=_shorten_bubble, args=(counts, [1.0, 1.0 + 3e-12], [0.0, 0.0], [10, 10], 1),
+                              daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert sum(counts) == 3 and min(counts) >= 1

@@ -475,8 +475,8 @@ class _Search:
         t_max >= L / sum(1/c_i) (in whole layers: _whole_layer_time), and the bubble (_pipeline_at_least); after it,
         the widest stage's layers for every micro-batch, and the whole pipeline past REFINE_WINDOW x the threshold
         (within it, one-layer moves of refine_boundaries may make a pipeline rank). A rung that fits makes the rungs
-        it is never slower than unnecessary (``_dominated``) only where memory held no stage back: otherwise a rung
-        that saves memory may give a faster chip more layers."""
+        it is never slower than unnecessary (``_dominated``) only where memory held no stage back and its split is
+        the only one tried: otherwise a rung that saves memory may give a faster chip more layers."""
         micro = self.request.global_batch_size // (dp * mbs)
         layer_cost = self.cost.layer_cost
         skipped, fitted = [], []
@@ -882,6 +882,8 @@ def _shorten_bubble(counts: list[int], per_layer: list[float], fixed: list[float
             if pipeline >= current * (1 - 1e-12):  # too far: undo, and look for the best move again
                 times[receiver] -= moved * per_layer[receiver]
                 times[giver] += moved * per_layer[giver]
+                if batch == 1:  # (the move's gain was within rounding: stop, or it would be chosen again forever)
+                    return
                 break
             counts[receiver] += moved
             counts[giver] -= moved
