@@ -158,3 +158,28 @@ def test_the_schema_offers_the_cursor(alpha):
         pytest.skip("no schema route")
     parameters = schema.json()["paths"]["/api/v1/training-jobs/"]["get"]["parameters"]
     assert "cursor" in [p["name"] for p in parameters]
+
+
+def _raw_cursor(text: bytes) -> str:
+    return base64.urlsafe_b64encode(text).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("cursor", [
+    _raw_cursor(b'{"o":["-created_at","-id"],"v":["2026-01-01T00:00:00+00:00",Infinity]}'),
+    _raw_cursor(b'{"o":["-created_at","-id"],"v":["2026-01-01T00:00:00+00:00",NaN]}'),
+    _cursor({"o": ["-created_at", "-id"], "v": ["0001-01-01T00:00:00+05:00", 3]}),
+    _cursor({"o": ["-created_at", "-id"], "v": ["9999-12-31T23:59:59.999999-05:00", 3]}),
+    _cursor({"o": ["-created_at", "-id"], "v": ["2026-01-01T00:00:00+00:00", "3\x00"]})])
+def test_a_forged_cursor_out_of_range_is_a_400_not_a_500(alpha, five_queued, cursor):
+    """Infinity for an id (an OverflowError), a date that leaves the calendar in UTC (SQLite: OverflowError; PostgreSQL
+    reads those two dates, a 200)."""
+    response = alpha.get(f"/api/v1/training-jobs/?cursor={cursor}")
+    assert response.status_code in (200, 400)
+    assert response.status_code == 200 or list(response.json()) == ["cursor"]
+
+
+def test_a_cursor_with_a_nul_character_is_a_400_on_postgresql_too(alpha, five_queued):
+    """PostgreSQL refuses a NUL in a text parameter (a DataError, a 500); SQLite took it."""
+    cursor = _cursor({"o": ["name", "id"], "v": ["a\x00b", 3]})
+    response = alpha.get(f"/api/v1/training-jobs/?ordering=name&cursor={cursor}")
+    assert response.status_code == 400 and list(response.json()) == ["cursor"]

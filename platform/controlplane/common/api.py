@@ -7,6 +7,7 @@ import binascii
 import datetime
 import decimal
 import json
+import math
 import uuid
 from collections import OrderedDict
 
@@ -86,7 +87,8 @@ class StandardPagination(PageNumberPagination):
             if position is not None:
                 ordered = ordered.filter(_after(terms, position))
             rows = list(ordered[:size + 1])
-        except (ValueError, TypeError, DjangoValidationError):  # a forged position: `id` "abc", a date "soon"
+        except (ValueError, TypeError, OverflowError, DjangoValidationError):
+            # a forged position: `id` "abc", a date "soon", a date out of range once in UTC ("0001-01-01T00:00+05:00")
             raise exceptions.ValidationError({self.cursor_query_param: [_NOT_A_CURSOR]}) from None
         self.keyset_count, self.request = count, request
         self.next_cursor = _encode_cursor(terms, rows[size - 1]) if len(rows) > size else None
@@ -207,7 +209,9 @@ def _decode_cursor(text: str, terms, name: str) -> list | None:
     except (binascii.Error, ValueError, UnicodeDecodeError):
         document = None
     if not (isinstance(document, dict) and isinstance(document.get("v"), list)
-            and all(value is None or isinstance(value, str | int | float) for value in document["v"])):
+            and all(value is None or (isinstance(value, str) and "\x00" not in value) or isinstance(value, int)
+                    or (isinstance(value, float) and math.isfinite(value)) for value in document["v"])):
+        # (Infinity/NaN: an int column's lookup overflowed; a NUL: PostgreSQL refuses it in text, a DataError)
         raise exceptions.ValidationError({name: [_NOT_A_CURSOR]})
     if document.get("o") != order or len(document["v"]) != len(terms):
         raise exceptions.ValidationError({name: ["a cursor of another ordering of the list: keep the query of the "
