@@ -370,8 +370,9 @@ class Client:
         for item in self.paginate("training-jobs/", **filters):
             yield TrainingJob.from_dict(item)
 
-    def training_job(self, job_id: int) -> TrainingJob:
-        return TrainingJob.from_dict(self.get(f"training-jobs/{int(job_id)}/"))
+    def training_job(self, job_id: int, *, deadline: float | None = None) -> TrainingJob:
+        """``deadline``: see Client.request (the wait helpers poll with it)."""
+        return TrainingJob.from_dict(self._get_by(f"training-jobs/{int(job_id)}/", deadline))
 
     def create_training_job(self, body: dict) -> TrainingJob:
         return TrainingJob.from_dict(self.post("training-jobs/", body))
@@ -456,8 +457,7 @@ class Client:
     def wait_for_job(self, job_id: int, *, states: tuple[str, ...] = JOB_TERMINAL, timeout: float = 3600,
                      poll: float = 1.0) -> TrainingJob:
         """Poll until the job is in one of `states` (default: ended); TimeoutExpired otherwise."""
-        path = f"training-jobs/{int(job_id)}/"
-        return _wait(lambda deadline: TrainingJob.from_dict(self._get_by(path, deadline)), states, timeout, poll,
+        return _wait(lambda deadline: self.training_job(job_id, deadline=deadline), states, timeout, poll,
                      f"training job {job_id}")
 
     # -------------------------------------------------------------------------------- deployments
@@ -466,8 +466,9 @@ class Client:
         for item in self.paginate("deployments/", **filters):
             yield Deployment.from_dict(item)
 
-    def deployment(self, deployment_id: int) -> Deployment:
-        return Deployment.from_dict(self.get(f"deployments/{int(deployment_id)}/"))
+    def deployment(self, deployment_id: int, *, deadline: float | None = None) -> Deployment:
+        """``deadline``: see Client.request (the wait helpers poll with it)."""
+        return Deployment.from_dict(self._get_by(f"deployments/{int(deployment_id)}/", deadline))
 
     def scale_deployment(self, deployment_id: int, *, replicas_min: int, replicas_max: int | None = None) -> Deployment:
         body = {"replicas_min": replicas_min, "replicas_max": replicas_max}
@@ -480,8 +481,7 @@ class Client:
                             timeout: float = 600, poll: float = 1.0) -> Deployment:
         """Poll until the deployment is in one of `states` (default: SERVING); TimeoutExpired when `timeout` passes
         first (the whole wait, requests included, keeps to it) or it ends DELETED or FAILED."""
-        path = f"deployments/{int(deployment_id)}/"
-        return _wait(lambda deadline: Deployment.from_dict(self._get_by(path, deadline)), states, timeout, poll,
+        return _wait(lambda deadline: self.deployment(deployment_id, deadline=deadline), states, timeout, poll,
                      f"deployment {deployment_id}", give_up=DEPLOYMENT_TERMINAL)
 
     # -------------------------------------------------------------------------------- datasets
